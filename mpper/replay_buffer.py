@@ -1,0 +1,543 @@
+"""The prioritized replay buffer, in shared memory, shared by all mpper processes.
+
+Storage is a ring of steps: each schema field is one array ``(capacity, *shape)``;
+an ``EpisodeRing`` places whole episodes in contiguous slots and evicts the oldest; a
+``SumTree`` holds one leaf per slot (0 for slots that cannot be sampled). All of it,
+plus generations, counters and the episode table, lives in one shared-memory segment
+whose layout follows from the schema and capacity, so another process attaches from a
+small handle and copies nothing.
+
+Concurrency (one ``multiprocessing.Lock`` guards the tree, the table and the ring):
+
+- a writer reserves slots under the lock (evicting, zeroing priorities, bumping
+  generations), copies its episode *without* the lock, then publishes its priorities
+  under the lock. A slot is sampleable only once published;
+- ``sample`` draws indices, records their generations and reads the episode bounds
+  under the lock, gathers and builds targets *without* it, then re-reads the
+  generations: rows whose episode was rewritten meanwhile are drawn again, so a batch
+  never holds a torn row. Critical sections stay a few microseconds long, which keeps
+  writers from starving the learner;
+- ``update_priorities`` and reanalysed values apply only where the slot's generation
+  still matches what ``sample`` returned.
+
+Priorities: callers pass raw priorities ``p >= 0`` (|TD error|, |value error|); the
+tree stores ``min(p + priority_eps, priority_clip) ** alpha``, so ``P(i) = leaf_i / sum``
+and ``alpha = 0`` is uniform sampling. Importance weights are ``(N * P(i)) ** -beta``
+divided by the batch maximum, N the number of sampleable positions.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import numpy as np
+
+from . import shm as shm_mod
+from .episode_ring import (
+    ID, NUM_POSITIONS, PUBLISHED, RING_FIELDS, ROWS, START, STATE, TABLE_COLUMNS, TERMINATED,
+    EpisodeRing, RingBusy,
+)  # fmt: skip
+from .schema import Field, normalize_schema
+from .sum_tree import SumTree, _descend, _set_leaves
+from .targets import RawRows
+
+__all__ = ["ReplayBuffer", "BufferHandle", "Batch", "EpisodeRef", "COUNTERS"]
+
+COUNTERS = (
+    "games",  # episodes published
+    "steps",  # positions (moves) published
+    "samples",  # rows drawn by sample()
+    "priority_updates_applied",
+    "priority_updates_dropped",  # generation changed since sampling: slot rewritten
+    "reanalysed_episodes",
+    "reanalysed_dropped",
+    "episodes_evicted",
+    "episodes_abandoned",  # reserved but never published (writer died or failed)
+    "torn_rows_redrawn",  # rows discarded by the post-gather generation check
+)
+_C = {name: i for i, name in enumerate(COUNTERS)}
+_COUNTER_SLOTS = 16
+_ALIGN = 64
+# How long add_episode waits for a live writer's unpublished episode to get out of the way.
+_RESERVE_TIMEOUT_S = 60.0
+
+
+def _layout(fields: tuple[Field, ...], capacity: int, max_episodes: int) -> list[tuple[str, tuple, np.dtype]]:
+    """Every array of a buffer: (name, shape, dtype). Internal names start with '_'."""
+    arrays = [(f.name, (capacity, *f.shape), f.dtype) for f in fields]
+    arrays += [
+        ("_tree", (SumTree.storage_size(capacity),), np.dtype(np.float64)),
+        ("_generation", (capacity,), np.dtype(np.int64)),
+        ("_slot_row", (capacity,), np.dtype(np.int32)),
+        ("_episodes", (max_episodes, TABLE_COLUMNS), np.dtype(np.int64)),
+        ("_ring", (RING_FIELDS,), np.dtype(np.int64)),
+        ("_counters", (_COUNTER_SLOTS,), np.dtype(np.int64)),
+        ("_max_priority", (1,), np.dtype(np.float64)),
+    ]
+    return arrays
+
+
+def _offsets(arrays) -> tuple[list[int], int]:
+    offsets, pos = [], 0
+    for _, shape, dtype in arrays:
+        offsets.append(pos)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        pos += -(-nbytes // _ALIGN) * _ALIGN
+    return offsets, pos
+
+
+@dataclass(frozen=True)
+class BufferHandle:
+    """Everything another process needs to attach. Picklable when handed to a child
+    process at spawn time (the lock travels the way multiprocessing locks do)."""
+
+    segment: str
+    fields: tuple[Field, ...]
+    capacity: int
+    max_episodes: int
+    alpha: float
+    priority_eps: float
+    priority_clip: float | None
+    initial_priority: str | float
+    lock: Any = field(repr=False)
+
+
+@dataclass
+class Batch:
+    """A sampled batch. ``indices``/``generations`` go back to ``update_priorities``."""
+
+    indices: np.ndarray  # (B,) int64 slot of each sampled position
+    generations: np.ndarray  # (B,) int64 generation of that slot when sampled
+    weights: np.ndarray  # (B,) float32 importance weights, max 1
+    probabilities: np.ndarray  # (B,) float64 P(i)
+    data: dict[str, np.ndarray]
+
+
+@dataclass(frozen=True)
+class EpisodeRef:
+    """A stored episode as seen at one moment (for reanalyse and inspection)."""
+
+    episode_id: int
+    start: int  # first slot
+    rows: int  # T + 1
+    generation: int  # generation of its first slot when referenced
+    terminated: bool
+
+
+class ReplayBuffer:
+    """Prioritized episode replay in shared memory. Build with ``create``, ``attach``
+    or ``load``; see the module docstring for the concurrency rules."""
+
+    def __init__(self, handle: BufferHandle | None, arrays: dict[str, np.ndarray], lock,
+                 *, segment=None, owner=False, read_only=False, params=None) -> None:  # fmt: skip
+        self.handle = handle
+        params = params or handle
+        self._lock = lock
+        self._segment = segment
+        self._owner = owner
+        self.read_only = read_only
+        self.capacity = params.capacity
+        self.alpha = float(params.alpha)
+        self.priority_eps = float(params.priority_eps)
+        self.priority_clip = None if params.priority_clip is None else float(params.priority_clip)
+        self.initial_priority = params.initial_priority
+        self.schema: tuple[Field, ...] = params.fields
+        self._arrays = arrays
+        self.fields = {f.name: arrays[f.name] for f in self.schema}
+        self._tree = SumTree(self.capacity, arrays["_tree"])
+        self._generation = arrays["_generation"]
+        self._slot_row = arrays["_slot_row"]
+        self._episodes = arrays["_episodes"]
+        self._ring_state = arrays["_ring"]
+        self._counters = arrays["_counters"]
+        self._max_priority = arrays["_max_priority"]
+        self._ring = EpisodeRing(self.capacity, self._episodes, self._ring_state, self._generation,
+                                 self._slot_row, self._tree, self._counters, _C)  # fmt: skip
+        self._rng = np.random.default_rng()
+        self._raw_rows = RawRows()
+
+    # ---- construction --------------------------------------------------------------
+    @classmethod
+    def create(
+        cls,
+        schema: Mapping[str, tuple],
+        capacity: int,
+        *,
+        alpha: float = 0.6,
+        priority_eps: float = 1e-6,
+        priority_clip: float | None = None,
+        initial_priority: str | float = "max",
+        max_episodes: int | None = None,
+        tag: str = "replay",
+        mp_context=None,
+    ) -> "ReplayBuffer":
+        """Create a buffer in a new shared-memory segment owned by this process.
+
+        Args:
+            schema: ``{field: (shape, dtype[, fill])}`` per-step fields.
+            capacity: number of step slots (rows) in the ring.
+            alpha: priority exponent; 0 samples uniformly.
+            priority_eps: added to raw priorities so nothing is starved (easy-rl's epsilon).
+            priority_clip: raw priorities above this are clipped (easy-rl's abs_err_upper).
+            initial_priority: ``"max"`` (largest raw priority seen so far, starting at 1)
+                or a number, for episodes added without priorities.
+            max_episodes: rows in the episode table (default: capacity // 2, enough for
+                episodes of 2 rows, the shortest possible).
+        """
+        fields = normalize_schema(schema)
+        capacity = int(capacity)
+        if capacity < 2:
+            raise ValueError(f"capacity must be >= 2 slots (one move), got {capacity}")
+        max_episodes = int(max_episodes or max(1, capacity // 2))
+        if max_episodes < 1:
+            raise ValueError(f"max_episodes must be >= 1, got {max_episodes}")
+        if not alpha >= 0 or not np.isfinite(alpha):
+            raise ValueError(f"alpha must be finite and >= 0, got {alpha}")
+        if not priority_eps >= 0:
+            raise ValueError(f"priority_eps must be >= 0, got {priority_eps}")
+        if priority_clip is not None and not priority_clip > 0:
+            raise ValueError(f"priority_clip must be > 0 or None, got {priority_clip}")
+        if not (initial_priority == "max" or (isinstance(initial_priority, (int, float)) and initial_priority >= 0)):
+            raise ValueError(f"initial_priority must be 'max' or a number >= 0, got {initial_priority!r}")
+        layout = _layout(fields, capacity, max_episodes)
+        offsets, nbytes = _offsets(layout)
+        segment = shm_mod.create(nbytes, tag, what=f"a replay buffer of {capacity} steps")
+        try:
+            lock = (mp_context or mp.get_context("spawn")).Lock()
+            handle = BufferHandle(segment.name, fields, capacity, max_episodes, float(alpha),
+                                  float(priority_eps), priority_clip, initial_priority, lock)  # fmt: skip
+            arrays = _map_arrays(segment.buf, layout, offsets)
+            for f in fields:
+                if f.fill != 0:
+                    arrays[f.name][...] = f.fill
+            arrays["_max_priority"][0] = 1.0
+            return cls(handle, arrays, lock, segment=segment, owner=True)
+        except BaseException:
+            shm_mod.release(segment, unlink=True)
+            raise
+
+    @classmethod
+    def attach(cls, handle: BufferHandle) -> "ReplayBuffer":
+        """Map the buffer described by ``handle`` (from another process)."""
+        segment = shm_mod.attach(handle.segment)
+        layout = _layout(handle.fields, handle.capacity, handle.max_episodes)
+        offsets, nbytes = _offsets(layout)
+        if segment.size < nbytes:
+            shm_mod.release(segment, unlink=False)
+            raise ValueError(f"segment {handle.segment} holds {segment.size} bytes, the handle describes {nbytes}")
+        return cls(handle, _map_arrays(segment.buf, layout, offsets), handle.lock, segment=segment)
+
+    @classmethod
+    def load(cls, path, mmap: bool = False, **kwargs) -> "ReplayBuffer":
+        """Load a snapshot written by ``save``.
+
+        ``mmap=False``: into a new shared-memory buffer owned by this process (to resume
+        training). ``mmap=True``: read-only, fields memory-mapped from the files (for
+        evaluation; a snapshot larger than RAM still opens).
+        """
+        from .snapshot import load_snapshot
+
+        return load_snapshot(cls, path, mmap=mmap, **kwargs)
+
+    def save(self, path, extra: dict | None = None) -> None:
+        """Write an atomic, checksummed, pickle-free snapshot directory at ``path``."""
+        from .snapshot import save_snapshot
+
+        save_snapshot(self, path, extra=extra)
+
+    # ---- lifecycle -----------------------------------------------------------------
+    def close(self) -> None:
+        """Detach; the owner also unlinks the shared memory. Idempotent."""
+        segment, self._segment = self._segment, None
+        if segment is not None:
+            self.fields = {}
+            self._arrays = {}
+            self._tree = self._ring = None
+            self._generation = self._slot_row = self._episodes = None
+            self._ring_state = self._counters = self._max_priority = None
+            shm_mod.release(segment, unlink=self._owner)
+
+    def __enter__(self) -> "ReplayBuffer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    # ---- writing -------------------------------------------------------------------
+    def add_episode(self, arrays: Mapping[str, np.ndarray], priorities: np.ndarray | None = None,
+                    terminated: bool = True) -> bool:  # fmt: skip
+        """Store one episode of ``L = T + 1`` rows; returns True once it is sampleable.
+
+        Args:
+            arrays: ``{field: array (L, *shape)}``; fields left out get their fill value.
+            priorities: raw priorities of the T positions, shape ``(T,)``, or None for
+                ``initial_priority``.
+            terminated: False when the episode was cut by a time limit (truncated).
+        """
+        if self.read_only:
+            raise PermissionError("this buffer was loaded read-only (mmap=True)")
+        rows, prepared = self._prepare_episode(arrays)
+        leaf = None if priorities is None else self._leaf_values(priorities, expect=rows - 1)
+        res = self._reserve(rows, terminated)
+        try:
+            sl = slice(res.start, res.start + rows)
+            for f in self.schema:
+                if f.name in prepared:
+                    self.fields[f.name][sl] = prepared[f.name]
+                else:
+                    self.fields[f.name][sl] = f.fill
+        except BaseException:
+            with self._lock:
+                self._ring.abandon(res)
+            raise
+        with self._lock:
+            if leaf is None:
+                leaf = np.full(rows - 1, self._leaf_of(self._default_priority()))
+            else:
+                self._max_priority[0] = max(self._max_priority[0], float(np.max(priorities, initial=0.0)))
+            return self._ring.publish(res, leaf)
+
+    def _reserve(self, rows: int, terminated: bool):
+        deadline = None
+        while True:
+            with self._lock:
+                try:
+                    return self._ring.reserve(rows, terminated)
+                except RingBusy:
+                    pass
+            deadline = deadline or time.monotonic() + _RESERVE_TIMEOUT_S
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"waited {_RESERVE_TIMEOUT_S:.0f} s for other writers' unpublished episodes; "
+                    f"capacity {self.capacity} is too small for the episodes in flight"
+                )
+            time.sleep(0.001)
+
+    def _prepare_episode(self, arrays: Mapping[str, np.ndarray]) -> tuple[int, dict]:
+        known = {f.name: f for f in self.schema}
+        unknown = sorted(set(arrays) - set(known))
+        if unknown:
+            raise ValueError(f"add_episode: unknown field(s) {unknown}; schema has {sorted(known)}")
+        if not arrays:
+            raise ValueError("add_episode needs at least one field")
+        prepared, rows = {}, None
+        for name, value in arrays.items():
+            f = known[name]
+            arr = np.asarray(value)
+            if arr.shape[1:] != f.shape or arr.ndim != 1 + len(f.shape):
+                raise ValueError(f"add_episode: field {name!r} has shape {arr.shape}, expected (L, *{f.shape})")
+            if rows is None:
+                rows = arr.shape[0]
+            elif arr.shape[0] != rows:
+                raise ValueError(f"add_episode: field {name!r} has {arr.shape[0]} rows, others have {rows}")
+            if not np.can_cast(arr.dtype, f.dtype, casting="same_kind"):
+                raise ValueError(f"add_episode: field {name!r} of dtype {arr.dtype} cannot be stored as {f.dtype}")
+            prepared[name] = arr
+        if rows < 2:
+            raise ValueError(f"add_episode: an episode needs at least 2 rows (one move), got {rows}")
+        if rows > self.capacity:
+            raise ValueError(f"add_episode: an episode of {rows} rows is longer than the capacity {self.capacity}")
+        return rows, prepared
+
+    # ---- priorities ----------------------------------------------------------------
+    def _leaf_values(self, priorities, expect: int | None = None) -> np.ndarray:
+        p = np.asarray(priorities, dtype=np.float64)
+        if expect is not None and p.shape != (expect,):
+            raise ValueError(f"priorities must have shape ({expect},), got {p.shape}")
+        bad = ~np.isfinite(p) | (p < 0)
+        if bad.any():
+            where = np.flatnonzero(bad)[:8]
+            raise ValueError(
+                f"priorities must be finite and >= 0; bad at positions {where.tolist()}: {p[where].tolist()}"
+            )
+        return self._transform(p)
+
+    def _transform(self, p: np.ndarray) -> np.ndarray:
+        p = p + self.priority_eps
+        if self.priority_clip is not None:
+            p = np.minimum(p, self.priority_clip)
+        return p**self.alpha
+
+    def _leaf_of(self, p: float) -> float:
+        return float(self._transform(np.array([p]))[0])
+
+    def _default_priority(self) -> float:
+        if self.initial_priority == "max":
+            return float(self._max_priority[0])
+        return float(self.initial_priority)
+
+    def update_priorities(self, indices: np.ndarray, generations: np.ndarray, priorities: np.ndarray) -> tuple[int, int]:
+        """Set raw priorities where the slot still holds what was sampled.
+
+        Returns ``(applied, dropped)``; a row is dropped when its slot's generation
+        changed since ``sample`` (the episode was evicted or rewritten).
+        """
+        if self.read_only:
+            raise PermissionError("this buffer was loaded read-only (mmap=True)")
+        idx = np.asarray(indices)
+        gen = np.asarray(generations, dtype=np.int64)
+        if idx.ndim != 1 or gen.shape != idx.shape:
+            raise ValueError(f"indices and generations must be 1-D of equal length, got {idx.shape} and {gen.shape}")
+        idx = self._tree._check_indices(idx)
+        leaf = self._leaf_values(priorities, expect=idx.shape[0])
+        with self._lock:
+            rows = self._slot_row[idx]
+            live = (self._generation[idx] == gen) & (self._episodes[rows, STATE] == PUBLISHED)
+            # the final row of an episode is never a position, whatever its generation
+            live &= idx - self._episodes[rows, START] < self._episodes[rows, ROWS] - 1
+            applied = int(np.count_nonzero(live))
+            if applied:
+                _set_leaves(self._tree.tree, self._tree._leaf_base, idx[live], leaf[live])
+                top = float(np.max(np.asarray(priorities, dtype=np.float64)[live]))
+                if top > self._max_priority[0]:
+                    self._max_priority[0] = top
+            self._counters[_C["priority_updates_applied"]] += applied
+            self._counters[_C["priority_updates_dropped"]] += idx.shape[0] - applied
+        return applied, idx.shape[0] - applied
+
+    # ---- sampling ------------------------------------------------------------------
+    def _draw(self, batch_size: int, rng: np.random.Generator):
+        """Stratified draw under the lock; returns slots and what is needed to use them."""
+        u = rng.random(batch_size)
+        tree = self._tree
+        with self._lock:
+            total = tree.tree[1]
+            if not total > 0.0:
+                raise ValueError("cannot sample: the buffer holds no sampleable positions yet")
+            slots = np.empty(batch_size, np.int64)
+            _descend(tree.tree, tree._leaf_base, SumTree.stratified_targets(u, total), slots)
+            leaf = tree.tree[tree._leaf_base + slots]
+            gen = self._generation[slots]
+            ep = self._episodes[self._slot_row[slots]]
+            n = int(self._ring_state[NUM_POSITIONS])
+            self._counters[_C["samples"]] += batch_size
+        start = ep[:, START]
+        return slots, gen, leaf / total, n, slots - start, ep[:, ROWS] - 1, ep[:, TERMINATED].astype(bool)
+
+    def sample(self, batch_size: int, beta: float = 0.4, targets=None, rng: np.random.Generator | None = None) -> Batch:
+        """Draw ``batch_size`` positions with probability ``P(i)`` (stratified) and build
+        targets for them (``MuZeroTargets``, ``NStepTargets`` or None for raw rows).
+
+        Raises ValueError when nothing is sampleable.
+        """
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        rng = self._rng if rng is None else rng
+        targets = self._raw_rows if targets is None else targets
+        slots, gen, prob, n, pos, moves, term = self._draw(batch_size, rng)
+        data = targets.build(self.fields, slots, pos, moves, term, rng)
+        # Seqlock-style check: a writer bumps the generations of every slot of an episode
+        # before it touches any of them, so an unchanged generation means an intact row.
+        for _ in range(100):
+            torn = np.flatnonzero(self._generation[slots] != gen)
+            if torn.size == 0:
+                break
+            self._counters[_C["torn_rows_redrawn"]] += torn.size  # benign race: statistics only
+            s2, g2, p2, n, pos2, m2, t2 = self._draw(torn.size, rng)
+            d2 = targets.build(self.fields, s2, pos2, m2, t2, rng)
+            slots[torn], gen[torn], prob[torn] = s2, g2, p2
+            for key in data:
+                data[key][torn] = d2[key]
+        else:  # pragma: no cover - would need writers lapping the ring 100 times in a row
+            raise RuntimeError("sample: rows kept being rewritten while gathering; capacity too small?")
+        weights = (n * prob) ** (-float(beta))
+        weights = (weights / weights.max()).astype(np.float32)
+        return Batch(slots, gen, weights, prob, data)
+
+    # ---- episodes (reanalyse, inspection) ------------------------------------------
+    def sample_episodes(self, count: int, rng: np.random.Generator | None = None) -> list[EpisodeRef]:
+        """Up to ``count`` distinct published episodes, uniformly at random."""
+        rng = self._rng if rng is None else rng
+        with self._lock:
+            rows = self._ring.published_rows()
+            if rows.size == 0:
+                return []
+            pick = rows[rng.choice(rows.size, size=min(count, rows.size), replace=False)]
+            ep = self._episodes[pick].copy()
+            gens = self._generation[ep[:, START]]
+        return [EpisodeRef(int(e[ID]), int(e[START]), int(e[ROWS]), int(g), bool(e[TERMINATED]))
+                for e, g in zip(ep, gens)]  # fmt: skip
+
+    def episodes(self) -> list[EpisodeRef]:
+        """All published episodes, oldest first."""
+        with self._lock:
+            ep = self._episodes[self._ring.published_rows()].copy()
+            gens = self._generation[ep[:, START]]
+        return [EpisodeRef(int(e[ID]), int(e[START]), int(e[ROWS]), int(g), bool(e[TERMINATED]))
+                for e, g in zip(ep, gens)]  # fmt: skip
+
+    def read_episode(self, ref: EpisodeRef, names=None) -> dict[str, np.ndarray] | None:
+        """Copies of an episode's rows, or None if it was evicted before or during the read."""
+        sl = slice(ref.start, ref.start + ref.rows)
+        out = {name: self.fields[name][sl].copy() for name in (names or self.fields)}
+        return out if self._generation[ref.start] == ref.generation else None
+
+    def store_reanalysed_values(self, ref: EpisodeRef, values: np.ndarray) -> bool:
+        """Store fresh values for the T positions of ``ref`` if it is still the same
+        episode (generation rule); returns whether they were stored."""
+        if "reanalysed_value" not in self.fields:
+            raise KeyError("the schema has no 'reanalysed_value' field")
+        values = np.asarray(values, dtype=np.float32)
+        if values.shape != (ref.rows - 1,):
+            raise ValueError(f"expected {ref.rows - 1} values for episode {ref.episode_id}, got {values.shape}")
+        if not np.isfinite(values).all():
+            raise ValueError(f"reanalysed values for episode {ref.episode_id} must be finite")
+        with self._lock:
+            row = self._episodes[self._slot_row[ref.start]]
+            ok = (self._generation[ref.start] == ref.generation and row[ID] == ref.episode_id
+                  and row[STATE] == PUBLISHED)  # fmt: skip
+            if ok:
+                self.fields["reanalysed_value"][ref.start : ref.start + ref.rows - 1] = values
+            self._counters[_C["reanalysed_episodes" if ok else "reanalysed_dropped"]] += 1
+        return bool(ok)
+
+    # ---- statistics ----------------------------------------------------------------
+    @property
+    def counters(self) -> dict[str, int]:
+        """Shared counters (read without the lock: each value is one aligned int64)."""
+        out = {name: int(self._counters[i]) for i, name in enumerate(COUNTERS)}
+        out["positions"] = int(self._ring_state[NUM_POSITIONS])
+        return out
+
+    def __len__(self) -> int:
+        """Number of sampleable positions (not the total priority, unlike easy-rl)."""
+        return int(self._ring_state[NUM_POSITIONS])
+
+    @property
+    def total_priority(self) -> float:
+        return self._tree.total
+
+    @property
+    def max_priority(self) -> float:
+        return float(self._max_priority[0])
+
+    def priorities(self, indices: np.ndarray) -> np.ndarray:
+        """Current leaf values (transformed priorities) at ``indices``."""
+        return self._tree.get(indices)
+
+    def __repr__(self) -> str:
+        return (f"ReplayBuffer(capacity={self.capacity}, positions={len(self) if self._ring_state is not None else '?'}, "
+                f"fields={[f.name for f in self.schema]})")  # fmt: skip
+
+
+def _map_arrays(buf, layout, offsets) -> dict[str, np.ndarray]:
+    return {
+        name: np.ndarray(shape, dtype=dtype, buffer=buf, offset=off)
+        for (name, shape, dtype), off in zip(layout, offsets)
+    }
+
+
+def _process_lock():
+    """Lock for a buffer that lives in one process only (a read-only snapshot)."""
+    return threading.Lock()

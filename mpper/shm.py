@@ -1,0 +1,223 @@
+"""Shared-memory segments: naming, the /dev/shm room check, create, attach, cleanup.
+
+Every segment mpper creates is named ``mpper_<owner pid>_<random token>_<tag>``: the
+prefix lets tests and the supervisor find mpper's segments, and the owner pid lets a
+later run tell a dead run's leftovers from a live run's (``stale_segments``).
+
+Ownership: the process that creates a segment owns it and is the only one that
+unlinks it, on ``close()``, at interpreter exit, on SIGTERM (turned into SystemExit so
+that ``finally`` blocks and ``atexit`` run) and on Ctrl-C (KeyboardInterrupt unwinds the
+same way). Python's resource tracker, which the owner registers with, is the last net:
+if the owner is SIGKILLed, the tracker unlinks the segment once the owner and all its
+children are gone. Other processes attach without registering (see ``attach``).
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import secrets
+import signal
+import sys
+import threading
+from contextlib import contextmanager
+from multiprocessing import resource_tracker, shared_memory
+
+__all__ = [
+    "SharedMemoryRoomError",
+    "SHM_DIR",
+    "create",
+    "attach",
+    "release",
+    "stale_segments",
+    "remove_stale_segments",
+    "mpper_segments",
+]
+
+SHM_DIR = "/dev/shm"
+PREFIX = "mpper_"
+# Head-room left free in /dev/shm beyond what a segment needs (other users, metadata).
+_ROOM_MARGIN = 16 << 20
+
+_owned: dict[str, shared_memory.SharedMemory] = {}
+_owned_lock = threading.Lock()
+_cleanup_installed = False
+
+
+class SharedMemoryRoomError(MemoryError):
+    """/dev/shm has not enough free space for a segment mpper wants to create."""
+
+
+def _human(nbytes: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if nbytes < 1024 or unit == "TiB":
+            return f"{nbytes:.1f} {unit}"
+        nbytes /= 1024
+    raise AssertionError("unreachable")
+
+
+def free_bytes(path: str = SHM_DIR) -> int:
+    """Bytes available to this user in ``path`` (the shared-memory filesystem)."""
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+def check_room(nbytes: int, what: str, path: str = SHM_DIR) -> None:
+    """Raise SharedMemoryRoomError unless ``path`` has room for ``nbytes`` more."""
+    if not os.path.isdir(path):  # not Linux-like: nothing to check against
+        return
+    free = free_bytes(path)
+    if nbytes + _ROOM_MARGIN > free:
+        raise SharedMemoryRoomError(
+            f"{what} needs {_human(nbytes)} of shared memory but {path} has only "
+            f"{_human(free)} free. Lower the capacity, free space in {path}, or give the "
+            f"container more (Docker defaults to 64 MiB: docker run --shm-size=8g ...)."
+        )
+
+
+def _new_name(tag: str) -> str:
+    return f"{PREFIX}{os.getpid()}_{secrets.token_hex(4)}_{tag}"
+
+
+def create(nbytes: int, tag: str, what: str | None = None) -> shared_memory.SharedMemory:
+    """Create and own a zero-filled segment of ``nbytes`` bytes.
+
+    The space is reserved up front with ``posix_fallocate`` where available, so a full
+    /dev/shm is a clear error now rather than a SIGBUS on some later write.
+    """
+    what = what or f"the '{tag}' segment"
+    nbytes = max(int(nbytes), 1)
+    check_room(nbytes, what)
+    shm = shared_memory.SharedMemory(name=_new_name(tag), create=True, size=nbytes)
+    try:
+        if hasattr(os, "posix_fallocate"):
+            os.posix_fallocate(shm._fd, 0, nbytes)  # noqa: SLF001 - only handle to the fd
+    except OSError as exc:
+        shm.close()
+        shm.unlink()
+        raise SharedMemoryRoomError(
+            f"{what}: could not reserve {_human(nbytes)} in {SHM_DIR} ({exc.strerror}). "
+            f"Lower the capacity or give the container more shared memory."
+        ) from exc
+    with _owned_lock:
+        _owned[shm.name] = shm
+    _install_cleanup()
+    return shm
+
+
+@contextmanager
+def _untracked():
+    # Python < 3.13 registers every attached segment with the resource tracker, which
+    # then unlinks it when *this* process exits (cpython issue 82300): a reader would
+    # destroy the owner's buffer. Only the owner may unlink, so attach untracked.
+    original = resource_tracker.register
+
+    def skip(name, rtype):
+        if rtype != "shared_memory":
+            original(name, rtype)
+
+    resource_tracker.register = skip
+    try:
+        yield
+    finally:
+        resource_tracker.register = original
+
+
+def attach(name: str) -> shared_memory.SharedMemory:
+    """Map an existing segment by name without taking ownership."""
+    if sys.version_info >= (3, 13):
+        return shared_memory.SharedMemory(name=name, track=False)
+    with _untracked():
+        return shared_memory.SharedMemory(name=name)
+
+
+def release(shm: shared_memory.SharedMemory, unlink: bool) -> None:
+    """Unmap ``shm`` and, for its owner, remove it from /dev/shm. Idempotent."""
+    try:
+        shm.close()
+    except BufferError:
+        # A numpy view still points into the mapping (a caller kept an array). The
+        # mapping then lives until that view dies; unlinking below still removes the name.
+        pass
+    if unlink:
+        with _owned_lock:
+            owned = _owned.pop(shm.name, None)
+        if owned is not None:
+            try:
+                shm.unlink()
+            except FileNotFoundError:
+                pass
+
+
+def _unlink_all_owned() -> None:
+    with _owned_lock:
+        items = list(_owned.values())
+    for shm in items:
+        release(shm, unlink=True)
+
+
+def _on_sigterm(signum, frame):  # pragma: no cover - exercised through subprocess tests
+    # Turn SIGTERM into an exception so that context managers and atexit unlink.
+    raise SystemExit(128 + signum)
+
+
+def _install_cleanup() -> None:
+    global _cleanup_installed
+    if _cleanup_installed:
+        return
+    _cleanup_installed = True
+    atexit.register(_unlink_all_owned)
+    # Only replace the default SIGTERM action, and only where Python allows it; an
+    # application that installed its own handler keeps it (and must exit normally).
+    if threading.current_thread() is threading.main_thread():
+        if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+def mpper_segments() -> list[str]:
+    """Names of all mpper segments currently in /dev/shm."""
+    try:
+        return sorted(n for n in os.listdir(SHM_DIR) if n.startswith(PREFIX))
+    except FileNotFoundError:
+        return []
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie (killed, not yet reaped) is dead for our purposes
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (FileNotFoundError, IndexError):
+        return os.path.exists(f"/proc/{pid}") or not os.path.isdir("/proc")
+
+
+def owner_pid(name: str) -> int:
+    """The pid encoded in an mpper segment name, or -1."""
+    try:
+        return int(name[len(PREFIX) :].split("_", 1)[0])
+    except ValueError:
+        return -1
+
+
+def stale_segments() -> list[str]:
+    """mpper segments whose owner process no longer exists."""
+    return [n for n in mpper_segments() if not _pid_alive(owner_pid(n))]
+
+
+def remove_stale_segments() -> list[str]:
+    """Unlink segments left by dead mpper runs; returns the names removed."""
+    removed = []
+    for name in stale_segments():
+        try:
+            os.unlink(os.path.join(SHM_DIR, name))
+            removed.append(name)
+        except FileNotFoundError:
+            pass
+    return removed

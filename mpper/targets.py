@@ -1,0 +1,233 @@
+"""Training targets built at sample time from the episodes stored in the ring.
+
+Episode layout (muzero-general's GameHistory, one row per observation): an episode of
+``T`` moves is ``T + 1`` rows; row ``i`` holds observation ``o_i``, the action
+``a_{i-1}`` that led to it and the reward ``r_i`` received on arriving (row 0 holds
+placeholders), the player to move at ``o_i`` and the search statistics at ``o_i``.
+A sampled position is a slot ``s`` with position ``t = s - start`` in ``0 .. T-1``.
+
+Each builder gets the field arrays (full ring, shape ``(capacity, ...)``) and, per
+sampled row, the slot, its position ``t``, the episode's ``T`` and whether it ended by
+termination, and returns a dict of batch arrays. The loops over the batch run in numba
+kernels; nothing loops over batch items in Python.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numba
+import numpy as np
+
+__all__ = ["MuZeroTargets", "NStepTargets", "RawRows"]
+
+
+@numba.njit(cache=True, nogil=True)
+def _muzero_kernel(
+    slots, pos, moves, root_value, reanalysed, use_reanalysed, reward, to_play, child_visits,
+    action, num_unroll_steps, td_steps, discount, random_actions,
+    out_value, out_reward, out_policy, out_action, out_scale,
+):  # fmt: skip
+    """Per sampled position and unroll step k = 0..K: muzero-general's ``make_target``.
+
+    For index ``i = t + k`` of an episode with T moves:
+      i <  T: value = compute_target_value(i), reward r_i, policy child_visits_i, action a_i
+      i == T: value 0, reward r_T, uniform policy, action a_T
+      i >  T: value 0, reward 0, uniform policy, random action (absorbing state)
+    compute_target_value(i) = sum_{j=0}^{m-1} discount^j * (+/-) r_{i+1+j}
+                              + discount^td * (+/-) v_{i+td}  (only if i + td < T)
+    with m = min(td, T - i), signs flipped where to_play differs from to_play_i (the
+    reward r_{i+1+j} is compared with the player to move at i+j, who made that move),
+    and v the reanalysed value where one is stored, else the root value.
+    """
+    batch = slots.shape[0]
+    num_actions = out_policy.shape[2]
+    uniform = 1.0 / num_actions
+    discount_td = discount**td_steps
+    for b in range(batch):
+        t = pos[b]
+        big_t = moves[b]
+        start = slots[b] - t
+        scale = min(num_unroll_steps, big_t + 1 - t)
+        for k in range(num_unroll_steps + 1):
+            i = t + k
+            out_scale[b, k] = scale
+            if i < big_t:
+                player = to_play[start + i]
+                boot = i + td_steps
+                value = 0.0
+                if boot < big_t:
+                    v = root_value[start + boot]
+                    if use_reanalysed:
+                        rv = reanalysed[start + boot]
+                        if rv == rv:  # not NaN: a reanalysed value is stored
+                            v = rv
+                    if to_play[start + boot] != player:
+                        v = -v
+                    value = v * discount_td
+                last = min(boot, big_t)
+                g = 1.0
+                for j in range(i + 1, last + 1):
+                    r = reward[start + j]
+                    if to_play[start + j - 1] != player:
+                        r = -r
+                    value += r * g
+                    g *= discount
+                out_value[b, k] = value
+                out_reward[b, k] = reward[start + i]
+                for a in range(num_actions):
+                    out_policy[b, k, a] = child_visits[start + i, a]
+                out_action[b, k] = action[start + i]
+            else:
+                out_value[b, k] = 0.0
+                for a in range(num_actions):
+                    out_policy[b, k, a] = uniform
+                if i == big_t:
+                    out_reward[b, k] = reward[start + i]
+                    out_action[b, k] = action[start + i]
+                else:
+                    out_reward[b, k] = 0.0
+                    out_action[b, k] = random_actions[b, k]
+
+
+@numba.njit(cache=True, nogil=True)
+def _nstep_kernel(slots, pos, moves, terminated, reward, action, n, gamma,
+                  out_return, out_discount, out_next, out_done, out_action):  # fmt: skip
+    """(s_t, a_t, R_t^(m), gamma^m, s_{t+m}, done) with m = min(n, T - t).
+
+    a_t is stored on row t + 1 (the action that led to o_{t+1}). ``done`` only when the
+    episode terminated and the window reaches its end: a time-limit truncation
+    bootstraps from the last observation.
+    """
+    for b in range(slots.shape[0]):
+        s = slots[b]
+        m = min(n, moves[b] - pos[b])
+        ret = 0.0
+        g = 1.0
+        for j in range(m):
+            ret += g * reward[s + 1 + j]
+            g *= gamma
+        out_return[b] = ret
+        out_discount[b] = g
+        out_next[b] = s + m
+        out_done[b] = terminated[b] and pos[b] + m == moves[b]
+        out_action[b] = action[s + 1]
+
+
+def stacked_observations(
+    observation: np.ndarray, action: np.ndarray, slots: np.ndarray, pos: np.ndarray,
+    num_stacked: int, num_actions: int,
+) -> np.ndarray:  # fmt: skip
+    """muzero-general's ``get_stacked_observations`` for a batch, float32.
+
+    Output channels (axis 1): the current observation, then for each past p = t-1 ..
+    t-num_stacked the observation o_p followed by one plane filled with
+    ``a_{p+1} / num_actions`` (the action taken at p); zeros before the episode start.
+    For observations of shape (C, ...) the result is (B, C + num_stacked * (C + 1), ...).
+    """
+    current = observation[slots].astype(np.float32, copy=False)
+    if num_stacked == 0:
+        return current
+    batch = slots.shape[0]
+    channels = observation.shape[1]
+    rest = observation.shape[2:]
+    out = np.zeros((batch, channels + num_stacked * (channels + 1), *rest), np.float32)
+    out[:, :channels] = current
+    for s in range(1, num_stacked + 1):  # a loop over stack depth, not over the batch
+        valid = pos >= s
+        past = np.where(valid, slots - s, slots)
+        base = channels + (s - 1) * (channels + 1)
+        out[:, base : base + channels] = observation[past] * valid.reshape((-1,) + (1,) * (1 + len(rest)))
+        took = np.where(valid, slots - s + 1, slots)  # row of a_p, the action taken at p
+        plane = action[took].astype(np.float32) / num_actions * valid
+        out[:, base + channels] = plane.reshape((-1,) + (1,) * len(rest))
+    return out
+
+
+@dataclass(frozen=True)
+class RawRows:
+    """No targets: each schema field's row at the sampled slots."""
+
+    def build(self, fields, slots, pos, moves, terminated, rng):
+        return {name: arr[slots] for name, arr in fields.items()}
+
+
+@dataclass(frozen=True)
+class MuZeroTargets:
+    """muzero-general's targets (``make_target``, ``compute_target_value``, gradient
+    scale, ``get_stacked_observations``) for a batch of sampled positions.
+
+    Needs the fields observation, action, reward, to_play, root_value, child_visits;
+    uses reanalysed_value where the schema has it. Returns, with K = num_unroll_steps:
+    observation (B, *stacked) float32, actions (B, K+1) int64, target_value,
+    target_reward, gradient_scale (B, K+1) float32, target_policy (B, K+1, A) float32.
+    """
+
+    num_unroll_steps: int
+    td_steps: int
+    discount: float
+    num_actions: int
+    stacked_observations: int = 0
+
+    def __post_init__(self):
+        if self.num_unroll_steps < 0 or self.td_steps < 1 or self.num_actions < 1:
+            raise ValueError(
+                f"MuZeroTargets needs num_unroll_steps >= 0, td_steps >= 1, num_actions >= 1; got {self}"
+            )
+
+    def build(self, fields, slots, pos, moves, terminated, rng):
+        k1 = self.num_unroll_steps + 1
+        batch = slots.shape[0]
+        reanalysed = fields.get("reanalysed_value")
+        out = {
+            "target_value": np.empty((batch, k1), np.float32),
+            "target_reward": np.empty((batch, k1), np.float32),
+            "target_policy": np.empty((batch, k1, self.num_actions), np.float32),
+            "actions": np.empty((batch, k1), np.int64),
+            "gradient_scale": np.empty((batch, k1), np.float32),
+        }
+        _muzero_kernel(
+            slots, pos, moves, fields["root_value"],
+            fields["root_value"] if reanalysed is None else reanalysed, reanalysed is not None,
+            fields["reward"], fields["to_play"], fields["child_visits"], fields["action"],
+            self.num_unroll_steps, self.td_steps, float(self.discount),
+            rng.integers(0, self.num_actions, size=(batch, k1)),
+            out["target_value"], out["target_reward"], out["target_policy"], out["actions"],
+            out["gradient_scale"],
+        )  # fmt: skip
+        out["observation"] = stacked_observations(
+            fields["observation"], fields["action"], slots, pos, self.stacked_observations, self.num_actions
+        )
+        return out
+
+
+@dataclass(frozen=True)
+class NStepTargets:
+    """DQN n-step transitions: observation, action, reward (the n-step return),
+    discount (gamma^m), next_observation, done (bool), each with leading dim B."""
+
+    n: int
+    gamma: float
+
+    def __post_init__(self):
+        if self.n < 1:
+            raise ValueError(f"NStepTargets needs n >= 1, got {self.n}")
+
+    def build(self, fields, slots, pos, moves, terminated, rng):
+        batch = slots.shape[0]
+        ret = np.empty(batch, np.float32)
+        disc = np.empty(batch, np.float32)
+        nxt = np.empty(batch, np.int64)
+        done = np.empty(batch, np.bool_)
+        act = np.empty(batch, fields["action"].dtype)
+        _nstep_kernel(slots, pos, moves, terminated, fields["reward"], fields["action"],
+                      self.n, float(self.gamma), ret, disc, nxt, done, act)  # fmt: skip
+        obs = fields["observation"]
+        return {
+            "observation": obs[slots],
+            "action": act,
+            "reward": ret,
+            "discount": disc,
+            "next_observation": obs[nxt],
+            "done": done,
+        }
