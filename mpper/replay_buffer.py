@@ -35,6 +35,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+import numba
 import numpy as np
 
 from . import shm as shm_mod
@@ -65,6 +66,63 @@ _COUNTER_SLOTS = 16
 _ALIGN = 64
 # How long add_episode waits for a live writer's unpublished episode to get out of the way.
 _RESERVE_TIMEOUT_S = 60.0
+
+
+# ---- hot-path kernels: one compiled call per sample / update instead of ~20 numpy calls
+@numba.njit(cache=True, nogil=True)
+def _draw_kernel(tree, leaf_base, u, generation, slot_row, episodes,
+                 out_slot, out_gen, out_prob, out_pos, out_moves, out_term):  # fmt: skip
+    """Stratified descent for B uniforms plus, per drawn slot, what sample() needs:
+    generation, P(i), position in its episode, the episode's T and termination."""
+    total = tree[1]
+    batch = u.shape[0]
+    targets = np.empty(batch)
+    for j in range(batch):
+        targets[j] = (j + u[j]) * (total / batch)
+    _descend(tree, leaf_base, targets, out_slot)
+    for j in range(batch):
+        s = out_slot[j]
+        row = slot_row[s]
+        out_prob[j] = tree[leaf_base + s] / total
+        out_gen[j] = generation[s]
+        out_pos[j] = s - episodes[row, START]
+        out_moves[j] = episodes[row, ROWS] - 1
+        out_term[j] = episodes[row, TERMINATED] != 0
+
+
+@numba.njit(cache=True, nogil=True)
+def _check_update(capacity, indices, priorities):
+    """-1 if all indices are in range and priorities finite and >= 0, else the first
+    bad position (checked before anything is written)."""
+    for j in range(indices.shape[0]):
+        p = priorities[j]
+        if indices[j] < 0 or indices[j] >= capacity or not (p >= 0.0 and p < np.inf):
+            return j
+    return -1
+
+
+@numba.njit(cache=True, nogil=True)
+def _apply_update(tree, leaf_base, generation, slot_row, episodes, indices, gens, priorities,
+                  eps, clip, alpha):  # fmt: skip
+    """Write min(p + eps, clip) ** alpha where the slot still holds the sampled position
+    (same generation, episode published, not the final row). Returns (applied, max p)."""
+    n = indices.shape[0]
+    live_idx = np.empty(n, np.int64)
+    live_leaf = np.empty(n)
+    applied = 0
+    top = 0.0
+    for j in range(n):
+        s = indices[j]
+        row = slot_row[s]
+        if (generation[s] == gens[j] and episodes[row, STATE] == PUBLISHED
+                and s - episodes[row, START] < episodes[row, ROWS] - 1):  # fmt: skip
+            p = priorities[j]
+            live_idx[applied] = s
+            live_leaf[applied] = min(p + eps, clip) ** alpha
+            applied += 1
+            top = max(top, p)
+    _set_leaves(tree, leaf_base, live_idx[:applied], live_leaf[:applied])
+    return applied, top
 
 
 def _layout(fields: tuple[Field, ...], capacity: int, max_episodes: int) -> list[tuple[str, tuple, np.dtype]]:
@@ -385,23 +443,26 @@ class ReplayBuffer:
         """
         if self.read_only:
             raise PermissionError("this buffer was loaded read-only (mmap=True)")
-        idx = np.asarray(indices)
-        gen = np.asarray(generations, dtype=np.int64)
-        if idx.ndim != 1 or gen.shape != idx.shape:
-            raise ValueError(f"indices and generations must be 1-D of equal length, got {idx.shape} and {gen.shape}")
-        idx = self._tree._check_indices(idx)
-        leaf = self._leaf_values(priorities, expect=idx.shape[0])
+        idx = np.ascontiguousarray(indices, dtype=np.int64)
+        gen = np.ascontiguousarray(generations, dtype=np.int64)
+        p = np.ascontiguousarray(priorities, dtype=np.float64)
+        if idx.ndim != 1 or gen.shape != idx.shape or p.shape != idx.shape:
+            raise ValueError(
+                f"indices, generations and priorities must be 1-D of equal length, got "
+                f"{idx.shape}, {gen.shape} and {p.shape}"
+            )
+        bad = _check_update(self.capacity, idx, p)
+        if bad >= 0:
+            if not 0 <= idx[bad] < self.capacity:
+                raise IndexError(f"update_priorities: index {idx[bad]} at position {bad} outside [0, {self.capacity})")
+            self._leaf_values(p)  # raises the ValueError that names every bad position
+        clip = np.inf if self.priority_clip is None else self.priority_clip
+        tree = self._tree
         with self._lock:
-            rows = self._slot_row[idx]
-            live = (self._generation[idx] == gen) & (self._episodes[rows, STATE] == PUBLISHED)
-            # the final row of an episode is never a position, whatever its generation
-            live &= idx - self._episodes[rows, START] < self._episodes[rows, ROWS] - 1
-            applied = int(np.count_nonzero(live))
-            if applied:
-                _set_leaves(self._tree.tree, self._tree._leaf_base, idx[live], leaf[live])
-                top = float(np.max(np.asarray(priorities, dtype=np.float64)[live]))
-                if top > self._max_priority[0]:
-                    self._max_priority[0] = top
+            applied, top = _apply_update(tree.tree, tree._leaf_base, self._generation, self._slot_row,
+                                         self._episodes, idx, gen, p, self.priority_eps, clip, self.alpha)  # fmt: skip
+            if top > self._max_priority[0]:
+                self._max_priority[0] = top
             self._counters[_C["priority_updates_applied"]] += applied
             self._counters[_C["priority_updates_dropped"]] += idx.shape[0] - applied
         return applied, idx.shape[0] - applied
@@ -410,20 +471,21 @@ class ReplayBuffer:
     def _draw(self, batch_size: int, rng: np.random.Generator):
         """Stratified draw under the lock; returns slots and what is needed to use them."""
         u = rng.random(batch_size)
+        slots = np.empty(batch_size, np.int64)
+        gen = np.empty(batch_size, np.int64)
+        prob = np.empty(batch_size, np.float64)
+        pos = np.empty(batch_size, np.int64)
+        moves = np.empty(batch_size, np.int64)
+        term = np.empty(batch_size, np.bool_)
         tree = self._tree
         with self._lock:
-            total = tree.tree[1]
-            if not total > 0.0:
+            if not tree.tree[1] > 0.0:
                 raise ValueError("cannot sample: the buffer holds no sampleable positions yet")
-            slots = np.empty(batch_size, np.int64)
-            _descend(tree.tree, tree._leaf_base, SumTree.stratified_targets(u, total), slots)
-            leaf = tree.tree[tree._leaf_base + slots]
-            gen = self._generation[slots]
-            ep = self._episodes[self._slot_row[slots]]
+            _draw_kernel(tree.tree, tree._leaf_base, u, self._generation, self._slot_row,
+                         self._episodes, slots, gen, prob, pos, moves, term)  # fmt: skip
             n = int(self._ring_state[NUM_POSITIONS])
             self._counters[_C["samples"]] += batch_size
-        start = ep[:, START]
-        return slots, gen, leaf / total, n, slots - start, ep[:, ROWS] - 1, ep[:, TERMINATED].astype(bool)
+        return slots, gen, prob, n, pos, moves, term
 
     def sample(self, batch_size: int, beta: float = 0.4, targets=None, rng: np.random.Generator | None = None) -> Batch:
         """Draw ``batch_size`` positions with probability ``P(i)`` (stratified) and build
@@ -486,6 +548,8 @@ class ReplayBuffer:
     def store_reanalysed_values(self, ref: EpisodeRef, values: np.ndarray) -> bool:
         """Store fresh values for the T positions of ``ref`` if it is still the same
         episode (generation rule); returns whether they were stored."""
+        if self.read_only:
+            raise PermissionError("this buffer was loaded read-only (mmap=True)")
         if "reanalysed_value" not in self.fields:
             raise KeyError("the schema has no 'reanalysed_value' field")
         values = np.asarray(values, dtype=np.float32)

@@ -169,7 +169,7 @@ def _read_manifest(path: Path) -> dict:
     mpath = path / MANIFEST
     try:
         manifest = json.loads(mpath.read_text())
-    except json.JSONDecodeError as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise SnapshotError(f"{mpath}: not valid JSON ({exc})") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise SnapshotError(f"{mpath}: 'format' must be {FORMAT!r}")

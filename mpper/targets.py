@@ -149,7 +149,7 @@ class RawRows:
     """No targets: each schema field's row at the sampled slots."""
 
     def build(self, fields, slots, pos, moves, terminated, rng):
-        return {name: arr[slots] for name, arr in fields.items()}
+        return {name: np.take(arr, slots, axis=0) for name, arr in fields.items()}
 
 
 @dataclass(frozen=True)
