@@ -29,8 +29,6 @@ divided by the batch maximum, N the number of sampleable positions.
 from __future__ import annotations
 
 import multiprocessing as mp
-import os
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping
@@ -601,7 +599,3 @@ def _map_arrays(buf, layout, offsets) -> dict[str, np.ndarray]:
         for (name, shape, dtype), off in zip(layout, offsets)
     }
 
-
-def _process_lock():
-    """Lock for a buffer that lives in one process only (a read-only snapshot)."""
-    return threading.Lock()

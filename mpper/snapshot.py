@@ -237,7 +237,7 @@ def load_snapshot(cls, path, mmap: bool = False, verify: bool = True, mp_context
         capacity, max_episodes = int(manifest["capacity"]), int(manifest["max_episodes"])
     except (KeyError, TypeError, ValueError) as exc:
         raise SnapshotError(f"{path / MANIFEST}: bad schema or sizes ({exc})") from None
-    from .replay_buffer import BufferHandle, ReplayBuffer, _layout
+    from .replay_buffer import _layout
 
     layout = {name: (shape, dtype) for name, shape, dtype in _layout(fields, capacity, max_episodes)}
     files = manifest["files"]
