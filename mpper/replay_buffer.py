@@ -215,6 +215,7 @@ class ReplayBuffer:
         self._ring = EpisodeRing(self.capacity, self._episodes, self._ring_state, self._generation,
                                  self._slot_row, self._tree, self._counters, _C)  # fmt: skip
         self._rng = np.random.default_rng()
+        self.snapshot_manifest: dict | None = None  # set by load(): the manifest it came from
         self._raw_rows = RawRows()
 
     # ---- construction --------------------------------------------------------------

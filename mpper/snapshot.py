@@ -80,8 +80,14 @@ def _fsync_dir(path: Path) -> None:
 
 def save_snapshot(buf, path, extra: dict | None = None) -> None:
     path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise SnapshotError(f"{path} exists and is a file, not a snapshot directory; refusing to replace it")
     if path.exists() and not (path / MANIFEST).exists() and any(path.iterdir()):
         raise SnapshotError(f"{path} exists and is not an mpper snapshot; refusing to replace it")
+    try:
+        json.dumps(extra or {})
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"snapshot 'extra' must be JSON-serialisable (plain dicts, lists, numbers, strings): {exc}") from None
     path.parent.mkdir(parents=True, exist_ok=True)
     token = f"{os.getpid()}-{secrets.token_hex(3)}"
     tmp = path.parent / f".{path.name}.tmp-{token}"
@@ -120,14 +126,14 @@ def save_snapshot(buf, path, extra: dict | None = None) -> None:
             f.flush()
             os.fsync(f.fileno())
         _fsync_dir(tmp)
-        aside = None
         if path.exists():
             aside = path.parent / f".{path.name}.old-{token}"
             os.rename(path, aside)
         os.rename(tmp, path)
         _fsync_dir(path.parent)
-        if aside is not None:
-            shutil.rmtree(aside, ignore_errors=True)
+        # the one just set aside, and any left by a save that crashed between its renames
+        for stale in path.parent.glob(f".{path.name}.old-*"):
+            shutil.rmtree(stale, ignore_errors=True)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -271,4 +277,5 @@ def load_snapshot(cls, path, mmap: bool = False, verify: bool = True, mp_context
     base = buf._tree._leaf_base
     buf._tree.tree[base : base + capacity] = leaves
     buf._tree.rebuild()
+    buf.snapshot_manifest = manifest  # "extra" (e.g. the run config) and counters at save time
     return buf

@@ -1,0 +1,91 @@
+"""Shared test fixtures: the /dev/shm leak guard, ``make_episode`` and ``small_buffer``.
+
+Leak guard: after every test, any ``mpper_*`` segment that appeared during the test and
+is still in /dev/shm fails that test (and is unlinked, so one leak does not fail every
+later test). Other mpper test runs may share this machine's /dev/shm, so a new segment
+counts as ours only when its owner pid (encoded in the name) is this process or a
+process that is gone (a child the test started and that leaked); a live foreign
+owner's segment is left alone.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from mpper import ReplayBuffer, muzero_schema
+from mpper import shm as mpper_shm
+
+
+def _ours_or_dead(name: str) -> bool:
+    pid = mpper_shm.owner_pid(name)
+    return pid == os.getpid() or not mpper_shm._pid_alive(pid)
+
+
+def _leftovers(before: set[str]) -> list[str]:
+    return [n for n in mpper_shm.mpper_segments() if n not in before and _ours_or_dead(n)]
+
+
+def _unlink(names) -> None:
+    for name in names:
+        try:
+            os.unlink(os.path.join(mpper_shm.SHM_DIR, name))
+        except FileNotFoundError:
+            pass
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_segments(request):
+    before = set(mpper_shm.mpper_segments())
+    yield
+    leaked = _leftovers(before)
+    if leaked:
+        _unlink(leaked)
+        pytest.fail(f"{request.node.nodeid} left shared-memory segments in /dev/shm: {leaked}", pytrace=False)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_leaked_segments_session():
+    before = set(mpper_shm.mpper_segments())
+    yield
+    leaked = _leftovers(before)
+    if leaked:
+        _unlink(leaked)
+        pytest.fail(f"the test session left shared-memory segments in /dev/shm: {leaked}", pytrace=False)
+
+
+def make_episode(rng: np.random.Generator, T: int, obs_shape=(4,), num_actions: int = 2,
+                 two_player: bool = False) -> dict[str, np.ndarray]:  # fmt: skip
+    """A random episode of ``T`` moves (``T + 1`` rows) in the contract's row layout
+    for ``muzero_schema(obs_shape, num_actions)`` (``reanalysed_value`` left out)."""
+    L = T + 1
+    action = rng.integers(0, num_actions, size=L).astype(np.int64)
+    action[0] = 0  # no action led to o_0
+    reward = rng.normal(size=L).astype(np.float32)
+    reward[0] = 0.0
+    to_play = (np.arange(L) % 2 if two_player else np.zeros(L)).astype(np.int8)
+    root_value = rng.uniform(-1, 1, size=L).astype(np.float32)
+    root_value[T] = 0.0
+    visits = rng.random((L, num_actions)).astype(np.float32)
+    visits /= visits.sum(axis=1, keepdims=True)
+    visits[T] = 0.0
+    return {
+        "observation": rng.normal(size=(L, *obs_shape)).astype(np.float32),
+        "action": action,
+        "reward": reward,
+        "to_play": to_play,
+        "root_value": root_value,
+        "child_visits": visits,
+    }
+
+
+@pytest.fixture
+def small_buffer():
+    """A 256-slot muzero_schema((4,), 2) buffer owned by this process, closed afterwards."""
+    buf = ReplayBuffer.create(muzero_schema((4,), 2), capacity=256, alpha=0.6)
+    try:
+        yield buf
+    finally:
+        buf.close()

@@ -1,0 +1,551 @@
+"""Snapshots: round trips, sampling equivalence, atomicity, corruption, live writers."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing as mp
+import os
+import sys
+import time
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from conftest import make_episode
+
+import mpper.snapshot
+from mpper import ReplayBuffer, SnapshotError, muzero_schema
+from mpper import shm as mpper_shm
+
+pytestmark = pytest.mark.timeout(60)
+
+CAPACITY = 256
+SCHEMA = {**muzero_schema((4,), 2), "tag": ((), "int64")}
+EXTRA = {"run": "test", "config": {"lr": 0.001, "layers": [64, 64]}, "step": 12345}
+
+
+def _fill(buf: ReplayBuffer, seed: int = 0, episodes: int = 40) -> None:
+    """Enough episodes to wrap the ring (evictions, holes), varied priorities, a
+    truncated episode, a priority update and a reanalysed episode."""
+    rng = np.random.default_rng(seed)
+    for k in range(episodes):
+        T = int(rng.integers(2, 12))
+        ep = make_episode(rng, T)
+        ep["tag"] = np.full(T + 1, k, np.int64)
+        pr = None if k % 5 == 0 else rng.uniform(0.01, 10.0, T)
+        assert buf.add_episode(ep, priorities=pr, terminated=k % 7 != 3)
+    batch = buf.sample(32, 0.4, rng=rng)
+    applied, _ = buf.update_priorities(batch.indices, batch.generations, rng.uniform(0, 20, 32))
+    assert applied > 0
+    ref = buf.episodes()[-1]
+    assert buf.store_reanalysed_values(ref, np.linspace(-1, 1, ref.rows - 1))
+
+
+@pytest.fixture
+def filled():
+    buf = ReplayBuffer.create(SCHEMA, CAPACITY, alpha=0.7, priority_eps=1e-3, priority_clip=15.0,
+                              initial_priority="max")  # fmt: skip
+    try:
+        _fill(buf)
+        yield buf
+    finally:
+        buf.close()
+
+
+def _state(buf: ReplayBuffer) -> dict:
+    """Copies of everything a snapshot must preserve."""
+    return {
+        "fields": {k: np.array(v) for k, v in buf.fields.items()},
+        "leaves": buf._tree.leaves.copy(),
+        "total": buf.total_priority,
+        "generation": np.array(buf._generation),
+        "slot_row": np.array(buf._slot_row),
+        "episodes_table": np.array(buf._episodes),
+        "ring": np.array(buf._ring_state),
+        "counters": buf.counters,
+        "max_priority": buf.max_priority,
+        "schema": [(f.name, f.shape, f.dtype, repr(f.fill)) for f in buf.schema],  # NaN fill
+        "params": (buf.capacity, buf.alpha, buf.priority_eps, buf.priority_clip, buf.initial_priority),
+        "episodes": buf.episodes(),
+        "len": len(buf),
+    }
+
+
+def _assert_state_equal(a: dict, b: dict) -> None:
+    assert a["fields"].keys() == b["fields"].keys()
+    for k in a["fields"]:
+        np.testing.assert_array_equal(a["fields"][k], b["fields"][k], err_msg=k)  # NaN == NaN here
+    for k in ("leaves", "generation", "slot_row", "episodes_table", "ring"):
+        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+    for k in ("total", "counters", "max_priority", "schema", "params", "episodes", "len"):
+        assert a[k] == b[k], k
+
+
+def _own_segments() -> list[str]:
+    """This process's segments (other test runs may share /dev/shm)."""
+    return [n for n in mpper_shm.mpper_segments() if mpper_shm.owner_pid(n) == os.getpid()]
+
+
+def _tree_of(path) -> dict:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(path.iterdir())}
+
+
+def _manifest(path) -> dict:
+    return json.loads((path / "manifest.json").read_text())
+
+
+def _write_manifest(path, manifest) -> None:
+    (path / "manifest.json").write_text(json.dumps(manifest))
+
+
+# --------------------------------------------------------------------------------------
+# Round trips
+# --------------------------------------------------------------------------------------
+def test_round_trip_shared_memory(filled, tmp_path):
+    before = _state(filled)
+    assert before["len"] > 0 and before["counters"]["episodes_evicted"] > 0  # the ring wrapped
+    filled.save(tmp_path / "snap", extra=EXTRA)
+    assert _manifest(tmp_path / "snap")["extra"] == EXTRA
+    with ReplayBuffer.load(tmp_path / "snap") as loaded:
+        assert not loaded.read_only
+        assert loaded.snapshot_manifest["extra"] == EXTRA
+        seg = loaded.handle.segment
+        assert seg != filled.handle.segment and seg in mpper_shm.mpper_segments()
+        assert mpper_shm.owner_pid(seg) == os.getpid()
+        _assert_state_equal(_state(loaded), before)
+        assert np.isnan(loaded.fields["reanalysed_value"][0])  # the NaN fill survived
+        # it keeps training
+        rng = np.random.default_rng(9)
+        games = loaded.counters["games"]
+        ep = make_episode(rng, 6)
+        ep["tag"] = np.full(7, 999)
+        assert loaded.add_episode(ep, priorities=np.full(6, 2.0))
+        assert loaded.counters["games"] == games + 1
+        assert loaded.episodes()[-1].rows == 7
+        batch = loaded.sample(64, 0.4, rng=rng)
+        assert np.all(loaded.priorities(batch.indices) > 0)
+        applied, dropped = loaded.update_priorities(batch.indices, batch.generations, np.full(64, 3.0))
+        assert (applied, dropped) == (64, 0)
+        np.testing.assert_allclose(loaded.priorities(batch.indices), (3.0 + 1e-3) ** 0.7)
+        # and is its own memory: the original did not change
+        _assert_state_equal(_state(filled), before)
+    assert seg not in mpper_shm.mpper_segments()
+
+
+def test_round_trip_mmap_read_only(filled, tmp_path):
+    before = _state(filled)
+    filled.save(tmp_path / "snap", extra=EXTRA)
+    segments = _own_segments()
+    loaded = ReplayBuffer.load(tmp_path / "snap", mmap=True)
+    try:
+        assert _own_segments() == segments  # no shared memory for a read-only load
+        assert loaded.read_only
+        for name, arr in loaded.fields.items():
+            assert isinstance(arr, np.memmap), name
+            assert not arr.flags.writeable, name
+        _assert_state_equal(_state(loaded), before)
+        ep = make_episode(np.random.default_rng(1), 3)
+        with pytest.raises(PermissionError):
+            loaded.add_episode(ep)
+        batch = loaded.sample(128, 0.4, rng=np.random.default_rng(2))
+        with pytest.raises(PermissionError):
+            loaded.update_priorities(batch.indices, batch.generations, np.ones(128))
+        # sampled rows are the stored rows
+        for k, v in batch.data.items():
+            np.testing.assert_array_equal(v, before["fields"][k][batch.indices], err_msg=k)
+        _assert_state_equal(_state(loaded), {**before, "counters": {**before["counters"], "samples": before["counters"]["samples"] + 128}})
+    finally:
+        loaded.close()
+
+
+def test_mmap_store_reanalysed_values_is_refused(filled, tmp_path):
+    filled.save(tmp_path / "snap")
+    loaded = ReplayBuffer.load(tmp_path / "snap", mmap=True)
+    ref = loaded.episodes()[0]
+    with pytest.raises(PermissionError):
+        loaded.store_reanalysed_values(ref, np.zeros(ref.rows - 1))
+
+
+def _chi_square_limit(dof: int, z: float = 4.265) -> float:
+    """Upper quantile of chi2(dof) at p = 1e-5 (Wilson-Hilferty)."""
+    h = 2.0 / (9.0 * dof)
+    return dof * (1.0 - h + z * np.sqrt(h)) ** 3
+
+
+@pytest.mark.parametrize("mmap", [False, True])
+def test_loaded_snapshot_samples_same_distribution(filled, tmp_path, mmap):
+    leaves, total = filled._tree.leaves.copy(), filled.total_priority
+    assert len(np.unique(leaves[leaves > 0])) > 20  # a far from uniform distribution
+    filled.save(tmp_path / "snap")
+    loaded = ReplayBuffer.load(tmp_path / "snap", mmap=mmap)
+    try:
+        np.testing.assert_array_equal(loaded._tree.leaves, leaves)
+        assert loaded.total_priority == pytest.approx(total, rel=1e-12)
+        rng = np.random.default_rng(123)
+        draws, batch = 60_000, 2_000
+        counts = np.zeros(CAPACITY, np.int64)
+        for _ in range(draws // batch):
+            b = loaded.sample(batch, 0.4, rng=rng)
+            np.testing.assert_allclose(b.probabilities, leaves[b.indices] / total, rtol=1e-12)
+            counts += np.bincount(b.indices, minlength=CAPACITY)
+        assert counts[leaves == 0].sum() == 0  # holes and final rows never drawn
+        live = leaves > 0
+        expected = draws * leaves[live] / total
+        chi2 = float((((counts[live] - expected) ** 2) / expected).sum())
+        assert chi2 < _chi_square_limit(int(live.sum()) - 1), chi2
+    finally:
+        loaded.close()
+
+
+# --------------------------------------------------------------------------------------
+# Atomicity
+# --------------------------------------------------------------------------------------
+def test_save_over_existing_snapshot_replaces_it(filled, tmp_path):
+    path = tmp_path / "snap"
+    filled.save(path, extra={"n": 1})
+    _fill(filled, seed=1, episodes=5)
+    after = _state(filled)
+    filled.save(path, extra={"n": 2})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["snap"]  # no temp or aside dirs
+    assert _manifest(path)["extra"] == {"n": 2}
+    with ReplayBuffer.load(path) as loaded:
+        _assert_state_equal(_state(loaded), after)
+
+
+def test_save_into_empty_directory(filled, tmp_path):
+    (tmp_path / "snap").mkdir()
+    filled.save(tmp_path / "snap")
+    with ReplayBuffer.load(tmp_path / "snap") as loaded:
+        assert loaded.counters == filled.counters
+
+
+@pytest.mark.parametrize("error", [OSError("disk full"), KeyboardInterrupt()], ids=["OSError", "KeyboardInterrupt"])
+def test_failed_save_leaves_previous_snapshot(filled, tmp_path, monkeypatch, error):
+    path = tmp_path / "snap"
+    filled.save(path, extra={"n": 1})
+    old_state, old_files = _state(filled), _tree_of(path)
+    _fill(filled, seed=2, episodes=5)
+    real = mpper.snapshot._write_npy
+    calls = []
+
+    def failing(p, array):
+        calls.append(p.name)
+        if len(calls) == 3:
+            raise error
+        return real(p, array)
+
+    monkeypatch.setattr(mpper.snapshot, "_write_npy", failing)
+    with pytest.raises(type(error)):
+        filled.save(path, extra={"n": 2})
+    assert len(calls) == 3
+    monkeypatch.undo()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["snap"]  # the temp dir is gone
+    assert _tree_of(path) == old_files
+    with ReplayBuffer.load(path) as loaded:
+        _assert_state_equal(_state(loaded), old_state)
+    assert _manifest(path)["extra"] == {"n": 1}
+
+
+def test_crash_between_renames_loads_previous(filled, tmp_path):
+    path = tmp_path / "snap"
+    filled.save(path)
+    old_state = _state(filled)
+    # the first rename of a later save happened, the second did not
+    os.rename(path, tmp_path / ".snap.old-999-abcdef")
+    _fill(filled, seed=3, episodes=5)
+    filled.save(tmp_path / "other")  # an unrelated snapshot beside it is not picked
+    with pytest.warns(UserWarning, match="previous snapshot"):
+        loaded = ReplayBuffer.load(path)
+    with loaded:
+        _assert_state_equal(_state(loaded), old_state)
+    with pytest.warns(UserWarning, match="previous snapshot"):
+        ro = ReplayBuffer.load(path, mmap=True)
+    _assert_state_equal(_state(ro), old_state)
+
+
+def test_next_save_removes_snapshots_left_aside(filled, tmp_path):
+    path = tmp_path / "snap"
+    filled.save(path)
+    os.rename(path, tmp_path / ".snap.old-999-abcdef")  # a crash between the renames
+    filled.save(path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["snap"]
+
+
+def test_save_refuses_a_file_and_non_json_extra(filled, tmp_path):
+    (tmp_path / "afile").write_text("keep")
+    with pytest.raises(SnapshotError, match="afile"):
+        filled.save(tmp_path / "afile")
+    assert (tmp_path / "afile").read_text() == "keep"
+    with pytest.raises(TypeError, match="JSON"):
+        filled.save(tmp_path / "snap", extra={"x": np.float32(1)})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
+
+
+def test_refuses_to_overwrite_non_snapshot_directory(filled, tmp_path):
+    path = tmp_path / "precious"
+    path.mkdir()
+    (path / "notes.txt").write_text("do not delete")
+    with pytest.raises(SnapshotError, match="precious"):
+        filled.save(path)
+    assert [p.name for p in path.iterdir()] == ["notes.txt"]
+    assert (path / "notes.txt").read_text() == "do not delete"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["precious"]
+
+
+# --------------------------------------------------------------------------------------
+# Corrupt or missing snapshots: SnapshotError naming the file
+# --------------------------------------------------------------------------------------
+@pytest.fixture
+def snap(tmp_path):
+    buf = ReplayBuffer.create(SCHEMA, 64, alpha=0.6)
+    try:
+        _fill(buf, episodes=12)
+        buf.save(tmp_path / "snap")
+    finally:
+        buf.close()
+    return tmp_path / "snap"
+
+
+def _data_offset(path) -> int:
+    with open(path, "rb") as f:
+        version = np.lib.format.read_magic(f)
+        read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        read(f)
+        return f.tell()
+
+
+def _truncate_data(s):
+    p = s / "field.observation.npy"
+    p.write_bytes(p.read_bytes()[:-5])
+    return "field.observation.npy"
+
+
+def _truncate_header(s):
+    p = s / "field.reward.npy"
+    p.write_bytes(p.read_bytes()[:40])
+    return "field.reward.npy"
+
+
+def _empty_file(s):
+    (s / "generation.npy").write_bytes(b"")
+    return "generation.npy"
+
+
+def _manifest_shape(s):
+    m = _manifest(s)
+    m["files"]["field.child_visits.npy"]["shape"] = [64, 3]
+    _write_manifest(s, m)
+    return "field.child_visits.npy"
+
+
+def _manifest_dtype(s):
+    m = _manifest(s)
+    m["files"]["field.reward.npy"]["dtype"] = "<f8"
+    _write_manifest(s, m)
+    return "field.reward.npy"
+
+
+def _manifest_schema_shape(s):
+    m = _manifest(s)
+    [obs] = [f for f in m["schema"] if f["name"] == "observation"]
+    obs["shape"] = [5]
+    _write_manifest(s, m)
+    return "field.observation.npy"
+
+
+def _flip_data_byte(s):
+    p = s / "field.root_value.npy"
+    raw = bytearray(p.read_bytes())
+    raw[_data_offset(p) + 17] ^= 0x01
+    p.write_bytes(bytes(raw))
+    return "field.root_value.npy"
+
+
+def _flip_leaf_byte(s):
+    p = s / "tree_leaves.npy"
+    raw = bytearray(p.read_bytes())
+    raw[_data_offset(p) + 8 * 3] ^= 0x10  # low mantissa bit of leaf 3: still a valid priority
+    p.write_bytes(bytes(raw))
+    return "tree_leaves.npy"
+
+
+def _format_version(s):
+    m = _manifest(s)
+    m["format_version"] = 99
+    _write_manifest(s, m)
+    return "manifest.json"
+
+
+def _missing_array(s):
+    (s / "tree_leaves.npy").unlink()
+    return "tree_leaves.npy"
+
+
+def _missing_manifest(s):
+    (s / "manifest.json").unlink()
+    return "manifest.json"
+
+
+def _manifest_not_json(s):
+    (s / "manifest.json").write_text('{"format": "mpper-replay-snapshot", ')
+    return "manifest.json"
+
+
+def _manifest_binary(s):
+    (s / "manifest.json").write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe\x00garbage")
+    return "manifest.json"
+
+
+CORRUPTIONS = [
+    _truncate_data, _truncate_header, _empty_file, _manifest_shape, _manifest_dtype,
+    _manifest_schema_shape, _flip_data_byte, _flip_leaf_byte, _format_version, _missing_array,
+    _missing_manifest, _manifest_not_json, _manifest_binary,
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("mmap", [False, True], ids=["shm", "mmap"])
+@pytest.mark.parametrize("corrupt", CORRUPTIONS, ids=lambda f: f.__name__.lstrip("_"))
+def test_corrupt_snapshot_raises_naming_file(snap, corrupt, mmap):
+    segments = _own_segments()
+    fname = corrupt(snap)
+    with pytest.raises(SnapshotError) as info:
+        ReplayBuffer.load(snap, mmap=mmap)
+    assert fname in str(info.value), str(info.value)
+    assert _own_segments() == segments  # no buffer was left half-built
+
+
+class _Evil:
+    """Unpickling this creates a directory: proof that the loader ran pickle."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.mkdir, (self.marker,))
+
+
+@pytest.mark.parametrize("mmap", [False, True], ids=["shm", "mmap"])
+def test_pickled_object_array_is_refused_not_unpickled(snap, tmp_path, mmap):
+    marker = str(tmp_path / "unpickled")
+    target = snap / "field.observation.npy"
+    shape = tuple(_manifest(snap)["files"][target.name]["shape"])
+    evil = np.empty(shape, dtype=object)
+    evil[0, 0] = _Evil(marker)
+    np.save(target, evil, allow_pickle=True)
+    with pytest.raises(SnapshotError) as info:
+        ReplayBuffer.load(snap, mmap=mmap)
+    assert target.name in str(info.value)
+    assert not os.path.exists(marker)
+    # The file really would run code when unpickled (so the check above can fail).
+    np.load(target, allow_pickle=True)
+    assert os.path.isdir(marker)
+
+
+def test_missing_directory(tmp_path):
+    with pytest.raises(SnapshotError) as info:
+        ReplayBuffer.load(tmp_path / "no_such_snapshot")
+    assert "no_such_snapshot" in str(info.value)
+
+
+@pytest.mark.parametrize("mmap", [False, True], ids=["shm", "mmap"])
+def test_truncated_file_refused_without_checksums(snap, mmap):
+    fname = _truncate_data(snap)
+    with pytest.raises(SnapshotError, match="truncated") as info:
+        ReplayBuffer.load(snap, mmap=mmap, verify=False)
+    assert fname in str(info.value)
+
+
+def test_checksums_can_be_skipped(snap):
+    _flip_data_byte(snap)
+    with ReplayBuffer.load(snap, verify=False) as loaded:  # documented escape hatch
+        assert loaded.capacity == 64
+
+
+# --------------------------------------------------------------------------------------
+# Saving while another process writes
+# --------------------------------------------------------------------------------------
+LIVE_CAPACITY = 10_000
+LIVE_SCHEMA = {"observation": ((64,), "float32"), "action": ((), "int64"), "tag": ((), "int64")}
+
+
+def _live_rows(k: int) -> int:
+    return 3 + (k * 7) % 29
+
+
+def _live_writer(handle, started, stop, done):
+    buf = ReplayBuffer.attach(handle)
+    rng = np.random.default_rng(0)
+    k, t_end = 0, time.monotonic() + 30  # safety cap; the test sets ``stop``
+    while not stop.is_set() and time.monotonic() < t_end:
+        L = _live_rows(k)
+        obs = np.full((L, 64), k, np.float32) + np.arange(L, dtype=np.float32)[:, None]
+        ok = buf.add_episode({"observation": obs, "action": np.arange(L), "tag": np.full(L, k)},
+                             priorities=rng.uniform(0.1, 5.0, L - 1))  # fmt: skip
+        assert ok
+        k += 1
+        if k == 1000:  # the ring has wrapped: saves race with evictions
+            started.set()
+    buf.close()
+    done.put((k, stop.is_set()))
+
+
+def _check_live_snapshot(path, mmap):
+    loaded = ReplayBuffer.load(path, mmap=mmap)
+    try:
+        refs = loaded.episodes()
+        assert refs, "no published episode in the snapshot"
+        tags, obs = loaded.fields["tag"], loaded.fields["observation"]
+        covered = np.zeros(LIVE_CAPACITY, bool)
+        for ref in refs:
+            sl = slice(ref.start, ref.start + ref.rows)
+            k = ref.episode_id
+            assert ref.rows == _live_rows(k)
+            np.testing.assert_array_equal(tags[sl], k)
+            expected = np.float32(k) + np.arange(ref.rows, dtype=np.float32)[:, None]
+            np.testing.assert_array_equal(obs[sl], np.broadcast_to(expected, (ref.rows, 64)))
+            np.testing.assert_array_equal(loaded.fields["action"][sl], np.arange(ref.rows))
+            covered[ref.start : ref.start + ref.rows - 1] = True
+        leaves = loaded._tree.leaves
+        assert np.all(leaves[~covered] == 0), "priority on a slot outside the published episodes"
+        assert np.all(leaves[covered] > 0)
+        assert len(loaded) == int(covered.sum())
+        b = loaded.sample(4096, rng=np.random.default_rng(0))
+        assert covered[b.indices].all()
+        return loaded.counters["games"], refs[-1].episode_id
+    finally:
+        loaded.close()
+
+
+def test_save_while_another_process_writes(tmp_path):
+    buf = ReplayBuffer.create(LIVE_SCHEMA, LIVE_CAPACITY, alpha=0.6)
+    ctx = mp.get_context("spawn")
+    started, stop, done = ctx.Event(), ctx.Event(), ctx.Queue()
+    proc = ctx.Process(target=_live_writer, args=(buf.handle, started, stop, done))
+    try:
+        proc.start()
+        assert started.wait(30), "the writer did not get going"
+        paths, raced = [], 0
+        for i in range(3):
+            time.sleep(0.3)
+            paths.append(tmp_path / f"snap{i}")
+            games = buf.counters["games"]
+            buf.save(paths[-1])
+            raced += buf.counters["games"] > games
+        assert raced >= 1, "no episode was written during any save: nothing was tested"
+        stop.set()
+        written, stopped = done.get(timeout=30)
+        proc.join(30)
+        assert proc.exitcode == 0 and stopped
+        assert written > 1000
+        assert buf.counters["episodes_evicted"] > 0
+    finally:
+        stop.set()
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+        buf.close()
+    results = [_check_live_snapshot(p, mmap=(i != 0)) for i, p in enumerate(paths)]
+    games = [g for g, _ in results]
+    assert games[0] < games[1] < games[2]  # each save caught the writer at a later point
