@@ -9,10 +9,13 @@ State (all numpy arrays, normally views into shared memory):
   ``episode_id % max_episodes``; columns ``ID, START, ROWS, STATE, PID, TERMINATED``.
 - ``ring``: int64 ``[WRITE_POS, NEXT_ID, HEAD_ID, NUM_POSITIONS]``. Episodes
   ``HEAD_ID .. NEXT_ID - 1`` are resident (reserved, published or freed holes).
-- ``generation``: ``(capacity,)`` int64; bumped on every slot of an episode when it is
+- ``slots``: ``(capacity, 2)`` int64, one record per slot, so that a sampler finds all
+  it needs about a slot in one cache line:
+  ``slots[s, GEN]`` the generation, bumped on every slot of an episode when it is
   reserved and again when it is evicted, so a reader that recorded a slot's generation
-  can tell whether anything in that episode was rewritten since.
-- ``slot_row``: ``(capacity,)`` int32; table row of the episode holding each slot.
+  can tell whether anything in that episode was rewritten since;
+  ``slots[s, INFO]`` packs ``position << 32 | T << 2 | terminated << 1 | published``
+  (position of the slot in its episode, the episode's number of moves T).
 
 Episodes are reserved in order under the lock, so they sit in the ring in the order of
 their ids: the oldest is always the first one at or after the write position. Writing
@@ -39,6 +42,22 @@ FREE, RESERVED, PUBLISHED = 0, 1, 2
 # Ring state entries.
 WRITE_POS, NEXT_ID, HEAD_ID, NUM_POSITIONS = range(4)
 RING_FIELDS = 4
+# Slot record columns and the bits of INFO.
+GEN, INFO = 0, 1
+PUBLISHED_BIT, TERMINATED_BIT, MOVES_SHIFT, POS_SHIFT = 1, 2, 2, 32
+MAX_CAPACITY = 1 << 30  # T must fit the 30 bits between MOVES_SHIFT and POS_SHIFT
+
+
+def pack_info(rows: int, terminated: bool) -> np.ndarray:
+    """INFO of the ``rows`` slots of a newly reserved (unpublished) episode."""
+    pos = np.arange(rows, dtype=np.int64)
+    return (pos << POS_SHIFT) | ((rows - 1) << MOVES_SHIFT) | (TERMINATED_BIT if terminated else 0)
+
+
+def unpack_info(info: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(position, T, terminated, published) of INFO values."""
+    return (info >> POS_SHIFT, (info & 0xFFFFFFFF) >> MOVES_SHIFT,
+            (info & TERMINATED_BIT) != 0, (info & PUBLISHED_BIT) != 0)  # fmt: skip
 
 
 class RingBusy(Exception):
@@ -65,8 +84,7 @@ class EpisodeRing:
         capacity: int,
         table: np.ndarray,
         ring: np.ndarray,
-        generation: np.ndarray,
-        slot_row: np.ndarray,
+        slots: np.ndarray,
         tree: SumTree,
         counters: np.ndarray,
         counter_index: dict[str, int],
@@ -75,8 +93,7 @@ class EpisodeRing:
         self.max_episodes = table.shape[0]
         self.table = table
         self.ring = ring
-        self.generation = generation
-        self.slot_row = slot_row
+        self.slots = slots
         self.tree = tree
         self.counters = counters
         self._c = counter_index
@@ -105,8 +122,8 @@ class EpisodeRing:
         episode_id = int(ring[NEXT_ID])
         row = episode_id % self.max_episodes
         table[row] = (episode_id, start, rows, RESERVED, pid or os.getpid(), int(terminated))
-        self.generation[start : start + rows] += 1
-        self.slot_row[start : start + rows] = row
+        self.slots[start : start + rows, GEN] += 1
+        self.slots[start : start + rows, INFO] = pack_info(rows, terminated)
         ring[NEXT_ID] = episode_id + 1
         ring[WRITE_POS] = start + rows
         return Reservation(episode_id, row, start, rows)
@@ -121,6 +138,7 @@ class EpisodeRing:
         if row[ID] != res.episode_id or row[STATE] != RESERVED:
             return False
         self.tree.set_range(res.start, leaf_values)
+        self.slots[res.start : res.start + res.rows, INFO] |= PUBLISHED_BIT
         row[STATE] = PUBLISHED
         positions = res.rows - 1
         self.ring[NUM_POSITIONS] += positions
@@ -133,7 +151,7 @@ class EpisodeRing:
         row = self.table[res.row]
         if row[ID] == res.episode_id and row[STATE] == RESERVED:
             row[STATE] = FREE
-            self.generation[res.start : res.start + res.rows] += 1
+            self.slots[res.start : res.start + res.rows, GEN] += 1
             self.counters[self._c["episodes_abandoned"]] += 1
 
     def _evict_head(self, head_row: int) -> None:
@@ -149,7 +167,8 @@ class EpisodeRing:
             self.ring[NUM_POSITIONS] -= rows - 1
             self.counters[self._c["episodes_evicted"]] += 1
         if state != FREE:
-            self.generation[start : start + rows] += 1
+            self.slots[start : start + rows, GEN] += 1
+            self.slots[start : start + rows, INFO] &= ~PUBLISHED_BIT
         row[STATE] = FREE
         self.ring[HEAD_ID] += 1
 

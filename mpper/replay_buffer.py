@@ -38,8 +38,8 @@ import numpy as np
 
 from . import shm as shm_mod
 from .episode_ring import (
-    ID, NUM_POSITIONS, PUBLISHED, RING_FIELDS, ROWS, START, STATE, TABLE_COLUMNS, TERMINATED,
-    EpisodeRing, RingBusy,
+    GEN, ID, MAX_CAPACITY, NUM_POSITIONS, PUBLISHED, RING_FIELDS, ROWS, START, STATE, TABLE_COLUMNS,
+    TERMINATED, EpisodeRing, RingBusy,
 )  # fmt: skip
 from .schema import Field, normalize_schema
 from .sum_tree import SumTree, _descend, _set_leaves
@@ -68,10 +68,10 @@ _RESERVE_TIMEOUT_S = 60.0
 
 # ---- hot-path kernels: one compiled call per sample / update instead of ~20 numpy calls
 @numba.njit(cache=True, nogil=True)
-def _draw_kernel(tree, leaf_base, u, generation, slot_row, episodes,
-                 out_slot, out_gen, out_prob, out_pos, out_moves, out_term):  # fmt: skip
+def _draw_kernel(tree, leaf_base, u, slots, out_slot, out_gen, out_prob, out_pos, out_moves, out_term):
     """Stratified descent for B uniforms plus, per drawn slot, what sample() needs:
-    generation, P(i), position in its episode, the episode's T and termination."""
+    generation, P(i), position in its episode, the episode's T and termination (all
+    from the slot's one record; see ``episode_ring`` for the INFO bits)."""
     total = tree[1]
     batch = u.shape[0]
     targets = np.empty(batch)
@@ -80,12 +80,12 @@ def _draw_kernel(tree, leaf_base, u, generation, slot_row, episodes,
     _descend(tree, leaf_base, targets, out_slot)
     for j in range(batch):
         s = out_slot[j]
-        row = slot_row[s]
+        info = slots[s, 1]
         out_prob[j] = tree[leaf_base + s] / total
-        out_gen[j] = generation[s]
-        out_pos[j] = s - episodes[row, START]
-        out_moves[j] = episodes[row, ROWS] - 1
-        out_term[j] = episodes[row, TERMINATED] != 0
+        out_gen[j] = slots[s, 0]
+        out_pos[j] = info >> 32
+        out_moves[j] = (info & 0xFFFFFFFF) >> 2
+        out_term[j] = (info & 2) != 0
 
 
 @numba.njit(cache=True, nogil=True)
@@ -100,10 +100,9 @@ def _check_update(capacity, indices, priorities):
 
 
 @numba.njit(cache=True, nogil=True)
-def _apply_update(tree, leaf_base, generation, slot_row, episodes, indices, gens, priorities,
-                  eps, clip, alpha):  # fmt: skip
+def _apply_update(tree, leaf_base, slots, indices, gens, priorities, eps, clip, alpha):
     """Write min(p + eps, clip) ** alpha where the slot still holds the sampled position
-    (same generation, episode published, not the final row). Returns (applied, max p)."""
+    (same generation, published, not an episode's final row). Returns (applied, max p)."""
     n = indices.shape[0]
     live_idx = np.empty(n, np.int64)
     live_leaf = np.empty(n)
@@ -111,9 +110,8 @@ def _apply_update(tree, leaf_base, generation, slot_row, episodes, indices, gens
     top = 0.0
     for j in range(n):
         s = indices[j]
-        row = slot_row[s]
-        if (generation[s] == gens[j] and episodes[row, STATE] == PUBLISHED
-                and s - episodes[row, START] < episodes[row, ROWS] - 1):  # fmt: skip
+        info = slots[s, 1]
+        if slots[s, 0] == gens[j] and (info & 1) and (info >> 32) < ((info & 0xFFFFFFFF) >> 2):
             p = priorities[j]
             live_idx[applied] = s
             live_leaf[applied] = min(p + eps, clip) ** alpha
@@ -123,13 +121,34 @@ def _apply_update(tree, leaf_base, generation, slot_row, episodes, indices, gens
     return applied, top
 
 
+_warm = False
+
+
+def _warm_kernels() -> None:
+    """Load the compiled kernels that run under the shared lock once per process, on
+    tiny arrays and outside the lock: the first call of a numba function in a process
+    takes ~0.2 s, and under the lock it would stall every other process that long."""
+    global _warm
+    if _warm:
+        return
+    tree = SumTree(4)
+    tree.set_range(0, np.ones(3))
+    tree.set(np.arange(2), np.ones(2))
+    slots = np.zeros((4, 2), np.int64)
+    one = np.zeros(1, np.int64)
+    _draw_kernel(tree.tree, tree._leaf_base, np.zeros(1), slots, one, one.copy(), np.zeros(1),
+                 one.copy(), one.copy(), np.zeros(1, np.bool_))  # fmt: skip
+    _apply_update(tree.tree, tree._leaf_base, slots, one, one, np.zeros(1), 0.0, np.inf, 1.0)
+    _check_update(4, one, np.zeros(1))
+    _warm = True
+
+
 def _layout(fields: tuple[Field, ...], capacity: int, max_episodes: int) -> list[tuple[str, tuple, np.dtype]]:
     """Every array of a buffer: (name, shape, dtype). Internal names start with '_'."""
     arrays = [(f.name, (capacity, *f.shape), f.dtype) for f in fields]
     arrays += [
         ("_tree", (SumTree.storage_size(capacity),), np.dtype(np.float64)),
-        ("_generation", (capacity,), np.dtype(np.int64)),
-        ("_slot_row", (capacity,), np.dtype(np.int32)),
+        ("_slots", (capacity, 2), np.dtype(np.int64)),  # per slot: generation, packed info
         ("_episodes", (max_episodes, TABLE_COLUMNS), np.dtype(np.int64)),
         ("_ring", (RING_FIELDS,), np.dtype(np.int64)),
         ("_counters", (_COUNTER_SLOTS,), np.dtype(np.int64)),
@@ -206,15 +225,16 @@ class ReplayBuffer:
         self._arrays = arrays
         self.fields = {f.name: arrays[f.name] for f in self.schema}
         self._tree = SumTree(self.capacity, arrays["_tree"])
-        self._generation = arrays["_generation"]
-        self._slot_row = arrays["_slot_row"]
+        self._slots = arrays["_slots"]
+        self._generation = self._slots[:, GEN]
         self._episodes = arrays["_episodes"]
         self._ring_state = arrays["_ring"]
         self._counters = arrays["_counters"]
         self._max_priority = arrays["_max_priority"]
-        self._ring = EpisodeRing(self.capacity, self._episodes, self._ring_state, self._generation,
-                                 self._slot_row, self._tree, self._counters, _C)  # fmt: skip
+        self._ring = EpisodeRing(self.capacity, self._episodes, self._ring_state, self._slots,
+                                 self._tree, self._counters, _C)  # fmt: skip
         self._rng = np.random.default_rng()
+        _warm_kernels()
         self.snapshot_manifest: dict | None = None  # set by load(): the manifest it came from
         self._raw_rows = RawRows()
 
@@ -248,8 +268,8 @@ class ReplayBuffer:
         """
         fields = normalize_schema(schema)
         capacity = int(capacity)
-        if capacity < 2:
-            raise ValueError(f"capacity must be >= 2 slots (one move), got {capacity}")
+        if not 2 <= capacity <= MAX_CAPACITY:
+            raise ValueError(f"capacity must be between 2 (one move) and {MAX_CAPACITY} slots, got {capacity}")
         max_episodes = int(max_episodes or max(1, capacity // 2))
         if max_episodes < 1:
             raise ValueError(f"max_episodes must be >= 1, got {max_episodes}")
@@ -315,7 +335,7 @@ class ReplayBuffer:
             self.fields = {}
             self._arrays = {}
             self._tree = self._ring = None
-            self._generation = self._slot_row = self._episodes = None
+            self._slots = self._generation = self._episodes = None
             self._ring_state = self._counters = self._max_priority = None
             shm_mod.release(segment, unlink=self._owner)
 
@@ -458,8 +478,8 @@ class ReplayBuffer:
         clip = np.inf if self.priority_clip is None else self.priority_clip
         tree = self._tree
         with self._lock:
-            applied, top = _apply_update(tree.tree, tree._leaf_base, self._generation, self._slot_row,
-                                         self._episodes, idx, gen, p, self.priority_eps, clip, self.alpha)  # fmt: skip
+            applied, top = _apply_update(tree.tree, tree._leaf_base, self._slots, idx, gen, p,
+                                         self.priority_eps, clip, self.alpha)  # fmt: skip
             if top > self._max_priority[0]:
                 self._max_priority[0] = top
             self._counters[_C["priority_updates_applied"]] += applied
@@ -480,11 +500,9 @@ class ReplayBuffer:
         with self._lock:
             if not tree.tree[1] > 0.0:
                 raise ValueError("cannot sample: the buffer holds no sampleable positions yet")
-            _draw_kernel(tree.tree, tree._leaf_base, u, self._generation, self._slot_row,
-                         self._episodes, slots, gen, prob, pos, moves, term)  # fmt: skip
-            n = int(self._ring_state[NUM_POSITIONS])
+            _draw_kernel(tree.tree, tree._leaf_base, u, self._slots, slots, gen, prob, pos, moves, term)
             self._counters[_C["samples"]] += batch_size
-        return slots, gen, prob, n, pos, moves, term
+        return slots, gen, prob, pos, moves, term
 
     def sample(self, batch_size: int, beta: float = 0.4, targets=None, rng: np.random.Generator | None = None) -> Batch:
         """Draw ``batch_size`` positions with probability ``P(i)`` (stratified) and build
@@ -496,7 +514,7 @@ class ReplayBuffer:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         rng = self._rng if rng is None else rng
         targets = self._raw_rows if targets is None else targets
-        slots, gen, prob, n, pos, moves, term = self._draw(batch_size, rng)
+        slots, gen, prob, pos, moves, term = self._draw(batch_size, rng)
         data = targets.build(self.fields, slots, pos, moves, term, rng)
         # Seqlock-style check: a writer bumps the generations of every slot of an episode
         # before it touches any of them, so an unchanged generation means an intact row.
@@ -505,15 +523,16 @@ class ReplayBuffer:
             if torn.size == 0:
                 break
             self._counters[_C["torn_rows_redrawn"]] += torn.size  # benign race: statistics only
-            s2, g2, p2, n, pos2, m2, t2 = self._draw(torn.size, rng)
+            s2, g2, p2, pos2, m2, t2 = self._draw(torn.size, rng)
             d2 = targets.build(self.fields, s2, pos2, m2, t2, rng)
             slots[torn], gen[torn], prob[torn] = s2, g2, p2
             for key in data:
                 data[key][torn] = d2[key]
         else:  # pragma: no cover - would need writers lapping the ring 100 times in a row
             raise RuntimeError("sample: rows kept being rewritten while gathering; capacity too small?")
-        weights = (n * prob) ** (-float(beta))
-        weights = (weights / weights.max()).astype(np.float32)
+        # (N * P(i)) ** -beta / max_j (N * P(j)) ** -beta: N cancels, the max is at min P
+        weights = (prob * (1.0 / prob.min())) ** (-float(beta))
+        weights = weights.astype(np.float32)
         return Batch(slots, gen, weights, prob, data)
 
     # ---- episodes (reanalyse, inspection) ------------------------------------------
@@ -557,7 +576,7 @@ class ReplayBuffer:
         if not np.isfinite(values).all():
             raise ValueError(f"reanalysed values for episode {ref.episode_id} must be finite")
         with self._lock:
-            row = self._episodes[self._slot_row[ref.start]]
+            row = self._episodes[ref.episode_id % self._episodes.shape[0]]
             ok = (self._generation[ref.start] == ref.generation and row[ID] == ref.episode_id
                   and row[STATE] == PUBLISHED)  # fmt: skip
             if ok:

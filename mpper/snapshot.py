@@ -6,7 +6,7 @@ Layout of ``<dir>/``::
                          user "extra" (e.g. the run config), and per file: sha256, shape, dtype
     field.<name>.npy     each schema field, (capacity, *shape)
     tree_leaves.npy      the sum tree's leaves (internal nodes are rebuilt on load)
-    generation.npy, slot_row.npy, episodes.npy, ring.npy, counters.npy, max_priority.npy
+    slots.npy, episodes.npy, ring.npy, counters.npy, max_priority.npy  (bookkeeping)
 
 Atomicity: everything is written into a hidden temporary directory beside ``<dir>``,
 fsynced, and renamed into place (the old snapshot is renamed aside first and removed
@@ -34,13 +34,15 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from .episode_ring import FREE, NUM_POSITIONS, PUBLISHED, ROWS, STATE
+from .episode_ring import (
+    FREE, GEN, HEAD_ID, INFO, NEXT_ID, NUM_POSITIONS, PUBLISHED, PUBLISHED_BIT, ROWS, START, STATE,
+)  # fmt: skip
 from .schema import schema_from_json, schema_to_json
 
 FORMAT = "mpper-replay-snapshot"
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
-_INTERNAL = ("generation", "slot_row", "episodes", "ring", "counters", "max_priority")
+_INTERNAL = ("slots", "episodes", "ring", "counters", "max_priority")
 
 __all__ = ["SnapshotError", "save_snapshot", "load_snapshot", "FORMAT_VERSION"]
 
@@ -99,7 +101,7 @@ def save_snapshot(buf, path, extra: dict | None = None) -> None:
         files = {}
         for f in buf.schema:
             files[f"field.{f.name}.npy"] = _write_npy(tmp / f"field.{f.name}.npy", buf.fields[f.name])
-        _make_holes(meta, leaves, changed=buf._generation != meta["generation"])
+        _make_holes(meta, leaves, changed=buf._generation != meta["slots"][:, GEN])
         files["tree_leaves.npy"] = _write_npy(tmp / "tree_leaves.npy", leaves)
         for name in _INTERNAL:
             files[f"{name}.npy"] = _write_npy(tmp / f"{name}.npy", meta[name])
@@ -141,18 +143,19 @@ def save_snapshot(buf, path, extra: dict | None = None) -> None:
 
 def _make_holes(meta: dict, leaves: np.ndarray, changed: np.ndarray) -> None:
     """Turn unpublished episodes, and those rewritten during the save, into holes."""
-    table = meta["episodes"]
-    bad_rows = set(np.unique(meta["slot_row"][changed]).tolist()) if changed.any() else set()
-    head, nxt = int(meta["ring"][2]), int(meta["ring"][1])
-    for episode_id in range(head, nxt):
+    table, ring = meta["episodes"], meta["ring"]
+    rewritten = np.concatenate([[0], np.cumsum(changed)])  # rewritten slots before each slot
+    for episode_id in range(int(ring[HEAD_ID]), int(ring[NEXT_ID])):
         row = episode_id % table.shape[0]
         state = table[row, STATE]
-        if state == FREE or (state == PUBLISHED and row not in bad_rows):
+        start, rows = int(table[row, START]), int(table[row, ROWS])
+        intact = rewritten[start + rows] == rewritten[start]
+        if state == FREE or (state == PUBLISHED and intact):
             continue
-        start, rows = int(table[row, 1]), int(table[row, ROWS])
         if state == PUBLISHED:
-            meta["ring"][NUM_POSITIONS] -= rows - 1
+            ring[NUM_POSITIONS] -= rows - 1
         leaves[start : start + rows - 1] = 0.0
+        meta["slots"][start : start + rows, INFO] &= ~PUBLISHED_BIT
         table[row, STATE] = FREE
 
 

@@ -60,8 +60,7 @@ def _state(buf: ReplayBuffer) -> dict:
         "fields": {k: np.array(v) for k, v in buf.fields.items()},
         "leaves": buf._tree.leaves.copy(),
         "total": buf.total_priority,
-        "generation": np.array(buf._generation),
-        "slot_row": np.array(buf._slot_row),
+        "slots": np.array(buf._slots),
         "episodes_table": np.array(buf._episodes),
         "ring": np.array(buf._ring_state),
         "counters": buf.counters,
@@ -77,7 +76,7 @@ def _assert_state_equal(a: dict, b: dict) -> None:
     assert a["fields"].keys() == b["fields"].keys()
     for k in a["fields"]:
         np.testing.assert_array_equal(a["fields"][k], b["fields"][k], err_msg=k)  # NaN == NaN here
-    for k in ("leaves", "generation", "slot_row", "episodes_table", "ring"):
+    for k in ("leaves", "slots", "episodes_table", "ring"):
         np.testing.assert_array_equal(a[k], b[k], err_msg=k)
     for k in ("total", "counters", "max_priority", "schema", "params", "episodes", "len"):
         assert a[k] == b[k], k
@@ -329,8 +328,8 @@ def _truncate_header(s):
 
 
 def _empty_file(s):
-    (s / "generation.npy").write_bytes(b"")
-    return "generation.npy"
+    (s / "slots.npy").write_bytes(b"")
+    return "slots.npy"
 
 
 def _manifest_shape(s):
