@@ -11,11 +11,13 @@ State (all numpy arrays, normally views into shared memory):
   ``HEAD_ID .. NEXT_ID - 1`` are resident (reserved, published or freed holes).
 - ``slots``: ``(capacity, 2)`` int64, one record per slot, so that a sampler finds all
   it needs about a slot in one cache line:
-  ``slots[s, GEN]`` the generation, bumped on every slot of an episode when it is
-  reserved and again when it is evicted, so a reader that recorded a slot's generation
-  can tell whether anything in that episode was rewritten since;
-  ``slots[s, INFO]`` packs ``position << 32 | T << 2 | terminated << 1 | published``
-  (position of the slot in its episode, the episode's number of moves T).
+  ``slots[s, GEN]`` is the slot's generation, a seqlock counter: odd while the slot is
+  not sampleable (reserved, being copied, evicted), even once published. It changes on
+  every reservation, publication and eviction, always on every slot of the episode, so
+  a reader that recorded an even generation can tell whether anything in that episode
+  was rewritten since by reading it again.
+  ``slots[s, INFO]`` packs ``position << 32 | T << 2 | terminated << 1`` (position of
+  the slot in its episode and the episode's number of moves T).
 
 Episodes are reserved in order under the lock, so they sit in the ring in the order of
 their ids: the oldest is always the first one at or after the write position. Writing
@@ -44,20 +46,24 @@ WRITE_POS, NEXT_ID, HEAD_ID, NUM_POSITIONS = range(4)
 RING_FIELDS = 4
 # Slot record columns and the bits of INFO.
 GEN, INFO = 0, 1
-PUBLISHED_BIT, TERMINATED_BIT, MOVES_SHIFT, POS_SHIFT = 1, 2, 2, 32
+TERMINATED_BIT, MOVES_SHIFT, POS_SHIFT = 2, 2, 32
 MAX_CAPACITY = 1 << 30  # T must fit the 30 bits between MOVES_SHIFT and POS_SHIFT
 
 
 def pack_info(rows: int, terminated: bool) -> np.ndarray:
-    """INFO of the ``rows`` slots of a newly reserved (unpublished) episode."""
+    """INFO of the ``rows`` slots of a newly reserved episode."""
     pos = np.arange(rows, dtype=np.int64)
     return (pos << POS_SHIFT) | ((rows - 1) << MOVES_SHIFT) | (TERMINATED_BIT if terminated else 0)
 
 
-def unpack_info(info: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(position, T, terminated, published) of INFO values."""
-    return (info >> POS_SHIFT, (info & 0xFFFFFFFF) >> MOVES_SHIFT,
-            (info & TERMINATED_BIT) != 0, (info & PUBLISHED_BIT) != 0)  # fmt: skip
+def unpack_info(info: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(position, T, terminated) of INFO values."""
+    return info >> POS_SHIFT, (info & 0xFFFFFFFF) >> MOVES_SHIFT, (info & TERMINATED_BIT) != 0
+
+
+def make_unsampleable(gen: np.ndarray) -> None:
+    """Set generations to the next odd value (in place): evicted, reserved or a hole."""
+    gen += 1 + (gen & 1)
 
 
 class RingBusy(Exception):
@@ -122,7 +128,7 @@ class EpisodeRing:
         episode_id = int(ring[NEXT_ID])
         row = episode_id % self.max_episodes
         table[row] = (episode_id, start, rows, RESERVED, pid or os.getpid(), int(terminated))
-        self.slots[start : start + rows, GEN] += 1
+        make_unsampleable(self.slots[start : start + rows, GEN])  # before the copy starts
         self.slots[start : start + rows, INFO] = pack_info(rows, terminated)
         ring[NEXT_ID] = episode_id + 1
         ring[WRITE_POS] = start + rows
@@ -138,7 +144,7 @@ class EpisodeRing:
         if row[ID] != res.episode_id or row[STATE] != RESERVED:
             return False
         self.tree.set_range(res.start, leaf_values)
-        self.slots[res.start : res.start + res.rows, INFO] |= PUBLISHED_BIT
+        self.slots[res.start : res.start + res.rows, GEN] += 1  # odd -> even: sampleable
         row[STATE] = PUBLISHED
         positions = res.rows - 1
         self.ring[NUM_POSITIONS] += positions
@@ -151,7 +157,7 @@ class EpisodeRing:
         row = self.table[res.row]
         if row[ID] == res.episode_id and row[STATE] == RESERVED:
             row[STATE] = FREE
-            self.slots[res.start : res.start + res.rows, GEN] += 1
+            make_unsampleable(self.slots[res.start : res.start + res.rows, GEN])
             self.counters[self._c["episodes_abandoned"]] += 1
 
     def _evict_head(self, head_row: int) -> None:
@@ -167,8 +173,7 @@ class EpisodeRing:
             self.ring[NUM_POSITIONS] -= rows - 1
             self.counters[self._c["episodes_evicted"]] += 1
         if state != FREE:
-            self.slots[start : start + rows, GEN] += 1
-            self.slots[start : start + rows, INFO] &= ~PUBLISHED_BIT
+            make_unsampleable(self.slots[start : start + rows, GEN])
         row[STATE] = FREE
         self.ring[HEAD_ID] += 1
 

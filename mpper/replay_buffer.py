@@ -7,18 +7,21 @@ plus generations, counters and the episode table, lives in one shared-memory seg
 whose layout follows from the schema and capacity, so another process attaches from a
 small handle and copies nothing.
 
-Concurrency (one ``multiprocessing.Lock`` guards the tree, the table and the ring):
+Concurrency: one ``multiprocessing.Lock`` serialises the *writers* of the tree, the
+episode table and the ring (``add_episode``, ``update_priorities``, reanalysed values);
+sampling takes no lock at all:
 
-- a writer reserves slots under the lock (evicting, zeroing priorities, bumping
-  generations), copies its episode *without* the lock, then publishes its priorities
-  under the lock. A slot is sampleable only once published;
-- ``sample`` draws indices, records their generations and reads the episode bounds
-  under the lock, gathers and builds targets *without* it, then re-reads the
-  generations: rows whose episode was rewritten meanwhile are drawn again, so a batch
-  never holds a torn row. Critical sections stay a few microseconds long, which keeps
-  writers from starving the learner;
+- a writer reserves slots under the lock (evicting, zeroing priorities, making the
+  slots' generations odd), copies its episode *without* the lock, then publishes its
+  priorities under the lock (generations become even). A slot is sampleable only while
+  its generation is even;
+- ``sample`` descends the tree, reads each drawn slot's generation and episode bounds,
+  gathers rows and builds targets, then reads the generations again (a seqlock). Rows
+  whose slot was unsampleable or rewritten meanwhile are drawn again, so a batch never
+  holds a torn row. The learner therefore never waits for a writer, and a writer waits
+  at most for another writer's few-microsecond critical section or a priority update;
 - ``update_priorities`` and reanalysed values apply only where the slot's generation
-  still matches what ``sample`` returned.
+  still matches what was sampled.
 
 Priorities: callers pass raw priorities ``p >= 0`` (|TD error|, |value error|); the
 tree stores ``min(p + priority_eps, priority_clip) ** alpha``, so ``P(i) = leaf_i / sum``
@@ -38,8 +41,8 @@ import numpy as np
 
 from . import shm as shm_mod
 from .episode_ring import (
-    GEN, ID, MAX_CAPACITY, NUM_POSITIONS, PUBLISHED, RING_FIELDS, ROWS, START, STATE, TABLE_COLUMNS,
-    TERMINATED, EpisodeRing, RingBusy,
+    GEN, ID, INFO, MAX_CAPACITY, NUM_POSITIONS, PUBLISHED, RING_FIELDS, ROWS, START, STATE,
+    TABLE_COLUMNS, TERMINATED, EpisodeRing, RingBusy, unpack_info,
 )  # fmt: skip
 from .schema import Field, normalize_schema
 from .sum_tree import SumTree, _descend, _set_leaves
@@ -68,24 +71,30 @@ _RESERVE_TIMEOUT_S = 60.0
 
 # ---- hot-path kernels: one compiled call per sample / update instead of ~20 numpy calls
 @numba.njit(cache=True, nogil=True)
-def _draw_kernel(tree, leaf_base, u, slots, out_slot, out_gen, out_prob, out_pos, out_moves, out_term):
-    """Stratified descent for B uniforms plus, per drawn slot, what sample() needs:
-    generation, P(i), position in its episode, the episode's T and termination (all
-    from the slot's one record; see ``episode_ring`` for the INFO bits)."""
+def _draw_kernel(tree, leaf_base, u, slots, out_slot, out_gen, out_info, out_prob):
+    """Stratified descent for B uniforms; per drawn slot its generation, packed info and
+    P(i). Runs without the lock, so a writer may change the tree meanwhile: returns the
+    number of rows that turned out not sampleable (odd generation or a 0 leaf), which
+    are marked with out_gen = -1 and drawn again by the caller. Reads the generation
+    before the info, as the seqlock protocol wants (the caller re-checks both later)."""
     total = tree[1]
     batch = u.shape[0]
     targets = np.empty(batch)
     for j in range(batch):
         targets[j] = (j + u[j]) * (total / batch)
     _descend(tree, leaf_base, targets, out_slot)
+    rejected = 0
     for j in range(batch):
         s = out_slot[j]
-        info = slots[s, 1]
-        out_prob[j] = tree[leaf_base + s] / total
-        out_gen[j] = slots[s, 0]
-        out_pos[j] = info >> 32
-        out_moves[j] = (info & 0xFFFFFFFF) >> 2
-        out_term[j] = (info & 2) != 0
+        g = slots[s, 0]
+        leaf = tree[leaf_base + s]
+        out_info[j] = slots[s, 1]
+        out_prob[j] = leaf / total
+        if (g & 1) or not leaf > 0.0:
+            g = -1
+            rejected += 1
+        out_gen[j] = g
+    return rejected
 
 
 @numba.njit(cache=True, nogil=True)
@@ -102,7 +111,8 @@ def _check_update(capacity, indices, priorities):
 @numba.njit(cache=True, nogil=True)
 def _apply_update(tree, leaf_base, slots, indices, gens, priorities, eps, clip, alpha):
     """Write min(p + eps, clip) ** alpha where the slot still holds the sampled position
-    (same generation, published, not an episode's final row). Returns (applied, max p)."""
+    (same even generation, i.e. published and not rewritten since, and not an episode's
+    final row). Returns (applied, max p)."""
     n = indices.shape[0]
     live_idx = np.empty(n, np.int64)
     live_leaf = np.empty(n)
@@ -111,7 +121,7 @@ def _apply_update(tree, leaf_base, slots, indices, gens, priorities, eps, clip, 
     for j in range(n):
         s = indices[j]
         info = slots[s, 1]
-        if slots[s, 0] == gens[j] and (info & 1) and (info >> 32) < ((info & 0xFFFFFFFF) >> 2):
+        if slots[s, 0] == gens[j] and (gens[j] & 1) == 0 and (info >> 32) < ((info & 0xFFFFFFFF) >> 2):
             p = priorities[j]
             live_idx[applied] = s
             live_leaf[applied] = min(p + eps, clip) ** alpha
@@ -136,8 +146,7 @@ def _warm_kernels() -> None:
     tree.set(np.arange(2), np.ones(2))
     slots = np.zeros((4, 2), np.int64)
     one = np.zeros(1, np.int64)
-    _draw_kernel(tree.tree, tree._leaf_base, np.zeros(1), slots, one, one.copy(), np.zeros(1),
-                 one.copy(), one.copy(), np.zeros(1, np.bool_))  # fmt: skip
+    _draw_kernel(tree.tree, tree._leaf_base, np.zeros(1), slots, one, one.copy(), one.copy(), np.zeros(1))
     _apply_update(tree.tree, tree._leaf_base, slots, one, one, np.zeros(1), 0.0, np.inf, 1.0)
     _check_update(4, one, np.zeros(1))
     _warm = True
@@ -488,21 +497,33 @@ class ReplayBuffer:
 
     # ---- sampling ------------------------------------------------------------------
     def _draw(self, batch_size: int, rng: np.random.Generator):
-        """Stratified draw under the lock; returns slots and what is needed to use them."""
-        u = rng.random(batch_size)
+        """Draw ``batch_size`` sampleable slots: (slots, generations, infos, P(i)).
+
+        No lock: a concurrent writer can only make a drawn row unsampleable (odd
+        generation, 0 leaf); such rows are drawn again. P(i) is read as the descent
+        found it; with writers active it is that of a tree a few microseconds old.
+        """
         slots = np.empty(batch_size, np.int64)
         gen = np.empty(batch_size, np.int64)
+        info = np.empty(batch_size, np.int64)
         prob = np.empty(batch_size, np.float64)
-        pos = np.empty(batch_size, np.int64)
-        moves = np.empty(batch_size, np.int64)
-        term = np.empty(batch_size, np.bool_)
         tree = self._tree
-        with self._lock:
+        todo = np.arange(batch_size)
+        for _ in range(1000):
             if not tree.tree[1] > 0.0:
                 raise ValueError("cannot sample: the buffer holds no sampleable positions yet")
-            _draw_kernel(tree.tree, tree._leaf_base, u, self._slots, slots, gen, prob, pos, moves, term)
-            self._counters[_C["samples"]] += batch_size
-        return slots, gen, prob, pos, moves, term
+            s, g, i, p = (np.empty(todo.size, np.int64), np.empty(todo.size, np.int64),
+                          np.empty(todo.size, np.int64), np.empty(todo.size))  # fmt: skip
+            rejected = _draw_kernel(tree.tree, tree._leaf_base, rng.random(todo.size), self._slots, s, g, i, p)
+            slots[todo], gen[todo], info[todo], prob[todo] = s, g, i, p
+            if rejected == 0:
+                break
+            todo = todo[g < 0]
+        else:  # pragma: no cover - the tree kept changing under 1000 redraws
+            raise RuntimeError("sample: could not draw sampleable rows; is a writer stuck?")
+        # exact with one sampling process (the learner); no lock, so not with several
+        self._counters[_C["samples"]] += batch_size
+        return slots, gen, info, prob
 
     def sample(self, batch_size: int, beta: float = 0.4, targets=None, rng: np.random.Generator | None = None) -> Batch:
         """Draw ``batch_size`` positions with probability ``P(i)`` (stratified) and build
@@ -514,26 +535,26 @@ class ReplayBuffer:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         rng = self._rng if rng is None else rng
         targets = self._raw_rows if targets is None else targets
-        slots, gen, prob, pos, moves, term = self._draw(batch_size, rng)
-        data = targets.build(self.fields, slots, pos, moves, term, rng)
-        # Seqlock-style check: a writer bumps the generations of every slot of an episode
-        # before it touches any of them, so an unchanged generation means an intact row.
-        for _ in range(100):
-            torn = np.flatnonzero(self._generation[slots] != gen)
+        slots, gen, info, prob = self._draw(batch_size, rng)
+        data = targets.build(self.fields, slots, *unpack_info(info), rng)
+        # Seqlock check: a writer makes the generation of every slot of an episode odd
+        # before it touches any of them, so an unchanged (even) generation and info mean
+        # the rows gathered are intact. Rewritten rows are drawn and gathered again.
+        for _ in range(1000):
+            torn = np.flatnonzero((self._generation[slots] != gen) | (self._slots[slots, INFO] != info))
             if torn.size == 0:
                 break
-            self._counters[_C["torn_rows_redrawn"]] += torn.size  # benign race: statistics only
-            s2, g2, p2, pos2, m2, t2 = self._draw(torn.size, rng)
-            d2 = targets.build(self.fields, s2, pos2, m2, t2, rng)
-            slots[torn], gen[torn], prob[torn] = s2, g2, p2
+            self._counters[_C["torn_rows_redrawn"]] += torn.size  # statistics only
+            s2, g2, i2, p2 = self._draw(torn.size, rng)
+            d2 = targets.build(self.fields, s2, *unpack_info(i2), rng)
+            slots[torn], gen[torn], info[torn], prob[torn] = s2, g2, i2, p2
             for key in data:
                 data[key][torn] = d2[key]
-        else:  # pragma: no cover - would need writers lapping the ring 100 times in a row
+        else:  # pragma: no cover - would need writers lapping the ring 1000 times in a row
             raise RuntimeError("sample: rows kept being rewritten while gathering; capacity too small?")
         # (N * P(i)) ** -beta / max_j (N * P(j)) ** -beta: N cancels, the max is at min P
         weights = (prob * (1.0 / prob.min())) ** (-float(beta))
-        weights = weights.astype(np.float32)
-        return Batch(slots, gen, weights, prob, data)
+        return Batch(slots, gen, weights.astype(np.float32), prob, data)
 
     # ---- episodes (reanalyse, inspection) ------------------------------------------
     def sample_episodes(self, count: int, rng: np.random.Generator | None = None) -> list[EpisodeRef]:

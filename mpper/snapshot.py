@@ -35,7 +35,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from .episode_ring import (
-    FREE, GEN, HEAD_ID, INFO, NEXT_ID, NUM_POSITIONS, PUBLISHED, PUBLISHED_BIT, ROWS, START, STATE,
+    FREE, GEN, HEAD_ID, NEXT_ID, NUM_POSITIONS, PUBLISHED, ROWS, START, STATE, make_unsampleable,
 )  # fmt: skip
 from .schema import schema_from_json, schema_to_json
 
@@ -155,7 +155,7 @@ def _make_holes(meta: dict, leaves: np.ndarray, changed: np.ndarray) -> None:
         if state == PUBLISHED:
             ring[NUM_POSITIONS] -= rows - 1
         leaves[start : start + rows - 1] = 0.0
-        meta["slots"][start : start + rows, INFO] &= ~PUBLISHED_BIT
+        make_unsampleable(meta["slots"][start : start + rows, GEN])
         table[row, STATE] = FREE
 
 
