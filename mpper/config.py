@@ -24,6 +24,9 @@ class NetworkConfig:
     hidden: list = field(default_factory=lambda: [64])  # fc: widths of each head's hidden layers
     blocks: int = 2  # residual: residual blocks per function
     support_size: int = 10  # value/reward support is [-support_size, support_size]
+    # residual: planes of the 1x1 conv before each head's MLP (muzero-general's
+    # reduced_channels_{value,reward,policy}, one number for all three); added for mpper.networks
+    reduced_channels: int = 2
 
 
 @dataclass

@@ -41,8 +41,8 @@ import numpy as np
 
 from . import shm as shm_mod
 from .episode_ring import (
-    GEN, ID, INFO, MAX_CAPACITY, NUM_POSITIONS, PUBLISHED, RING_FIELDS, ROWS, START, STATE,
-    TABLE_COLUMNS, TERMINATED, EpisodeRing, RingBusy, unpack_info,
+    GEN, ID, MAX_CAPACITY, NUM_POSITIONS, PUBLISHED, RING_FIELDS, ROWS, START, STATE,
+    TABLE_COLUMNS, TERMINATED, EpisodeRing, RingBusy,
 )  # fmt: skip
 from .schema import Field, normalize_schema
 from .sum_tree import SumTree, _descend, _set_leaves
@@ -71,12 +71,12 @@ _RESERVE_TIMEOUT_S = 60.0
 
 # ---- hot-path kernels: one compiled call per sample / update instead of ~20 numpy calls
 @numba.njit(cache=True, nogil=True)
-def _draw_kernel(tree, leaf_base, u, slots, out_slot, out_gen, out_info, out_prob):
-    """Stratified descent for B uniforms; per drawn slot its generation, packed info and
-    P(i). Runs without the lock, so a writer may change the tree meanwhile: returns the
-    number of rows that turned out not sampleable (odd generation or a 0 leaf), which
-    are marked with out_gen = -1 and drawn again by the caller. Reads the generation
-    before the info, as the seqlock protocol wants (the caller re-checks both later)."""
+def _draw_kernel(tree, leaf_base, u, slots, out_slot, out_gen, out_info, out_prob, out_pos, out_moves, out_term):
+    """Stratified descent for B uniforms; per drawn slot its generation, packed info,
+    P(i) and the unpacked position, T and termination. Runs without the lock, so a
+    writer may change the tree meanwhile: returns the number of rows that turned out
+    not sampleable (odd generation or a 0 leaf), which are marked with out_gen = -1 and
+    drawn again by the caller. The caller re-checks generation and info after gathering."""
     total = tree[1]
     batch = u.shape[0]
     targets = np.empty(batch)
@@ -87,14 +87,31 @@ def _draw_kernel(tree, leaf_base, u, slots, out_slot, out_gen, out_info, out_pro
     for j in range(batch):
         s = out_slot[j]
         g = slots[s, 0]
+        info = slots[s, 1]
         leaf = tree[leaf_base + s]
-        out_info[j] = slots[s, 1]
+        out_info[j] = info
+        out_pos[j] = info >> 32
+        out_moves[j] = (info & 0xFFFFFFFF) >> 2
+        out_term[j] = (info & 2) != 0
         out_prob[j] = leaf / total
         if (g & 1) or not leaf > 0.0:
             g = -1
             rejected += 1
         out_gen[j] = g
     return rejected
+
+
+@numba.njit(cache=True, nogil=True)
+def _find_torn(slots, drawn, gen, info):
+    """Rows whose slot's generation or info changed since they were drawn."""
+    torn = np.empty(drawn.shape[0], np.int64)
+    n = 0
+    for j in range(drawn.shape[0]):
+        s = drawn[j]
+        if slots[s, 0] != gen[j] or slots[s, 1] != info[j]:
+            torn[n] = j
+            n += 1
+    return torn[:n]
 
 
 @numba.njit(cache=True, nogil=True)
@@ -131,6 +148,12 @@ def _apply_update(tree, leaf_base, slots, indices, gens, priorities, eps, clip, 
     return applied, top
 
 
+def _empty_draw(n: int) -> tuple[np.ndarray, ...]:
+    """Output arrays of _draw_kernel: slot, generation, info, P(i), position, T, terminated."""
+    i64 = np.empty((5, n), np.int64)
+    return i64[0], i64[1], i64[2], np.empty(n), i64[3], i64[4], np.empty(n, np.bool_)
+
+
 _warm = False
 
 
@@ -146,7 +169,9 @@ def _warm_kernels() -> None:
     tree.set(np.arange(2), np.ones(2))
     slots = np.zeros((4, 2), np.int64)
     one = np.zeros(1, np.int64)
-    _draw_kernel(tree.tree, tree._leaf_base, np.zeros(1), slots, one, one.copy(), one.copy(), np.zeros(1))
+    _draw_kernel(tree.tree, tree._leaf_base, np.zeros(1), slots, one, one.copy(), one.copy(), np.zeros(1),
+                 one.copy(), one.copy(), np.zeros(1, np.bool_))  # fmt: skip
+    _find_torn(slots, one, one, one)
     _apply_update(tree.tree, tree._leaf_base, slots, one, one, np.zeros(1), 0.0, np.inf, 1.0)
     _check_update(4, one, np.zeros(1))
     _warm = True
@@ -496,34 +521,33 @@ class ReplayBuffer:
         return applied, idx.shape[0] - applied
 
     # ---- sampling ------------------------------------------------------------------
-    def _draw(self, batch_size: int, rng: np.random.Generator):
-        """Draw ``batch_size`` sampleable slots: (slots, generations, infos, P(i)).
+    def _draw(self, batch_size: int, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
+        """Draw ``batch_size`` sampleable slots.
 
+        Returns arrays (slot, generation, info, P(i), position, T, terminated), each (B,).
         No lock: a concurrent writer can only make a drawn row unsampleable (odd
         generation, 0 leaf); such rows are drawn again. P(i) is read as the descent
         found it; with writers active it is that of a tree a few microseconds old.
         """
-        slots = np.empty(batch_size, np.int64)
-        gen = np.empty(batch_size, np.int64)
-        info = np.empty(batch_size, np.int64)
-        prob = np.empty(batch_size, np.float64)
+        out = _empty_draw(batch_size)
         tree = self._tree
-        todo = np.arange(batch_size)
+        rows, todo = out, None
         for _ in range(1000):
             if not tree.tree[1] > 0.0:
                 raise ValueError("cannot sample: the buffer holds no sampleable positions yet")
-            s, g, i, p = (np.empty(todo.size, np.int64), np.empty(todo.size, np.int64),
-                          np.empty(todo.size, np.int64), np.empty(todo.size))  # fmt: skip
-            rejected = _draw_kernel(tree.tree, tree._leaf_base, rng.random(todo.size), self._slots, s, g, i, p)
-            slots[todo], gen[todo], info[todo], prob[todo] = s, g, i, p
+            rejected = _draw_kernel(tree.tree, tree._leaf_base, rng.random(rows[0].size), self._slots, *rows)
+            if todo is not None:  # a redraw: put the new rows in place
+                for full, part in zip(out, rows):
+                    full[todo] = part
             if rejected == 0:
                 break
-            todo = todo[g < 0]
+            todo = np.flatnonzero(out[1] < 0)
+            rows = _empty_draw(todo.size)
         else:  # pragma: no cover - the tree kept changing under 1000 redraws
             raise RuntimeError("sample: could not draw sampleable rows; is a writer stuck?")
         # exact with one sampling process (the learner); no lock, so not with several
         self._counters[_C["samples"]] += batch_size
-        return slots, gen, info, prob
+        return out
 
     def sample(self, batch_size: int, beta: float = 0.4, targets=None, rng: np.random.Generator | None = None) -> Batch:
         """Draw ``batch_size`` positions with probability ``P(i)`` (stratified) and build
@@ -535,18 +559,18 @@ class ReplayBuffer:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         rng = self._rng if rng is None else rng
         targets = self._raw_rows if targets is None else targets
-        slots, gen, info, prob = self._draw(batch_size, rng)
-        data = targets.build(self.fields, slots, *unpack_info(info), rng)
+        slots, gen, info, prob, pos, moves, term = self._draw(batch_size, rng)
+        data = targets.build(self.fields, slots, pos, moves, term, rng)
         # Seqlock check: a writer makes the generation of every slot of an episode odd
         # before it touches any of them, so an unchanged (even) generation and info mean
         # the rows gathered are intact. Rewritten rows are drawn and gathered again.
         for _ in range(1000):
-            torn = np.flatnonzero((self._generation[slots] != gen) | (self._slots[slots, INFO] != info))
+            torn = _find_torn(self._slots, slots, gen, info)
             if torn.size == 0:
                 break
             self._counters[_C["torn_rows_redrawn"]] += torn.size  # statistics only
-            s2, g2, i2, p2 = self._draw(torn.size, rng)
-            d2 = targets.build(self.fields, s2, *unpack_info(i2), rng)
+            s2, g2, i2, p2, pos2, m2, t2 = self._draw(torn.size, rng)
+            d2 = targets.build(self.fields, s2, pos2, m2, t2, rng)
             slots[torn], gen[torn], info[torn], prob[torn] = s2, g2, i2, p2
             for key in data:
                 data[key][torn] = d2[key]
