@@ -23,9 +23,16 @@ __all__ = ["MuZeroTargets", "NStepTargets", "RawRows"]
 
 
 @numba.njit(cache=True, nogil=True)
+def _signed_reward(reward, to_play, start, j, player):
+    """r_j seen by ``player``: negated when the mover at j - 1 was the other player."""
+    r = reward[start + j]
+    return r if to_play[start + j - 1] == player else -r
+
+
+@numba.njit(cache=True, nogil=True)
 def _muzero_kernel(
     slots, pos, moves, root_value, reanalysed, use_reanalysed, reward, to_play, child_visits,
-    action, num_unroll_steps, td_steps, discount, random_actions,
+    action, num_unroll_steps, td_steps, discount, random_uniform,
     out_value, out_reward, out_policy, out_action, out_scale,
 ):  # fmt: skip
     """Per sampled position and unroll step k = 0..K: muzero-general's ``make_target``.
@@ -34,45 +41,57 @@ def _muzero_kernel(
       i <  T: value = compute_target_value(i), reward r_i, policy child_visits_i, action a_i
       i == T: value 0, reward r_T, uniform policy, action a_T
       i >  T: value 0, reward 0, uniform policy, random action (absorbing state)
-    compute_target_value(i) = sum_{j=0}^{m-1} discount^j * (+/-) r_{i+1+j}
+    compute_target_value(i) = sum_{j=i+1}^{min(i+td, T)} discount^(j-i-1) * (+/-) r_j
                               + discount^td * (+/-) v_{i+td}  (only if i + td < T)
-    with m = min(td, T - i), signs flipped where to_play differs from to_play_i (the
-    reward r_{i+1+j} is compared with the player to move at i+j, who made that move),
-    and v the reanalysed value where one is stored, else the root value.
+    with the sign of r_j flipped when the player who moved at j - 1 is not the player to
+    move at i, that of v when the player to move at i + td is not, and v the reanalysed
+    value where one is stored, else the root value. Players are 0 and 1 (one- or
+    two-player games).
+
+    The reward sums of consecutive unroll steps share all but two terms, so they are
+    computed once at the last index and then backwards with
+    A(i) = r_{i+1} + discount * A(i+1) - discount^td * r_{i+1+td}: O(td + K) per
+    position instead of O(td * K). A is kept from the view of the player p0 to move at
+    t and turned to the view of the player at i at the end.
     """
     batch = slots.shape[0]
     num_actions = out_policy.shape[2]
     uniform = 1.0 / num_actions
     discount_td = discount**td_steps
+    sums = np.empty(num_unroll_steps + 1)
     for b in range(batch):
         t = pos[b]
         big_t = moves[b]
         start = slots[b] - t
+        p0 = to_play[start + t]
         scale = min(num_unroll_steps, big_t + 1 - t)
+        # reward sums A(i) for i = t .. last (positions before the episode's end)
+        last = min(t + num_unroll_steps, big_t - 1)
+        acc = 0.0
+        g = 1.0
+        for j in range(last + 1, min(last + td_steps, big_t) + 1):
+            acc += g * _signed_reward(reward, to_play, start, j, p0)
+            g *= discount
+        sums[last - t] = acc
+        for i in range(last - 1, t - 1, -1):
+            acc = _signed_reward(reward, to_play, start, i + 1, p0) + discount * acc
+            if i + 1 + td_steps <= big_t:
+                acc -= discount_td * _signed_reward(reward, to_play, start, i + 1 + td_steps, p0)
+            sums[i - t] = acc
         for k in range(num_unroll_steps + 1):
             i = t + k
             out_scale[b, k] = scale
             if i < big_t:
                 player = to_play[start + i]
+                value = sums[k] if player == p0 else -sums[k]
                 boot = i + td_steps
-                value = 0.0
                 if boot < big_t:
                     v = root_value[start + boot]
                     if use_reanalysed:
                         rv = reanalysed[start + boot]
                         if rv == rv:  # not NaN: a reanalysed value is stored
                             v = rv
-                    if to_play[start + boot] != player:
-                        v = -v
-                    value = v * discount_td
-                last = min(boot, big_t)
-                g = 1.0
-                for j in range(i + 1, last + 1):
-                    r = reward[start + j]
-                    if to_play[start + j - 1] != player:
-                        r = -r
-                    value += r * g
-                    g *= discount
+                    value += (v if to_play[start + boot] == player else -v) * discount_td
                 out_value[b, k] = value
                 out_reward[b, k] = reward[start + i]
                 for a in range(num_actions):
@@ -87,7 +106,7 @@ def _muzero_kernel(
                     out_action[b, k] = action[start + i]
                 else:
                     out_reward[b, k] = 0.0
-                    out_action[b, k] = random_actions[b, k]
+                    out_action[b, k] = min(int(random_uniform[b, k] * num_actions), num_actions - 1)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -191,7 +210,7 @@ class MuZeroTargets:
             fields["root_value"] if reanalysed is None else reanalysed, reanalysed is not None,
             fields["reward"], fields["to_play"], fields["child_visits"], fields["action"],
             self.num_unroll_steps, self.td_steps, float(self.discount),
-            rng.integers(0, self.num_actions, size=(batch, k1)),
+            rng.random((batch, k1)),
             out["target_value"], out["target_reward"], out["target_policy"], out["actions"],
             out["gradient_scale"],
         )  # fmt: skip
