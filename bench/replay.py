@@ -628,8 +628,10 @@ def _collect(messages, procs, count: int, timeout: float):
         yield kind, role, i, payload
 
 
-def bench_multiprocess(capacity: int, libs: dict, duration: float) -> dict:
-    """Learner alone, with paced writers, with unpaced writers; libraries interleaved."""
+def bench_multiprocess(capacity: int, libs: dict, duration: float, reps: int) -> dict:
+    """Learner alone, with paced writers, with unpaced writers, ``reps`` times over:
+    every repetition runs every configuration for every library in turn, so slow
+    phases of a noisy machine hit all of them; medians are reported."""
     ctx = mp.get_context("spawn")
     configs = {
         "learner alone": (0, None),
@@ -657,16 +659,18 @@ def bench_multiprocess(capacity: int, libs: dict, duration: float) -> dict:
                 c = chunks[i % len(chunks)]
                 rb.add(**peer_transitions(c), priorities=c["priorities"])
             shared["cpprb"] = rb
-        out: dict = {}
-        for name, (writers, rate) in configs.items():
-            for lib in shared:
-                print(f"  multi-process: {lib}, {name} ({duration:g} s)", file=sys.stderr)
-                before = dict(buf.counters) if lib == "mpper" else None
-                r = run_mp_config(ctx, lib, shared[lib], writers, rate, duration)
-                if before is not None:  # what mpper counted during the run
-                    r["mpper_counters"] = {k: int(v) - int(before.get(k, 0)) for k, v in buf.counters.items()}
-                out.setdefault(name, {})[lib] = r
-        for name in configs:  # ratios against the learner alone
+        runs: dict = {}
+        for rep in range(reps):
+            for name, (writers, rate) in configs.items():
+                for lib in shared:
+                    print(f"  multi-process {rep + 1}/{reps}: {lib}, {name} ({duration:g} s)", file=sys.stderr)
+                    before = dict(buf.counters) if lib == "mpper" else None
+                    r = run_mp_config(ctx, lib, shared[lib], writers, rate, duration)
+                    if before is not None:  # what mpper counted during the run
+                        r["mpper_counters"] = {k: int(v) - int(before.get(k, 0)) for k, v in buf.counters.items()}
+                    runs.setdefault(name, {}).setdefault(lib, []).append(r)
+        out: dict = {name: {lib: _summarize_runs(rs) for lib, rs in per_lib.items()} for name, per_lib in runs.items()}
+        for name in configs:  # ratios of medians against the learner alone
             for lib, r in out[name].items():
                 alone = out["learner alone"][lib]["learner"]["steps_per_s"]
                 r["learner_vs_alone"] = r["learner"]["steps_per_s"] / alone
@@ -675,6 +679,16 @@ def bench_multiprocess(capacity: int, libs: dict, duration: float) -> dict:
         shared.clear()  # drops the cpprb buffer (freed with its shared arena)
         for close in closers:
             close()
+
+
+def _summarize_runs(rs: list[dict]) -> dict:
+    """Medians over repetitions (min-max of learner steps/s kept beside)."""
+    steps = [r["learner"]["steps_per_s"] for r in rs]
+    learner = {key: float(np.median([r["learner"][key] for r in rs])) for key in ("steps_per_s", "p50_ms", "p99_ms")}
+    learner |= {"steps_per_s_min": min(steps), "steps_per_s_max": max(steps),
+                "max_ms": max(r["learner"]["max_ms"] for r in rs)}  # fmt: skip
+    return {"learner": learner, "transitions_per_s_in": float(np.median([r["transitions_per_s_in"] for r in rs])),
+            "runs": rs}  # fmt: skip
 
 
 # ---- report -----------------------------------------------------------------------------
@@ -724,6 +738,7 @@ def markdown(report: dict) -> str:
         mpr = report["multiprocess"]
         lines += ["", f"## Multi-process: capacity {mpr['capacity']:.0e}, {mpr['duration_s']:g} s per run, "
                   f"spawn, 1 learner (sample {MP_BATCH} + update {MP_BATCH}) + writers of {CHUNK}-row chunks", "",
+                  f"Medians over {mpr.get('reps', 1)} repetitions (learner steps/s: median (min-max)).", "",
                   "| run | library | transitions/s in | learner steps/s | vs learner alone "
                   "| step p50 ms | step p99 ms | step max ms |",
                   "|---|---|---|---|---|---|---|---|"]  # fmt: skip
@@ -731,6 +746,7 @@ def markdown(report: dict) -> str:
             for lib, r in per_lib.items():
                 ln = r["learner"]
                 lines.append(f"| {name} | {lib} | {r['transitions_per_s_in']:,.0f} | {ln['steps_per_s']:,.0f} "
+                             f"({ln['steps_per_s_min']:,.0f}-{ln['steps_per_s_max']:,.0f}) "
                              f"| {r['learner_vs_alone']:.0%} | {ln['p50_ms']:.3f} | {ln['p99_ms']:.3f} "
                              f"| {ln['max_ms']:.1f} |")  # fmt: skip
     if report.get("targets"):
@@ -809,13 +825,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--capacities", default=None,
                     help="comma-separated, e.g. 1e5,1e6 (default 1e5,1e6; quick 1e5)")  # fmt: skip
     ap.add_argument("--mp-seconds", type=float, default=None, help="seconds per multi-process run (10; quick 2)")
+    ap.add_argument("--mp-reps", type=int, default=None, help="repetitions of the multi-process runs (3; quick 1)")
     ap.add_argument("--skip-mp", action="store_true", help="no multi-process runs")
+    ap.add_argument("--skip-single", action="store_true", help="no single-process or MuZero-batch runs")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "replay.json"))
     args = ap.parse_args(argv)
     reps = args.reps or (3 if args.quick else 7)
     caps_text = args.capacities or ("1e5" if args.quick else "1e5,1e6")
     capacities = [int(float(c)) for c in caps_text.split(",") if c.strip()]
     duration = args.mp_seconds or (2.0 if args.quick else 10.0)
+    mp_reps = args.mp_reps or (1 if args.quick else 3)
     target_s = 0.02 if args.quick else 0.1  # seconds per timed block
 
     libs = import_libraries()
@@ -824,18 +843,18 @@ def main(argv: list[str] | None = None) -> int:
         "machine": machine_info(), "versions": versions(libs), "reps": reps,
         "capacities": capacities, "single_process": {}, "muzero": None, "multiprocess": None,
     }  # fmt: skip
-    for cap in capacities:
+    for cap in [] if args.skip_single else capacities:
         print(f"single process, capacity {cap:.0e}", file=sys.stderr)
         report["single_process"][str(cap)] = bench_single_process(cap, libs, reps, target_s)
-    if "mpper" in libs:
+    if "mpper" in libs and not args.skip_single:
         print("MuZero batch", file=sys.stderr)
         report["muzero"] = bench_muzero(reps, target_s)
     mp_libs = {k: v for k, v in libs.items() if k in ("mpper", "cpprb")}
     if mp_libs and not args.skip_mp:
         cap = max(capacities)
         report["multiprocess"] = {"capacity": cap, "duration_s": duration, "writers": MP_WRITERS,
-                                  "paced_rate": MP_PACED_RATE,
-                                  "results": bench_multiprocess(cap, mp_libs, duration)}  # fmt: skip
+                                  "paced_rate": MP_PACED_RATE, "reps": mp_reps,
+                                  "results": bench_multiprocess(cap, mp_libs, duration, mp_reps)}  # fmt: skip
     report["targets"] = check_targets(report)
 
     print(markdown(report))

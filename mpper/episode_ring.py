@@ -9,15 +9,16 @@ State (all numpy arrays, normally views into shared memory):
   ``episode_id % max_episodes``; columns ``ID, START, ROWS, STATE, PID, TERMINATED``.
 - ``ring``: int64 ``[WRITE_POS, NEXT_ID, HEAD_ID, NUM_POSITIONS]``. Episodes
   ``HEAD_ID .. NEXT_ID - 1`` are resident (reserved, published or freed holes).
-- ``slots``: ``(capacity, 2)`` int64, one record per slot, so that a sampler finds all
-  it needs about a slot in one cache line:
-  ``slots[s, GEN]`` is the slot's generation, a seqlock counter: odd while the slot is
-  not sampleable (reserved, being copied, evicted), even once published. It changes on
-  every reservation, publication and eviction, always on every slot of the episode, so
-  a reader that recorded an even generation can tell whether anything in that episode
+- ``generation`` and ``info``: ``(capacity,)`` int64 each, stored side by side in each
+  slot's record (with the slot's data; see ``replay_buffer``), so a sampler finds all
+  it needs about a slot in one cache line.
+  ``generation[s]`` is a seqlock counter: odd while the slot is not sampleable
+  (reserved, being copied, evicted), even once published. It changes on every
+  reservation, publication and eviction, always on every slot of the episode, so a
+  reader that recorded an even generation can tell whether anything in that episode
   was rewritten since by reading it again.
-  ``slots[s, INFO]`` packs ``position << 32 | T << 2 | terminated << 1`` (position of
-  the slot in its episode and the episode's number of moves T).
+  ``info[s]`` packs ``position << 32 | T << 2 | terminated << 1`` (position of the slot
+  in its episode and the episode's number of moves T).
 
 Episodes are reserved in order under the lock, so they sit in the ring in the order of
 their ids: the oldest is always the first one at or after the write position. Writing
@@ -44,8 +45,7 @@ FREE, RESERVED, PUBLISHED = 0, 1, 2
 # Ring state entries.
 WRITE_POS, NEXT_ID, HEAD_ID, NUM_POSITIONS = range(4)
 RING_FIELDS = 4
-# Slot record columns and the bits of INFO.
-GEN, INFO = 0, 1
+# Bits of a slot's info.
 TERMINATED_BIT, MOVES_SHIFT, POS_SHIFT = 2, 2, 32
 MAX_CAPACITY = 1 << 30  # T must fit the 30 bits between MOVES_SHIFT and POS_SHIFT
 
@@ -90,7 +90,8 @@ class EpisodeRing:
         capacity: int,
         table: np.ndarray,
         ring: np.ndarray,
-        slots: np.ndarray,
+        generation: np.ndarray,
+        info: np.ndarray,
         tree: SumTree,
         counters: np.ndarray,
         counter_index: dict[str, int],
@@ -99,7 +100,8 @@ class EpisodeRing:
         self.max_episodes = table.shape[0]
         self.table = table
         self.ring = ring
-        self.slots = slots
+        self.generation = generation
+        self.info = info
         self.tree = tree
         self.counters = counters
         self._c = counter_index
@@ -128,8 +130,8 @@ class EpisodeRing:
         episode_id = int(ring[NEXT_ID])
         row = episode_id % self.max_episodes
         table[row] = (episode_id, start, rows, RESERVED, pid or os.getpid(), int(terminated))
-        make_unsampleable(self.slots[start : start + rows, GEN])  # before the copy starts
-        self.slots[start : start + rows, INFO] = pack_info(rows, terminated)
+        make_unsampleable(self.generation[start : start + rows])  # before the copy starts
+        self.info[start : start + rows] = pack_info(rows, terminated)
         ring[NEXT_ID] = episode_id + 1
         ring[WRITE_POS] = start + rows
         return Reservation(episode_id, row, start, rows)
@@ -144,7 +146,7 @@ class EpisodeRing:
         if row[ID] != res.episode_id or row[STATE] != RESERVED:
             return False
         self.tree.set_range(res.start, leaf_values)
-        self.slots[res.start : res.start + res.rows, GEN] += 1  # odd -> even: sampleable
+        self.generation[res.start : res.start + res.rows] += 1  # odd -> even: sampleable
         row[STATE] = PUBLISHED
         positions = res.rows - 1
         self.ring[NUM_POSITIONS] += positions
@@ -157,7 +159,7 @@ class EpisodeRing:
         row = self.table[res.row]
         if row[ID] == res.episode_id and row[STATE] == RESERVED:
             row[STATE] = FREE
-            make_unsampleable(self.slots[res.start : res.start + res.rows, GEN])
+            make_unsampleable(self.generation[res.start : res.start + res.rows])
             self.counters[self._c["episodes_abandoned"]] += 1
 
     def _evict_head(self, head_row: int) -> None:
@@ -173,7 +175,7 @@ class EpisodeRing:
             self.ring[NUM_POSITIONS] -= rows - 1
             self.counters[self._c["episodes_evicted"]] += 1
         if state != FREE:
-            make_unsampleable(self.slots[start : start + rows, GEN])
+            make_unsampleable(self.generation[start : start + rows])
         row[STATE] = FREE
         self.ring[HEAD_ID] += 1
 

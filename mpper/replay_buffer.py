@@ -41,7 +41,7 @@ import numpy as np
 
 from . import shm as shm_mod
 from .episode_ring import (
-    GEN, ID, MAX_CAPACITY, NUM_POSITIONS, PUBLISHED, RING_FIELDS, ROWS, START, STATE,
+    ID, MAX_CAPACITY, NUM_POSITIONS, PUBLISHED, RING_FIELDS, ROWS, START, STATE,
     TABLE_COLUMNS, TERMINATED, EpisodeRing, RingBusy,
 )  # fmt: skip
 from .schema import Field, normalize_schema
@@ -71,7 +71,8 @@ _RESERVE_TIMEOUT_S = 60.0
 
 # ---- hot-path kernels: one compiled call per sample / update instead of ~20 numpy calls
 @numba.njit(cache=True, nogil=True)
-def _draw_kernel(tree, leaf_base, u, slots, out_slot, out_gen, out_info, out_prob, out_pos, out_moves, out_term):
+def _draw_kernel(tree, leaf_base, u, generation, info_of, out_slot, out_gen, out_info, out_prob, out_pos,
+                 out_moves, out_term):  # fmt: skip
     """Stratified descent for B uniforms; per drawn slot its generation, packed info,
     P(i) and the unpacked position, T and termination. Runs without the lock, so a
     writer may change the tree meanwhile: returns the number of rows that turned out
@@ -86,8 +87,8 @@ def _draw_kernel(tree, leaf_base, u, slots, out_slot, out_gen, out_info, out_pro
     rejected = 0
     for j in range(batch):
         s = out_slot[j]
-        g = slots[s, 0]
-        info = slots[s, 1]
+        g = generation[s]
+        info = info_of[s]
         leaf = tree[leaf_base + s]
         out_info[j] = info
         out_pos[j] = info >> 32
@@ -102,13 +103,13 @@ def _draw_kernel(tree, leaf_base, u, slots, out_slot, out_gen, out_info, out_pro
 
 
 @numba.njit(cache=True, nogil=True)
-def _find_torn(slots, drawn, gen, info):
+def _find_torn(generation, info_of, drawn, gen, info):
     """Rows whose slot's generation or info changed since they were drawn."""
     torn = np.empty(drawn.shape[0], np.int64)
     n = 0
     for j in range(drawn.shape[0]):
         s = drawn[j]
-        if slots[s, 0] != gen[j] or slots[s, 1] != info[j]:
+        if generation[s] != gen[j] or info_of[s] != info[j]:
             torn[n] = j
             n += 1
     return torn[:n]
@@ -126,7 +127,7 @@ def _check_update(capacity, indices, priorities):
 
 
 @numba.njit(cache=True, nogil=True)
-def _apply_update(tree, leaf_base, slots, indices, gens, priorities, eps, clip, alpha):
+def _apply_update(tree, leaf_base, generation, info_of, indices, gens, priorities, eps, clip, alpha):
     """Write min(p + eps, clip) ** alpha where the slot still holds the sampled position
     (same even generation, i.e. published and not rewritten since, and not an episode's
     final row). Returns (applied, max p)."""
@@ -137,8 +138,8 @@ def _apply_update(tree, leaf_base, slots, indices, gens, priorities, eps, clip, 
     top = 0.0
     for j in range(n):
         s = indices[j]
-        info = slots[s, 1]
-        if slots[s, 0] == gens[j] and (gens[j] & 1) == 0 and (info >> 32) < ((info & 0xFFFFFFFF) >> 2):
+        info = info_of[s]
+        if generation[s] == gens[j] and (gens[j] & 1) == 0 and (info >> 32) < ((info & 0xFFFFFFFF) >> 2):
             p = priorities[j]
             live_idx[applied] = s
             live_leaf[applied] = min(p + eps, clip) ** alpha
@@ -167,28 +168,53 @@ def _warm_kernels() -> None:
     tree = SumTree(4)
     tree.set_range(0, np.ones(3))
     tree.set(np.arange(2), np.ones(2))
-    slots = np.zeros((4, 2), np.int64)
+    records = np.zeros(4, _record_dtype(()))  # strided views, like the shared ones
+    gen, info = records["_generation"], records["_info"]
     one = np.zeros(1, np.int64)
-    _draw_kernel(tree.tree, tree._leaf_base, np.zeros(1), slots, one, one.copy(), one.copy(), np.zeros(1),
+    _draw_kernel(tree.tree, tree._leaf_base, np.zeros(1), gen, info, one, one.copy(), one.copy(), np.zeros(1),
                  one.copy(), one.copy(), np.zeros(1, np.bool_))  # fmt: skip
-    _find_torn(slots, one, one, one)
-    _apply_update(tree.tree, tree._leaf_base, slots, one, one, np.zeros(1), 0.0, np.inf, 1.0)
+    _find_torn(gen, info, one, one, one)
+    _apply_update(tree.tree, tree._leaf_base, gen, info, one, one, np.zeros(1), 0.0, np.inf, 1.0)
     _check_update(4, one, np.zeros(1))
     _warm = True
 
 
+def _record_dtype(fields: tuple[Field, ...]) -> np.dtype:
+    """One record per slot: its generation and packed info, then every schema field.
+
+    Keeping a slot's bookkeeping and data side by side means a sampled slot costs one
+    cache miss (for small rows: records are padded to 16, 32 or 64 bytes so that one
+    never straddles two cache lines) instead of one per array. Each field is still an
+    array of shape ``(capacity, *shape)``: a strided view of the records.
+    """
+    base = np.dtype([("_generation", "<i8"), ("_info", "<i8")] + [(f.name, f.dtype, f.shape) for f in fields],
+                    align=True)  # fmt: skip
+    size = base.itemsize
+    padded = 1 << (size - 1).bit_length() if size <= 64 else -(-size // 64) * 64
+    return np.dtype({"names": list(base.names), "formats": [base.fields[n][0] for n in base.names],
+                     "offsets": [base.fields[n][1] for n in base.names], "itemsize": padded})  # fmt: skip
+
+
 def _layout(fields: tuple[Field, ...], capacity: int, max_episodes: int) -> list[tuple[str, tuple, np.dtype]]:
-    """Every array of a buffer: (name, shape, dtype). Internal names start with '_'."""
-    arrays = [(f.name, (capacity, *f.shape), f.dtype) for f in fields]
-    arrays += [
+    """The arrays of a buffer's shared segment: (name, shape, dtype)."""
+    return [
+        ("_records", (capacity,), _record_dtype(fields)),
         ("_tree", (SumTree.storage_size(capacity),), np.dtype(np.float64)),
-        ("_slots", (capacity, 2), np.dtype(np.int64)),  # per slot: generation, packed info
         ("_episodes", (max_episodes, TABLE_COLUMNS), np.dtype(np.int64)),
         ("_ring", (RING_FIELDS,), np.dtype(np.int64)),
         ("_counters", (_COUNTER_SLOTS,), np.dtype(np.int64)),
         ("_max_priority", (1,), np.dtype(np.float64)),
     ]
-    return arrays
+
+
+def array_specs(fields: tuple[Field, ...], capacity: int, max_episodes: int) -> dict[str, tuple[tuple, np.dtype]]:
+    """Every logical array of a buffer, {name: (shape, dtype)}: the schema fields and the
+    internal arrays (names starting with '_'), as a snapshot stores them."""
+    specs = {f.name: ((capacity, *f.shape), f.dtype) for f in fields}
+    specs["_generation"] = specs["_info"] = ((capacity,), np.dtype(np.int64))
+    for name, shape, dtype in _layout(fields, capacity, max_episodes)[1:]:
+        specs[name] = (shape, dtype)
+    return specs
 
 
 def _offsets(arrays) -> tuple[list[int], int]:
@@ -259,14 +285,14 @@ class ReplayBuffer:
         self._arrays = arrays
         self.fields = {f.name: arrays[f.name] for f in self.schema}
         self._tree = SumTree(self.capacity, arrays["_tree"])
-        self._slots = arrays["_slots"]
-        self._generation = self._slots[:, GEN]
+        self._generation = arrays["_generation"]
+        self._info = arrays["_info"]
         self._episodes = arrays["_episodes"]
         self._ring_state = arrays["_ring"]
         self._counters = arrays["_counters"]
         self._max_priority = arrays["_max_priority"]
-        self._ring = EpisodeRing(self.capacity, self._episodes, self._ring_state, self._slots,
-                                 self._tree, self._counters, _C)  # fmt: skip
+        self._ring = EpisodeRing(self.capacity, self._episodes, self._ring_state, self._generation,
+                                 self._info, self._tree, self._counters, _C)  # fmt: skip
         self._rng = np.random.default_rng()
         _warm_kernels()
         self.snapshot_manifest: dict | None = None  # set by load(): the manifest it came from
@@ -369,7 +395,7 @@ class ReplayBuffer:
             self.fields = {}
             self._arrays = {}
             self._tree = self._ring = None
-            self._slots = self._generation = self._episodes = None
+            self._generation = self._info = self._episodes = None
             self._ring_state = self._counters = self._max_priority = None
             shm_mod.release(segment, unlink=self._owner)
 
@@ -512,7 +538,7 @@ class ReplayBuffer:
         clip = np.inf if self.priority_clip is None else self.priority_clip
         tree = self._tree
         with self._lock:
-            applied, top = _apply_update(tree.tree, tree._leaf_base, self._slots, idx, gen, p,
+            applied, top = _apply_update(tree.tree, tree._leaf_base, self._generation, self._info, idx, gen, p,
                                          self.priority_eps, clip, self.alpha)  # fmt: skip
             if top > self._max_priority[0]:
                 self._max_priority[0] = top
@@ -535,7 +561,8 @@ class ReplayBuffer:
         for _ in range(1000):
             if not tree.tree[1] > 0.0:
                 raise ValueError("cannot sample: the buffer holds no sampleable positions yet")
-            rejected = _draw_kernel(tree.tree, tree._leaf_base, rng.random(rows[0].size), self._slots, *rows)
+            rejected = _draw_kernel(tree.tree, tree._leaf_base, rng.random(rows[0].size), self._generation,
+                                    self._info, *rows)  # fmt: skip
             if todo is not None:  # a redraw: put the new rows in place
                 for full, part in zip(out, rows):
                     full[todo] = part
@@ -565,7 +592,7 @@ class ReplayBuffer:
         # before it touches any of them, so an unchanged (even) generation and info mean
         # the rows gathered are intact. Rewritten rows are drawn and gathered again.
         for _ in range(1000):
-            torn = _find_torn(self._slots, slots, gen, info)
+            torn = _find_torn(self._generation, self._info, slots, gen, info)
             if torn.size == 0:
                 break
             self._counters[_C["torn_rows_redrawn"]] += torn.size  # statistics only
@@ -659,8 +686,8 @@ class ReplayBuffer:
 
 
 def _map_arrays(buf, layout, offsets) -> dict[str, np.ndarray]:
-    return {
-        name: np.ndarray(shape, dtype=dtype, buffer=buf, offset=off)
-        for (name, shape, dtype), off in zip(layout, offsets)
-    }
-
+    """Logical arrays (see ``array_specs``) as views into a segment's buffer."""
+    stored = {name: np.ndarray(shape, dtype=dtype, buffer=buf, offset=off)
+              for (name, shape, dtype), off in zip(layout, offsets)}  # fmt: skip
+    records = stored.pop("_records")
+    return {name: records[name] for name in records.dtype.names} | stored

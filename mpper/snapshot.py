@@ -6,7 +6,7 @@ Layout of ``<dir>/``::
                          user "extra" (e.g. the run config), and per file: sha256, shape, dtype
     field.<name>.npy     each schema field, (capacity, *shape)
     tree_leaves.npy      the sum tree's leaves (internal nodes are rebuilt on load)
-    slots.npy, episodes.npy, ring.npy, counters.npy, max_priority.npy  (bookkeeping)
+    generation.npy, info.npy, episodes.npy, ring.npy, counters.npy, max_priority.npy
 
 Atomicity: everything is written into a hidden temporary directory beside ``<dir>``,
 fsynced, and renamed into place (the old snapshot is renamed aside first and removed
@@ -35,14 +35,14 @@ from types import SimpleNamespace
 import numpy as np
 
 from .episode_ring import (
-    FREE, GEN, HEAD_ID, NEXT_ID, NUM_POSITIONS, PUBLISHED, ROWS, START, STATE, make_unsampleable,
+    FREE, HEAD_ID, NEXT_ID, NUM_POSITIONS, PUBLISHED, ROWS, START, STATE, make_unsampleable,
 )  # fmt: skip
 from .schema import schema_from_json, schema_to_json
 
 FORMAT = "mpper-replay-snapshot"
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
-_INTERNAL = ("slots", "episodes", "ring", "counters", "max_priority")
+_INTERNAL = ("generation", "info", "episodes", "ring", "counters", "max_priority")
 
 __all__ = ["SnapshotError", "save_snapshot", "load_snapshot", "FORMAT_VERSION"]
 
@@ -66,7 +66,8 @@ class _HashingFile:
 def _write_npy(path: Path, array: np.ndarray) -> dict:
     with open(path, "wb") as f:
         hf = _HashingFile(f)
-        np.lib.format.write_array(hf, np.ascontiguousarray(array), allow_pickle=False)
+        # a strided field view is written in C order, 16 MiB at a time (numpy buffers it)
+        np.lib.format.write_array(hf, array, allow_pickle=False)
         f.flush()
         os.fsync(f.fileno())
     return {"sha256": hf.sha.hexdigest(), "shape": list(array.shape), "dtype": array.dtype.str}
@@ -101,7 +102,7 @@ def save_snapshot(buf, path, extra: dict | None = None) -> None:
         files = {}
         for f in buf.schema:
             files[f"field.{f.name}.npy"] = _write_npy(tmp / f"field.{f.name}.npy", buf.fields[f.name])
-        _make_holes(meta, leaves, changed=buf._generation != meta["slots"][:, GEN])
+        _make_holes(meta, leaves, changed=buf._generation != meta["generation"])
         files["tree_leaves.npy"] = _write_npy(tmp / "tree_leaves.npy", leaves)
         for name in _INTERNAL:
             files[f"{name}.npy"] = _write_npy(tmp / f"{name}.npy", meta[name])
@@ -155,7 +156,7 @@ def _make_holes(meta: dict, leaves: np.ndarray, changed: np.ndarray) -> None:
         if state == PUBLISHED:
             ring[NUM_POSITIONS] -= rows - 1
         leaves[start : start + rows - 1] = 0.0
-        make_unsampleable(meta["slots"][start : start + rows, GEN])
+        make_unsampleable(meta["generation"][start : start + rows])
         table[row, STATE] = FREE
 
 
@@ -246,9 +247,9 @@ def load_snapshot(cls, path, mmap: bool = False, verify: bool = True, mp_context
         capacity, max_episodes = int(manifest["capacity"]), int(manifest["max_episodes"])
     except (KeyError, TypeError, ValueError) as exc:
         raise SnapshotError(f"{path / MANIFEST}: bad schema or sizes ({exc})") from None
-    from .replay_buffer import _layout
+    from .replay_buffer import array_specs
 
-    layout = {name: (shape, dtype) for name, shape, dtype in _layout(fields, capacity, max_episodes)}
+    layout = array_specs(fields, capacity, max_episodes)
     files = manifest["files"]
 
     def load(fname, key, use_mmap=False):

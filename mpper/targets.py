@@ -168,7 +168,8 @@ class RawRows:
     """No targets: each schema field's row at the sampled slots."""
 
     def build(self, fields, slots, pos, moves, terminated, rng):
-        return {name: np.take(arr, slots, axis=0) for name, arr in fields.items()}
+        # fancy indexing, not np.take: take copies a non-contiguous (strided) source whole
+        return {name: arr[slots] for name, arr in fields.items()}
 
 
 @dataclass(frozen=True)

@@ -60,7 +60,8 @@ def _state(buf: ReplayBuffer) -> dict:
         "fields": {k: np.array(v) for k, v in buf.fields.items()},
         "leaves": buf._tree.leaves.copy(),
         "total": buf.total_priority,
-        "slots": np.array(buf._slots),
+        "generation": np.array(buf._generation),
+        "info": np.array(buf._info),
         "episodes_table": np.array(buf._episodes),
         "ring": np.array(buf._ring_state),
         "counters": buf.counters,
@@ -76,7 +77,7 @@ def _assert_state_equal(a: dict, b: dict) -> None:
     assert a["fields"].keys() == b["fields"].keys()
     for k in a["fields"]:
         np.testing.assert_array_equal(a["fields"][k], b["fields"][k], err_msg=k)  # NaN == NaN here
-    for k in ("leaves", "slots", "episodes_table", "ring"):
+    for k in ("leaves", "generation", "info", "episodes_table", "ring"):
         np.testing.assert_array_equal(a[k], b[k], err_msg=k)
     for k in ("total", "counters", "max_priority", "schema", "params", "episodes", "len"):
         assert a[k] == b[k], k
@@ -328,8 +329,8 @@ def _truncate_header(s):
 
 
 def _empty_file(s):
-    (s / "slots.npy").write_bytes(b"")
-    return "slots.npy"
+    (s / "generation.npy").write_bytes(b"")
+    return "generation.npy"
 
 
 def _manifest_shape(s):
