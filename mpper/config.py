@@ -1,101 +1,807 @@
 """Run configuration: JSON files validated into dataclasses.
 
-Every key of every section is a dataclass field below, with its default and a comment;
-``python run.py --help-config`` prints them. Names follow muzero-general (and the MuZero
-paper) where a counterpart exists.
+Every key of every section is a dataclass field below. Its default, its allowed values
+and its one-line description live together in the field (``_opt(default, allowed, doc)``),
+so the checks, ``python run.py --help-config`` and the README table all come from the same
+place. Names follow muzero-general (and the MuZero paper) where a counterpart exists.
+
+``allowed`` is one of:
+
+- a range string: ``">= 1"``, ``"> 0"``, ``"[0, 1]"``, ``"(0, 1]"`` (for int and float fields);
+- a tuple of the allowed strings (enums);
+- a :class:`Check`: a description and a function, for lists and special strings;
+- ``None``: any value of the field's type (finite, for numbers).
+
+Rules that tie two keys together are in ``CROSS_RULES``. :func:`load_config` reads a JSON
+file, applies ``--set section.key=value`` overrides and command-line flags, and returns a
+:class:`Config` or raises :class:`ConfigError`, whose message is one line:
+``<file or flag>: <section.key>: <what is wrong and what is allowed>``.
 """
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+import difflib
+import functools
+import json
+import math
+import re
+import types
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Union, get_args, get_origin, get_type_hints
+
+from .episode_ring import MAX_CAPACITY
+
+__all__ = [
+    "CROSS_RULES",
+    "Check",
+    "Config",
+    "ConfigError",
+    "EnvConfig",
+    "MCTSConfig",
+    "NetworkConfig",
+    "ReplayConfig",
+    "RuntimeConfig",
+    "TrainingConfig",
+    "config_from_dict",
+    "config_to_dict",
+    "describe_config",
+    "field_specs",
+    "load_config",
+]
+
+
+class ConfigError(ValueError):
+    """A mistake in a config file, a ``--set`` override or a flag. ``str(err)`` is one line
+    naming the file (or the override), the dotted key and what is allowed."""
+
+    def __init__(self, message: str):
+        super().__init__(" ".join(str(message).splitlines()))
+
+
+class _Invalid(Exception):
+    """Raised by a :class:`Check` function: ``key_suffix`` (e.g. ``"[1]"``) and detail."""
+
+    def __init__(self, detail: str, key_suffix: str = ""):
+        super().__init__(detail)
+        self.detail = detail
+        self.key_suffix = key_suffix
+
+
+@dataclass(frozen=True)
+class Check:
+    """A custom validation: ``describe`` is the allowed-values text for the help and the
+    messages; ``fn(value)`` returns the normalised value or raises :class:`_Invalid`."""
+
+    describe: str
+    fn: Callable[[Any], Any]
+    late: bool = False  # run only after every other check passed (slow or needs imports)
+
+
+def _opt(default, allowed, doc: str):
+    """A dataclass field with its allowed values and description as metadata."""
+    md = {"allowed": allowed, "doc": doc}
+    if isinstance(default, (list, dict)):
+        return field(default_factory=functools.partial(copy.deepcopy, default), metadata=md)
+    return field(default=default, metadata=md)
+
+
+# ---- custom checks ------------------------------------------------------------------------
+
+
+def _show(value: Any, limit: int = 60) -> str:
+    try:
+        text = json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _check_widths(value: list) -> list:
+    for i, w in enumerate(value):
+        if not (isinstance(w, int) and not isinstance(w, bool)) or w < 1:
+            raise _Invalid(f"expected an integer >= 1, got {_show(w)}", f"[{i}]")
+    return list(value)
+
+
+def _check_schedule(value: list) -> list:
+    if not value:
+        raise _Invalid("expected at least one [fraction, temperature] pair, got []")
+    out = []
+    for i, pair in enumerate(value):
+        if not (isinstance(pair, list) and len(pair) == 2):
+            raise _Invalid(f"expected a [fraction, temperature] pair, got {_show(pair)}", f"[{i}]")
+        frac, temp = pair
+        if not _is_number(frac) or not math.isfinite(frac) or not 0 <= frac <= 1:
+            raise _Invalid(f"expected a fraction of training in [0, 1], got {_show(frac)}", f"[{i}][0]")
+        if not _is_number(temp) or not math.isfinite(temp) or temp < 0:
+            raise _Invalid(f"expected a temperature >= 0, got {_show(temp)}", f"[{i}][1]")
+        if i == 0 and frac != 0:
+            raise _Invalid(f"the first fraction must be 0 (the schedule starts at step 0), got {_show(frac)}", "[0][0]")
+        if out and frac <= out[-1][0]:
+            raise _Invalid(
+                f"fractions must increase (sorted, no repeats), got {_show(frac)} after {_show(out[-1][0])}",
+                f"[{i}][0]",
+            )
+        out.append([float(frac), float(temp)])
+    return out
+
+
+def _check_initial_priority(value):
+    if isinstance(value, str):
+        if value != "max":
+            raise _Invalid(f'expected "max" or a number >= 0, got {_show(value)}')
+        return value
+    if not math.isfinite(value) or value < 0:
+        raise _Invalid(f'expected "max" or a number >= 0, got {_show(value)}')
+    return float(value)
+
+
+_FACTORY_RE = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+
+
+def _check_env_id(value: str) -> str:
+    """A registered gymnasium id, or ``module:callable`` whose module can be found (the
+    module is located, not run; no env is created)."""
+    import gymnasium
+
+    registry = gymnasium.envs.registry
+    if value in registry:
+        return value
+    if _FACTORY_RE.match(value):
+        import importlib.util
+
+        module = value.split(":", 1)[0]
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            raise _Invalid(f'module "{module}" of {_show(value)} cannot be found; expected "module:callable" with an importable module')
+        return value
+    close = difflib.get_close_matches(value, list(registry), n=1, cutoff=0.6)
+    hint = f' (did you mean "{close[0]}"?)' if close else ""
+    raise _Invalid(
+        f'{_show(value)} is not a registered gymnasium id{hint}; expected a registered id such as "CartPole-v1" '
+        'or "module:callable" returning a gymnasium.Env'
+    )
+
+
+_WIDTHS = Check("a list of integers >= 1", _check_widths)
+_SCHEDULE = Check("a list of [fraction, T] pairs: fractions in [0, 1] increasing from 0, T >= 0", _check_schedule)
+_INITIAL_PRIORITY = Check('"max" or a number >= 0', _check_initial_priority)
+_ENV_ID = Check('a registered gymnasium id, or "module:callable"', _check_env_id, late=True)
+
+
+# ---- the sections ---------------------------------------------------------------------------
 
 
 @dataclass
 class EnvConfig:
-    id: str = "CartPole-v1"  # gymnasium id, or "module:factory" returning a gymnasium.Env
-    kwargs: dict = field(default_factory=dict)  # passed to gymnasium.make / the factory
-    max_episode_steps: int | None = None  # time limit (truncation); None: the env's own
+    """The environment each self-play worker steps."""
+
+    id: str = _opt("CartPole-v1", _ENV_ID, 'gymnasium id, or "module:factory" returning a gymnasium.Env')
+    kwargs: dict = _opt({}, None, "passed to gymnasium.make / the factory")
+    max_episode_steps: int | None = _opt(None, ">= 1", "time limit (truncation); null: the env's own")
 
 
 @dataclass
 class NetworkConfig:
-    kind: str = "fc"  # "fc" (fully connected) or "residual" (board games)
-    encoding_size: int = 16  # hidden-state size (fc) ; channels for residual
-    hidden: list = field(default_factory=lambda: [64])  # fc: widths of each head's hidden layers
-    blocks: int = 2  # residual: residual blocks per function
-    support_size: int = 10  # value/reward support is [-support_size, support_size]
-    # residual: planes of the 1x1 conv before each head's MLP (muzero-general's
-    # reduced_channels_{value,reward,policy}, one number for all three); added for mpper.networks
-    reduced_channels: int = 2
+    """Representation, dynamics and prediction networks."""
+
+    kind: str = _opt("fc", ("fc", "residual"), '"fc" (fully connected) or "residual" (board games)')
+    encoding_size: int = _opt(16, ">= 1", "hidden-state size (fc); channels for residual")
+    hidden: list = _opt([64], _WIDTHS, "fc: widths of each head's hidden layers")
+    blocks: int = _opt(2, ">= 1", "residual: residual blocks per function")
+    support_size: int = _opt(10, ">= 1", "value/reward support is [-support_size, support_size]")
+    # Added for mpper.networks: muzero-general's reduced_channels_{value,reward,policy}, one
+    # number for the three heads of the residual network (whose MLPs use the widths in hidden).
+    reduced_channels: int = _opt(2, ">= 1", "residual: planes of the 1x1 conv before each head's MLP (widths: hidden)")
 
 
 @dataclass
 class MCTSConfig:
-    num_simulations: int = 50
-    discount: float = 0.997
-    pb_c_base: float = 19652.0
-    pb_c_init: float = 1.25
-    root_dirichlet_alpha: float = 0.25
-    root_exploration_fraction: float = 0.25
-    # visit-count temperature by training progress: [[fraction_of_training_steps, T], ...]
-    temperature_schedule: list = field(default_factory=lambda: [[0.0, 1.0], [0.5, 0.5], [0.75, 0.25]])
+    """Batched Monte-Carlo tree search in the self-play workers."""
+
+    num_simulations: int = _opt(50, ">= 1", "simulations (recurrent inferences) per move")
+    discount: float = _opt(0.997, "(0, 1]", "reward discount, in the search and in the value targets")
+    pb_c_base: float = _opt(19652.0, "> 0", "pUCT exploration base")
+    pb_c_init: float = _opt(1.25, ">= 0", "pUCT exploration constant")
+    root_dirichlet_alpha: float = _opt(0.25, "> 0", "Dirichlet noise concentration at the root")
+    root_exploration_fraction: float = _opt(0.25, "[0, 1]", "share of Dirichlet noise in the root priors")
+    temperature_schedule: list = _opt(
+        [[0.0, 1.0], [0.5, 0.5], [0.75, 0.25]],
+        _SCHEDULE,
+        "visit-count temperature by training progress: [[fraction_of_training_steps, T], ...]; T = 0: greedy",
+    )
 
 
 @dataclass
 class ReplayConfig:
-    capacity: int = 100_000  # steps (rows) in the shared ring
-    alpha: float = 0.5  # priority exponent (PER_alpha); 0: uniform
-    beta: float = 1.0  # initial importance-sampling exponent, annealed to 1
-    priority_eps: float = 1e-6
-    initial_priority: str | float = "max"  # "max" or a number
-    snapshot_interval_s: float = 300.0  # periodic buffer snapshot; 0: only at the end
+    """The shared-memory prioritized replay buffer."""
+
+    capacity: int = _opt(100_000, f"[2, {MAX_CAPACITY}]", "steps (rows) in the shared ring")
+    alpha: float = _opt(0.5, ">= 0", "priority exponent (PER_alpha); 0: uniform")
+    beta: float = _opt(1.0, "[0, 1]", "initial importance-sampling exponent, annealed to 1")
+    priority_eps: float = _opt(1e-6, ">= 0", "added to raw priorities so that no step is starved")
+    initial_priority: str | float = _opt("max", _INITIAL_PRIORITY, 'priority of new steps: "max" (largest so far) or a number')
+    snapshot_interval_s: float = _opt(300.0, ">= 0", "periodic buffer snapshot; 0: only at the end")
 
 
 @dataclass
 class TrainingConfig:
-    training_steps: int = 10_000
-    batch_size: int = 128
-    num_unroll_steps: int = 10
-    td_steps: int = 50
-    stacked_observations: int = 0
-    value_loss_weight: float = 0.25
-    optimizer: str = "adam"  # "adam" or "sgd"
-    momentum: float = 0.9  # sgd only
-    lr_init: float = 0.02
-    lr_decay_rate: float = 0.8  # exponential: lr = lr_init * rate ** (step / lr_decay_steps)
-    lr_decay_steps: int = 1000
-    weight_decay: float = 1e-4
-    grad_clip: float | None = None  # max global gradient norm; None: off
-    checkpoint_interval: int = 10  # publish weights to self-play every N training steps
-    samples_per_insert: float | None = None  # training samples per stored step; None: off
-    samples_per_insert_tolerance: float = 0.2  # relative slack before a side waits
-    min_buffer_steps: int = 500  # stored steps before learning starts
+    """The learner."""
+
+    training_steps: int = _opt(10_000, ">= 1", "total learner steps (batches); the run ends there")
+    batch_size: int = _opt(128, ">= 1", "positions per training batch")
+    num_unroll_steps: int = _opt(10, ">= 0", "dynamics steps unrolled from each position (K)")
+    td_steps: int = _opt(50, ">= 1", "n of the n-step bootstrapped value target")
+    stacked_observations: int = _opt(0, ">= 0", "past observations (and actions) stacked into the input")
+    value_loss_weight: float = _opt(0.25, ">= 0", "scale of the value loss (paper: 0.25 with reanalyse)")
+    optimizer: str = _opt("adam", ("adam", "sgd"), '"adam" or "sgd"')
+    momentum: float = _opt(0.9, "[0, 1]", "sgd only")
+    lr_init: float = _opt(0.02, "> 0", "initial learning rate")
+    lr_decay_rate: float = _opt(0.8, "(0, 1]", "exponential: lr = lr_init * rate ** (step / lr_decay_steps); 1: constant")
+    lr_decay_steps: int = _opt(1000, ">= 1", "training steps per factor lr_decay_rate")
+    weight_decay: float = _opt(1e-4, ">= 0", "L2 weight regularisation")
+    grad_clip: float | None = _opt(None, "> 0", "max global gradient norm; null: off")
+    checkpoint_interval: int = _opt(10, ">= 1", "publish weights to self-play every N training steps")
+    samples_per_insert: float | None = _opt(None, "> 0", "training samples per stored step; null: off")
+    samples_per_insert_tolerance: float = _opt(0.2, ">= 0", "relative slack before a side waits")
+    min_buffer_steps: int = _opt(500, ">= 1", "stored steps before learning starts")
 
 
 @dataclass
 class RuntimeConfig:
-    workers: int = 8  # self-play processes; 0: everything in one process, in turns
-    envs_per_worker: int = 8  # K environments searched together by each worker
-    device: str = "auto"  # learner device: "auto" (cuda when available), "cpu", "cuda"
-    seed: int = 0
-    reanalyse: bool = True  # run the reanalyse process (use_last_model_value)
-    reanalyse_batch_episodes: int = 8
-    evaluation_interval_s: float = 10.0
-    evaluation_episodes: int = 10
-    solve_return: float | None = None  # stop when the mean greedy return reaches this
-    checkpoint_interval_s: float = 60.0
-    max_worker_restarts: int = 3
-    time_limit_s: float | None = None
-    log_interval_s: float = 5.0  # compact progress line when stdout is not a terminal
-    torch_threads: int = 1  # per child process
+    """Processes, devices, evaluation and stopping."""
+
+    workers: int = _opt(8, ">= 0", "self-play processes; 0: everything in one process, in turns")
+    envs_per_worker: int = _opt(8, ">= 1", "K environments searched together by each worker")
+    device: str = _opt("auto", ("auto", "cpu", "cuda"), 'learner device: "auto" (cuda when available), "cpu", "cuda"')
+    seed: int = _opt(0, ">= 0", "seed for numpy, torch and the envs; each process derives its own")
+    reanalyse: bool = _opt(True, None, "run the reanalyse process (use_last_model_value)")
+    reanalyse_batch_episodes: int = _opt(8, ">= 1", "episodes refreshed per reanalyse batch")
+    evaluation_interval_s: float = _opt(10.0, "> 0", "seconds between greedy evaluations")
+    evaluation_episodes: int = _opt(10, ">= 1", "greedy episodes whose mean return is reported")
+    solve_return: float | None = _opt(None, None, "stop when the mean greedy return reaches this; null: never")
+    checkpoint_interval_s: float = _opt(60.0, "> 0", "seconds between checkpoint.pt writes")
+    max_worker_restarts: int = _opt(3, ">= 0", "restarts of a failing worker before the run stops")
+    time_limit_s: float | None = _opt(None, "> 0", "stop cleanly after this many seconds; null: no limit")
+    log_interval_s: float = _opt(5.0, "> 0", "compact progress line when stdout is not a terminal")
+    torch_threads: int = _opt(1, ">= 1", "torch threads per child process")
 
 
 @dataclass
 class Config:
-    algorithm: str = "muzero"
+    """A whole run: the algorithm and one object per section."""
+
+    algorithm: str = _opt("muzero", ("muzero", "dqn"), '"muzero" or "dqn"')
     env: EnvConfig = field(default_factory=EnvConfig)
     network: NetworkConfig = field(default_factory=NetworkConfig)
     mcts: MCTSConfig = field(default_factory=MCTSConfig)
     replay: ReplayConfig = field(default_factory=ReplayConfig)
     training: TrainingConfig = field(default_factory=TrainingConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+
+
+# (key, "<=", other key): checked after every field is valid; also listed by describe_config.
+CROSS_RULES: tuple[tuple[str, str, str], ...] = (
+    ("training.batch_size", "<=", "training.min_buffer_steps"),
+    ("training.min_buffer_steps", "<=", "replay.capacity"),
+)
+
+
+# ---- field specs ------------------------------------------------------------------------------
+
+_NONE = type(None)
+_TYPE_PHRASE = {int: "an integer", float: "a number", str: "a string", bool: "true or false", dict: "an object", list: "a list"}
+_TYPE_NAME = {int: "int", float: "float", str: "str", bool: "bool", dict: "object", list: "list"}
+
+
+@dataclass(frozen=True)
+class _Range:
+    text: str
+    lo: float | None
+    hi: float | None
+    lo_open: bool
+    hi_open: bool
+
+    def __contains__(self, v) -> bool:
+        if self.lo is not None and (v <= self.lo if self.lo_open else v < self.lo):
+            return False
+        if self.hi is not None and (v >= self.hi if self.hi_open else v > self.hi):
+            return False
+        return True
+
+
+_NUM = r"-?\d+(?:\.\d*)?(?:[eE][-+]?\d+)?"
+
+
+@functools.cache
+def _parse_range(text: str) -> _Range:
+    m = re.fullmatch(rf"\s*(>=|>|<=|<)\s*({_NUM})\s*", text)
+    if m:
+        op, x = m.group(1), float(m.group(2))
+        if op[0] == ">":
+            return _Range(text, x, None, op == ">", False)
+        return _Range(text, None, x, False, op == "<")
+    m = re.fullmatch(rf"\s*([\[(])\s*({_NUM})\s*,\s*({_NUM})\s*([\])])\s*", text)
+    if m:
+        return _Range(f"in {text}", float(m.group(2)), float(m.group(3)), m.group(1) == "(", m.group(4) == ")")
+    raise ValueError(f"bad range spec {text!r}")
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    """One key: dotted name, types, default, allowed values and description."""
+
+    key: str
+    types: tuple  # base types (int, float, str, bool, dict, list), without NoneType
+    nullable: bool
+    default: Any
+    allowed: Any  # None, _Range, tuple of strings, Check
+    doc: str
+
+    @property
+    def type_name(self) -> str:
+        name = " | ".join(_TYPE_NAME[t] for t in self.types)
+        return name + " | null" if self.nullable else name
+
+    @property
+    def allowed_text(self) -> str:
+        if isinstance(self.allowed, _Range):
+            return self.allowed.text
+        if isinstance(self.allowed, tuple):
+            return "one of " + ", ".join(f'"{c}"' for c in self.allowed)
+        if isinstance(self.allowed, Check):
+            return self.allowed.describe
+        if self.types == (bool,):
+            return "true or false"
+        if self.types == (float,):
+            return "a finite number"
+        if self.types == (dict,):
+            return "an object"
+        return "any"
+
+    def expected(self) -> str:
+        """``"an integer >= 1"``, ``"a number in [0, 1] or null"``, ``'one of "a", "b"'``."""
+        if isinstance(self.allowed, tuple):
+            text = self.allowed_text
+        elif isinstance(self.allowed, Check):
+            text = self.allowed.describe
+        else:
+            text = " or ".join(_TYPE_PHRASE[t] for t in self.types)
+            if isinstance(self.allowed, _Range):
+                text += " " + self.allowed.text
+        return text + " or null" if self.nullable else text
+
+
+def _split_hint(hint) -> tuple[tuple, bool]:
+    if get_origin(hint) in (Union, types.UnionType):
+        args = get_args(hint)
+        return tuple(a for a in args if a is not _NONE), _NONE in args
+    return (hint,), False
+
+
+def _default_of(f: dataclasses.Field):
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    return f.default_factory()
+
+
+@functools.cache
+def _section_specs(cls) -> dict[str, FieldSpec]:
+    hints = get_type_hints(cls)
+    prefix = "" if cls is Config else _SECTION_OF[cls] + "."
+    out = {}
+    for f in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(hints[f.name]):
+            continue
+        allowed = f.metadata["allowed"]
+        if isinstance(allowed, str):
+            allowed = _parse_range(allowed)
+        types_, nullable = _split_hint(hints[f.name])
+        out[f.name] = FieldSpec(prefix + f.name, types_, nullable, _default_of(f), allowed, f.metadata["doc"])
+    return out
+
+
+def _sections() -> dict[str, type]:
+    hints = get_type_hints(Config)
+    return {f.name: hints[f.name] for f in dataclasses.fields(Config) if dataclasses.is_dataclass(hints[f.name])}
+
+
+_SECTIONS: dict[str, type] = _sections()
+_SECTION_OF: dict[type, str] = {cls: name for name, cls in _SECTIONS.items()}
+
+
+def field_specs() -> list[FieldSpec]:
+    """Every key of a config, in declaration order (top-level keys first)."""
+    out = list(_section_specs(Config).values())
+    for cls in _SECTIONS.values():
+        out.extend(_section_specs(cls).values())
+    return out
+
+
+def _all_keys() -> list[str]:
+    return [s.key for s in field_specs()]
+
+
+# ---- validation -------------------------------------------------------------------------------
+
+
+class _Obj(dict):
+    """A JSON object that remembers keys it saw twice."""
+
+    duplicates: list
+
+
+def _pairs_hook(pairs):
+    obj = _Obj()
+    obj.duplicates = []
+    for k, v in pairs:
+        if k in obj:
+            obj.duplicates.append(k)
+        obj[k] = v
+    return obj
+
+
+def _unknown_key(source: str, key: str, section: str | None, known: Iterable[str]) -> ConfigError:
+    """``unknown key`` with a did-you-mean from the same section, else from any section."""
+    dotted = f"{section}.{key}" if section else key
+    known = list(known)
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+    if close:
+        hint = f"did you mean {section + '.' if section else ''}{close[0]}?"
+    else:
+        elsewhere = [k for k in _all_keys() if k.rsplit(".", 1)[-1] == key]
+        if not elsewhere:
+            elsewhere = difflib.get_close_matches(key, [k.rsplit(".", 1)[-1] for k in _all_keys()], n=1, cutoff=0.75)
+            elsewhere = [k for k in _all_keys() if elsewhere and k.rsplit(".", 1)[-1] == elsewhere[0]]
+        if elsewhere:
+            hint = f"did you mean {elsewhere[0]}?"
+        else:
+            hint = f"allowed in {section}: " if section else "allowed at the top level: "
+            hint += ", ".join(known)
+    what = "unknown section" if section is None and close and close[0] in _SECTIONS else "unknown key"
+    return ConfigError(f"{source}: {dotted}: {what} ({hint})")
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _check_value(spec: FieldSpec, value: Any, source: str, late: bool = False) -> Any:
+    """Type, range, enum and custom checks of one value; returns it normalised (ints of
+    float keys become floats). ``late``: also run checks marked ``late``."""
+    def bad(detail: str | None = None, suffix: str = "") -> ConfigError:
+        return ConfigError(f"{source}: {spec.key}{suffix}: {detail or f'expected {spec.expected()}, got {_show(value)}'}")
+
+    if value is None:
+        if spec.nullable:
+            return None
+        raise bad()
+    # type
+    if isinstance(value, bool):
+        ok = bool in spec.types
+    elif isinstance(value, int):
+        ok = int in spec.types or float in spec.types
+    elif isinstance(value, float):
+        ok = float in spec.types
+    else:
+        ok = isinstance(value, tuple(t for t in spec.types if t not in (int, float, bool)))
+    if not ok:
+        raise bad()
+    if _is_number(value) and (int not in spec.types or isinstance(value, float)):
+        value = float(value)
+        if not math.isfinite(value):
+            raise bad()
+    # allowed values
+    allowed = spec.allowed
+    if isinstance(allowed, _Range):
+        if value not in allowed:
+            raise bad()
+    elif isinstance(allowed, tuple):
+        if value not in allowed:
+            close = difflib.get_close_matches(str(value), allowed, n=1, cutoff=0.5)
+            hint = f' (did you mean "{close[0]}"?)' if close else ""
+            raise bad(f"expected {spec.expected()}, got {_show(value)}{hint}")
+    elif isinstance(allowed, Check) and (late or not allowed.late):
+        try:
+            value = allowed.fn(value)
+        except _Invalid as e:
+            raise bad(e.detail, e.key_suffix) from None
+    return _plain(value)
+
+
+class _Sources:
+    """Where each key's value came from: the file unless an override or flag set it."""
+
+    def __init__(self, file_label: str):
+        self.file = file_label
+        self.by_key: dict[str, str] = {}
+
+    def __call__(self, *keys: str) -> str:
+        for k in keys:
+            if k in self.by_key:
+                return self.by_key[k]
+        return self.file
+
+
+def _check_structure(data: Any, source: str) -> None:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: expected a JSON object at the top level, got {_json_kind(data)}")
+    if getattr(data, "duplicates", None):
+        raise ConfigError(f"{source}: {data.duplicates[0]}: duplicate key")
+    top = _section_specs(Config)
+    known = list(top) + list(_SECTIONS)
+    for key, value in data.items():
+        if key in _SECTIONS:
+            if not isinstance(value, dict):
+                raise ConfigError(f"{source}: {key}: expected an object (a section of keys), got {_show(value)}")
+            if getattr(value, "duplicates", None):
+                raise ConfigError(f"{source}: {key}.{value.duplicates[0]}: duplicate key")
+        elif key not in top:
+            raise _unknown_key(source, key, None, known)
+
+
+def _json_kind(v: Any) -> str:
+    if isinstance(v, list):
+        return "a list"
+    if isinstance(v, str):
+        return "a string"
+    if isinstance(v, bool):
+        return "true/false"
+    if v is None:
+        return "null"
+    return "a number"
+
+
+def _parse_set(text: str) -> tuple[str, Any]:
+    """``section.key=value`` -> (dotted key, value): the value is JSON when it parses, else a
+    plain string (so ``env.id=CartPole-v1`` and ``runtime.device=cpu`` need no quotes)."""
+    key, sep, raw = text.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise ConfigError(f"--set {text}: expected section.key=value, e.g. --set training.batch_size=64")
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        value = raw
+    return key, value
+
+
+def _apply_override(data: dict, key: str, value: Any, label: str, sources: _Sources) -> None:
+    parts = key.split(".")
+    top = _section_specs(Config)
+    if any(not p for p in parts):
+        raise ConfigError(f"{label}: {key}: expected section.key=value, e.g. --set training.batch_size=64")
+    head = parts[0]
+    if len(parts) == 1:
+        if head in _SECTIONS:
+            raise ConfigError(f"{label}: {key}: is a section; set one of its keys, e.g. --set {key}.{next(iter(_section_specs(_SECTIONS[key])))}=...")
+        if head not in top:
+            raise _unknown_key(label, head, None, list(top) + list(_SECTIONS))
+        data[head] = value
+        sources.by_key[head] = label
+        return
+    if head not in _SECTIONS:
+        if head in top:
+            raise ConfigError(f"{label}: {key}: {head} is not a section")
+        close = difflib.get_close_matches(head, list(_SECTIONS), n=1, cutoff=0.6)
+        hint = f"did you mean {close[0]}?" if close else "sections: " + ", ".join(_SECTIONS)
+        raise ConfigError(f"{label}: {head}: unknown section ({hint})")
+    specs = _section_specs(_SECTIONS[head])
+    name = parts[1]
+    if name not in specs:
+        raise _unknown_key(label, name, head, specs)
+    section = data.setdefault(head, {})
+    dotted = f"{head}.{name}"
+    if len(parts) > 2:  # into an object-valued key, e.g. env.kwargs.render_mode=rgb_array
+        if dict not in specs[name].types:
+            raise ConfigError(f"{label}: {key}: {dotted} is not an object ({specs[name].type_name})")
+        target = section.get(name)
+        if target is None:
+            target = section[name] = {}
+        if not isinstance(target, dict):
+            raise ConfigError(f"{sources(dotted)}: {dotted}: expected {specs[name].expected()}, got {_show(target)}")
+        for p in parts[2:-1]:
+            nxt = target.get(p)
+            if not isinstance(nxt, dict):
+                nxt = target[p] = {}
+            target = nxt
+        target[parts[-1]] = value
+    else:
+        section[name] = value
+    sources.by_key[dotted] = label
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+def _build(cls, raw: Mapping, sources: _Sources):
+    specs = _section_specs(cls)
+    kwargs = {}
+    for key, value in raw.items():
+        if key in _SECTIONS and cls is Config:
+            kwargs[key] = _build(_SECTIONS[key], value, sources)
+            continue
+        if key not in specs:  # sections were checked by _check_structure; this is a section key
+            section = _SECTION_OF[cls]
+            raise _unknown_key(sources(f"{section}.{key}"), key, section, specs)
+        kwargs[key] = _check_value(specs[key], value, sources(specs[key].key))
+    return cls(**kwargs)
+
+
+def _get(config: Config, dotted: str):
+    obj = config
+    for part in dotted.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _check_cross(config: Config, sources: _Sources) -> None:
+    for a, op, b in CROSS_RULES:
+        va, vb = _get(config, a), _get(config, b)
+        assert op == "<="
+        if va > vb:
+            raise ConfigError(f"{sources(a, b)}: {a}: must be <= {b} ({_show(vb)}), got {_show(va)}")
+
+
+def config_from_dict(
+    data: Any,
+    source: str = "<config>",
+    overrides: Iterable[str] = (),
+    *,
+    flags: Iterable[tuple[str, str, Any]] = (),
+    check_env: bool = True,
+    check_device: bool = True,
+) -> Config:
+    """Validate a parsed JSON object into a :class:`Config`.
+
+    ``overrides`` are ``"section.key=value"`` strings (``--set``); ``flags`` are
+    ``(label, dotted key, value)`` triples for command-line flags (applied last, so a flag
+    wins over ``--set`` and the file). Missing keys take their defaults. Raises
+    :class:`ConfigError` naming ``source`` (or the override/flag that set the bad value).
+    """
+    sources = _Sources(source)
+    _check_structure(data, source)
+    data = copy.deepcopy(data)
+    for text in overrides:
+        key, value = _parse_set(text)
+        _apply_override(data, key, value, f"--set {text}", sources)
+    for label, key, value in flags:
+        _apply_override(data, key, value, label, sources)
+    # top-level and section duplicates were checked above; build checks every key
+    config = _build(Config, data, sources)
+    _check_cross(config, sources)
+    if check_device and config.runtime.device == "cuda" and not _cuda_available():
+        raise ConfigError(
+            f'{sources("runtime.device")}: runtime.device: "cuda" but torch.cuda.is_available() is false on this '
+            'machine; use "auto" or "cpu"'
+        )
+    if check_env:
+        _check_env_late(config, sources)
+    return config
+
+
+def _check_env_late(config: Config, sources: _Sources) -> None:
+    # env.id is checked here, not in _build, so that a default id is checked too and the
+    # gymnasium import happens only for configs that are otherwise valid
+    spec = _section_specs(EnvConfig)["id"]
+    _check_value(spec, config.env.id, sources("env.id"), late=True)
+
+
+def load_config(
+    path: str | Path,
+    overrides: Iterable[str] = (),
+    workers: int | None = None,
+    *,
+    device: str | None = None,
+    seed: int | None = None,
+    training_steps: int | None = None,
+    time_limit_s: float | None = None,
+    check_env: bool = True,
+    check_device: bool = True,
+) -> Config:
+    """Read a JSON config file and validate it (see :func:`config_from_dict`).
+
+    ``overrides``: ``--set section.key=value`` strings. ``workers``, ``device``, ``seed``,
+    ``training_steps`` and ``time_limit_s`` (the ``--workers``, ``--device``, ``--seed``,
+    ``--max-train-steps`` and ``--time-limit`` flags) override their keys when not None.
+    """
+    label = str(path)
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{label}: no such file") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{label}: is a directory, expected a JSON file") from None
+    except PermissionError:
+        raise ConfigError(f"{label}: permission denied") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{label}: not UTF-8 text (byte {e.start})") from None
+    except OSError as e:
+        raise ConfigError(f"{label}: cannot read ({e.strerror or e})") from None
+    if not text.strip():
+        raise ConfigError(f"{label}: the file is empty, expected a JSON object")
+    try:
+        data = json.loads(text, object_pairs_hook=_pairs_hook)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{label}: invalid JSON at line {e.lineno}, column {e.colno}: {e.msg}") from None
+    flags = [
+        (flag, key, value)
+        for flag, key, value in (
+            ("--workers", "runtime.workers", workers),
+            ("--device", "runtime.device", device),
+            ("--seed", "runtime.seed", seed),
+            ("--max-train-steps", "training.training_steps", training_steps),
+            ("--time-limit", "runtime.time_limit_s", time_limit_s),
+        )
+        if value is not None
+    ]
+    return config_from_dict(data, label, overrides, flags=flags, check_env=check_env, check_device=check_device)
+
+
+def config_to_dict(config: Config) -> dict:
+    """Plain JSON-ready dict of every key (the resolved ``config.json`` of a run)."""
+    return dataclasses.asdict(config)
+
+
+# ---- documentation ----------------------------------------------------------------------------
+
+
+def _default_text(v: Any) -> str:
+    return json.dumps(v)
+
+
+def describe_config(markdown: bool = False) -> str:
+    """Every key with its type, default, allowed values and description: plain text for
+    ``--help-config``, or a Markdown table (``markdown=True``) for the README."""
+    specs = field_specs()
+    rows = [(s.key, s.type_name, _default_text(s.default), s.allowed_text, s.doc) for s in specs]
+    rules = [f"{a} {op} {b}" for a, op, b in CROSS_RULES]
+    if markdown:
+        lines = ["| key | type | default | allowed | description |", "|---|---|---|---|---|"]
+        for row in rows:
+            lines.append("| " + " | ".join(c.replace("|", "\\|") for c in (f"`{row[0]}`", *row[1:3], *row[3:])) + " |")
+        lines.append("")
+        lines.append("Rules between keys: " + "; ".join(f"`{r}`" for r in rules) + ".")
+        return "\n".join(lines)
+    head = ("key", "type", "default", "allowed", "description")
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(4)]
+
+    def fmt(row) -> str:
+        return "  ".join(c.ljust(w) for c, w in zip(row[:4], widths)) + "  " + row[4]
+
+    lines = [
+        "Config keys (JSON: top-level keys, then one object per section). Missing keys take the default.",
+        "Override any key with --set section.key=value (value parsed as JSON, else as a string).",
+        "",
+        fmt(head),
+    ]
+    section = None
+    for spec, row in zip(specs, rows):
+        sec = spec.key.split(".")[0] if "." in spec.key else None
+        if sec != section:
+            section = sec
+            lines.append("")
+            lines.append(f"[{sec}] {_SECTIONS[sec].__doc__.strip()}")
+        lines.append(fmt(row))
+    lines.append("")
+    lines.append("Rules between keys: " + "; ".join(rules) + ".")
+    return "\n".join(lines)

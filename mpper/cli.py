@@ -1,0 +1,134 @@
+"""Command line: ``python run.py --config configs/cartpole.json --workers 8``.
+
+``main`` parses the flags, validates the config (file, ``--set`` overrides and flags) and
+only then imports :mod:`mpper.runtime` and calls
+``mpper.runtime.train(config, run_dir=Path, resume=Path | None)``. Any mistake in the
+flags or the config is one line ``error: ...`` on stderr and exit code 2, with nothing
+started.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import importlib
+import sys
+from pathlib import Path
+
+from .config import ConfigError, RuntimeConfig, _section_specs, describe_config, load_config
+
+__all__ = ["build_parser", "default_run_dir", "main"]
+
+EXIT_USAGE = 2
+
+
+class _UsageError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises instead of printing usage and exiting, so that every mistake
+    is reported as the same single line."""
+
+    def error(self, message: str):
+        raise _UsageError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    devices = _section_specs(RuntimeConfig)["device"].allowed
+    p = _Parser(
+        prog="run.py",
+        description=(
+            "Train MuZero (or DQN) with N self-play processes, a learner and a reanalyser that "
+            "share one replay buffer in shared memory."
+        ),
+        epilog=(
+            "Config keys, their defaults and allowed values: --help-config. Mistakes in flags or "
+            "in the config are reported as one line on stderr with exit code 2, before anything starts."
+        ),
+    )
+    p.add_argument("--config", metavar="PATH",
+                   help="JSON config file (required, except with --resume, which defaults to RUN_DIR/config.json)")
+    p.add_argument("--workers", type=int, metavar="N",
+                   help="self-play processes (overrides runtime.workers; 0: everything in one process, in turns)")
+    p.add_argument("--device", choices=devices,
+                   help='learner device (overrides runtime.device): "auto" uses CUDA when available')
+    p.add_argument("--seed", type=int, metavar="N", help="random seed (overrides runtime.seed)")
+    p.add_argument("--run-dir", metavar="DIR",
+                   help="where config.json, metrics.jsonl, checkpoint.pt and buffer/ go "
+                        "(default: runs/<config-name>/<timestamp>/; with --resume: RUN_DIR)")
+    p.add_argument("--max-train-steps", type=int, metavar="N",
+                   help="stop after N training steps (overrides training.training_steps)")
+    p.add_argument("--time-limit", type=float, metavar="SECONDS",
+                   help="stop cleanly after this many seconds (overrides runtime.time_limit_s)")
+    p.add_argument("--resume", metavar="RUN_DIR",
+                   help="continue the run in RUN_DIR from its checkpoint and buffer snapshot")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", dest="overrides",
+                   help="override one config key, typed and checked like the file; VALUE is parsed as JSON "
+                        "when it can be, else taken as a string (repeatable; e.g. --set training.batch_size=64)")
+    p.add_argument("--help-config", action="store_true",
+                   help="print every config key with its type, default, allowed values and meaning, and exit")
+    return p
+
+
+def default_run_dir(config_path: str | Path, now: _dt.datetime | None = None, root: str | Path = "runs") -> Path:
+    """``runs/<config-name>/<timestamp>/``, with a ``-2``, ``-3``... suffix if it exists."""
+    stamp = (now or _dt.datetime.now()).strftime("%Y%m%d-%H%M%S")
+    base = Path(root) / Path(config_path).stem / stamp
+    run_dir, n = base, 1
+    while run_dir.exists():
+        n += 1
+        run_dir = base.with_name(f"{stamp}-{n}")
+    return run_dir
+
+
+def _fail(message: str) -> int:
+    print("error: " + " ".join(str(message).splitlines()), file=sys.stderr)
+    return EXIT_USAGE
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except _UsageError as e:
+        return _fail(f"{e} (see --help)")
+    except SystemExit as e:  # --help
+        return e.code if isinstance(e.code, int) else 0
+    if args.help_config:
+        print(describe_config())
+        return 0
+
+    resume = None
+    if args.resume is not None:
+        resume = Path(args.resume)
+        if not resume.is_dir():
+            return _fail(f"--resume {args.resume}: no such run directory")
+    if args.config is None and resume is None:
+        return _fail("--config PATH is required (or --resume RUN_DIR); see --help")
+    config_path = args.config if args.config is not None else str(resume / "config.json")
+    try:
+        config = load_config(
+            config_path,
+            args.overrides,
+            workers=args.workers,
+            device=args.device,
+            seed=args.seed,
+            training_steps=args.max_train_steps,
+            time_limit_s=args.time_limit,
+        )
+    except ConfigError as e:
+        return _fail(str(e))
+
+    if args.run_dir is not None:
+        run_dir = Path(args.run_dir)
+        if run_dir.exists() and not run_dir.is_dir():
+            return _fail(f"--run-dir {args.run_dir}: exists and is not a directory")
+    elif resume is not None:
+        run_dir = resume
+    else:
+        run_dir = default_run_dir(config_path)
+
+    runtime = importlib.import_module("mpper.runtime")  # only now: config errors never need it
+    rc = runtime.train(config, run_dir=run_dir, resume=resume)
+    return rc if isinstance(rc, int) else 0

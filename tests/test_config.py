@@ -1,0 +1,358 @@
+"""Config loading and validation: types, ranges, overrides, did-you-mean, documentation,
+round trip. The command-line side (exit codes, one line on stderr) is in test_cli.py."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from mpper import config as cfg
+from mpper.config import (
+    Config,
+    ConfigError,
+    config_from_dict,
+    config_to_dict,
+    describe_config,
+    field_specs,
+    load_config,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+CARTPOLE = ROOT / "configs" / "cartpole.json"
+
+
+def write(tmp_path: Path, data, name: str = "c.json") -> Path:
+    path = tmp_path / name
+    path.write_text(data if isinstance(data, str) else json.dumps(data), encoding="utf-8")
+    return path
+
+
+def error_of(data, overrides=(), **kw) -> str:
+    with pytest.raises(ConfigError) as ei:
+        config_from_dict(data, "x.json", overrides, **kw)
+    msg = str(ei.value)
+    assert "\n" not in msg
+    return msg
+
+
+# ---- defaults and the shipped config ----------------------------------------------------------
+
+
+def test_empty_object_gives_the_defaults():
+    assert config_from_dict({}) == Config()
+
+
+def test_every_field_has_a_description_and_its_default_passes_its_own_checks():
+    specs = field_specs()
+    n_fields = len(dataclasses.fields(Config)) - 6 + sum(
+        len(dataclasses.fields(type(getattr(Config(), s)))) for s in ("env", "network", "mcts", "replay", "training", "runtime")
+    )
+    assert len(specs) == n_fields
+    assert len({s.key for s in specs}) == len(specs)
+    for spec in specs:
+        assert spec.doc.strip(), spec.key
+    assert config_from_dict(config_to_dict(Config())) == Config()
+
+
+def test_cartpole_json_sets_every_key_explicitly_and_is_valid():
+    raw = json.loads(CARTPOLE.read_text())
+    keys = {k for k, v in raw.items() if not isinstance(v, dict)}
+    keys |= {f"{s}.{k}" for s, sec in raw.items() if isinstance(sec, dict) for k in sec}
+    assert keys == {s.key for s in field_specs()}
+    c = load_config(CARTPOLE)
+    assert c.algorithm == "muzero" and c.env.id == "CartPole-v1" and c.network.kind == "fc"
+    assert c.training.batch_size <= c.training.min_buffer_steps <= c.replay.capacity
+
+
+def test_resolved_config_round_trips_through_json(tmp_path):
+    c = load_config(CARTPOLE, ["training.batch_size=64", "mcts.pb_c_base=20000", "env.kwargs.sutton_barto_reward=true"],
+                    workers=2, seed=3, time_limit_s=60)
+    text = json.dumps(config_to_dict(c), indent=2)
+    again = load_config(write(tmp_path, text))
+    assert again == c
+    assert config_to_dict(again) == config_to_dict(c)
+    assert isinstance(again.mcts.pb_c_base, float) and isinstance(again.training.batch_size, int)
+
+
+# ---- types and ranges --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "section,key,value,fragment",
+    [
+        ("training", "batch_size", "128", 'expected an integer >= 1, got "128"'),
+        ("training", "batch_size", 12.0, "expected an integer >= 1, got 12.0"),
+        ("runtime", "workers", True, "expected an integer >= 0, got true"),
+        ("mcts", "discount", True, "expected a number in (0, 1], got true"),
+        ("mcts", "discount", 0, "expected a number in (0, 1], got 0"),
+        ("mcts", "discount", 1.0001, "in (0, 1]"),
+        ("mcts", "root_exploration_fraction", -0.1, "expected a number in [0, 1]"),
+        ("replay", "capacity", 1, "expected an integer in [2, "),
+        ("training", "grad_clip", 0, "expected a number > 0 or null, got 0"),
+        ("runtime", "reanalyse", 1, "expected true or false, got 1"),
+        ("env", "kwargs", [], "expected an object, got []"),
+        ("env", "id", 5, "expected a registered gymnasium id"),
+        ("runtime", "solve_return", "high", "expected a number or null"),
+        ("runtime", "device", "gpu", 'expected one of "auto", "cpu", "cuda", got "gpu"'),
+    ],
+)
+def test_wrong_types_and_out_of_range_values(section, key, value, fragment):
+    msg = error_of({section: {key: value}})
+    assert msg.startswith(f"x.json: {section}.{key}: ")
+    assert fragment in msg
+
+
+@pytest.mark.parametrize(
+    "section,key,value,expected",
+    [
+        ("mcts", "discount", 1, 1.0),  # int where a float is allowed
+        ("mcts", "root_exploration_fraction", 0, 0.0),
+        ("mcts", "root_exploration_fraction", 1, 1.0),
+        ("replay", "initial_priority", 3, 3.0),
+        ("replay", "initial_priority", "max", "max"),
+        ("training", "grad_clip", None, None),
+        ("runtime", "workers", 0, 0),
+        ("training", "num_unroll_steps", 0, 0),
+        ("network", "hidden", [], []),
+    ],
+)
+def test_boundary_values_are_accepted_and_normalised(section, key, value, expected):
+    c = config_from_dict({section: {key: value}})
+    got = getattr(getattr(c, section), key)
+    assert got == expected and type(got) is type(expected)
+
+
+def test_non_finite_numbers_are_refused():
+    assert "got NaN" in error_of({"mcts": {"discount": float("nan")}})
+    assert "got Infinity" in error_of({"replay": {"alpha": float("inf")}})
+
+
+def test_cross_field_rules():
+    msg = error_of({"training": {"batch_size": 600, "min_buffer_steps": 500}})
+    assert msg == "x.json: training.batch_size: must be <= training.min_buffer_steps (500), got 600"
+    msg = error_of({"replay": {"capacity": 400}})
+    assert msg == "x.json: training.min_buffer_steps: must be <= replay.capacity (400), got 500"
+    # equality is fine
+    config_from_dict({"training": {"batch_size": 500}, "replay": {"capacity": 500}})
+
+
+@pytest.mark.parametrize(
+    "schedule,fragment",
+    [
+        ([], "at least one"),
+        ([[0, 1], [0.5]], "mcts.temperature_schedule[1]: expected a [fraction, temperature] pair"),
+        ([[0, 1], [1.5, 0.5]], "mcts.temperature_schedule[1][0]: expected a fraction of training in [0, 1], got 1.5"),
+        ([[0, 1], [0.5, -1]], "mcts.temperature_schedule[1][1]: expected a temperature >= 0"),
+        ([[0.1, 1]], "mcts.temperature_schedule[0][0]: the first fraction must be 0"),
+        ([[0, 1], [0.75, 0.5], [0.5, 0.25]], "mcts.temperature_schedule[2][0]: fractions must increase"),
+        ([[0, 1], [0.5, 0.5], [0.5, 0.25]], "fractions must increase"),
+        ("hot", "mcts.temperature_schedule: expected a list of [fraction, T] pairs"),
+    ],
+)
+def test_temperature_schedule(schedule, fragment):
+    assert fragment in error_of({"mcts": {"temperature_schedule": schedule}})
+
+
+def test_temperature_schedule_accepts_ints_and_stores_floats():
+    c = config_from_dict({"mcts": {"temperature_schedule": [[0, 1], [1, 0]]}})
+    assert c.mcts.temperature_schedule == [[0.0, 1.0], [1.0, 0.0]]
+    assert all(type(x) is float for pair in c.mcts.temperature_schedule for x in pair)
+
+
+def test_hidden_widths_name_the_bad_element():
+    assert error_of({"network": {"hidden": [16, 0]}}) == "x.json: network.hidden[1]: expected an integer >= 1, got 0"
+
+
+# ---- env id and device --------------------------------------------------------------------------
+
+
+def test_env_id_registered_or_module_callable():
+    assert config_from_dict({"env": {"id": "MountainCar-v0"}}).env.id == "MountainCar-v0"
+    factory = "gymnasium.envs.classic_control.cartpole:CartPoleEnv"
+    assert config_from_dict({"env": {"id": factory}}).env.id == factory
+    msg = error_of({"env": {"id": "CartPole-v9"}})
+    assert msg.startswith("x.json: env.id: ") and 'did you mean "CartPole-v1"' in msg and "module:callable" in msg
+    assert 'module "no_such_module_xyz" of' in error_of({"env": {"id": "no_such_module_xyz:make"}})
+    assert "not a registered gymnasium id" in error_of({"env": {"id": "not an env!"}})
+    # check_env=False skips only the env id check
+    assert config_from_dict({"env": {"id": "Unknown-v0"}}, check_env=False).env.id == "Unknown-v0"
+
+
+def test_cuda_device_without_cuda_is_an_error(monkeypatch):
+    monkeypatch.setattr(cfg, "_cuda_available", lambda: False)
+    msg = error_of({"runtime": {"device": "cuda"}})
+    assert msg.startswith("x.json: runtime.device: ") and "torch.cuda.is_available()" in msg
+    msg = error_of({}, flags=[("--device", "runtime.device", "cuda")])
+    assert msg.startswith("--device: runtime.device: ")
+    assert config_from_dict({"runtime": {"device": "cuda"}}, check_device=False).runtime.device == "cuda"
+    monkeypatch.setattr(cfg, "_cuda_available", lambda: True)
+    assert config_from_dict({"runtime": {"device": "cuda"}}).runtime.device == "cuda"
+
+
+def test_cuda_check_uses_torch():
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        assert config_from_dict({"runtime": {"device": "cuda"}}).runtime.device == "cuda"
+    else:
+        assert "runtime.device" in error_of({"runtime": {"device": "cuda"}})
+
+
+# ---- unknown keys and did you mean ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "data,expected",
+    [
+        ({"training": {"batch_sise": 1}}, "x.json: training.batch_sise: unknown key (did you mean training.batch_size?)"),
+        ({"trainig": {}}, "x.json: trainig: unknown section (did you mean training?)"),
+        ({"mcts": {"td_steps": 5}}, "x.json: mcts.td_steps: unknown key (did you mean training.td_steps?)"),
+        ({"batch_size": 5}, "x.json: batch_size: unknown key (did you mean training.batch_size?)"),
+        ({"runtime": {"num_workers": 2}}, "x.json: runtime.num_workers: unknown key (did you mean runtime.workers?)"),
+        ({"algorithm": "muzer"}, 'x.json: algorithm: expected one of "muzero", "dqn", got "muzer" (did you mean "muzero"?)'),
+        ({"training": {"optimizer": "Adam"}}, 'did you mean "adam"?'),
+    ],
+)
+def test_did_you_mean(data, expected):
+    assert expected in error_of(data)
+
+
+def test_unknown_key_without_a_close_match_lists_the_allowed_keys():
+    msg = error_of({"network": {"zzzz": 1}})
+    assert "allowed in network: kind, encoding_size, hidden, blocks, support_size" in msg
+
+
+def test_structure_errors():
+    assert error_of([1, 2]) == "x.json: expected a JSON object at the top level, got a list"
+    assert error_of({"training": 5}) == "x.json: training: expected an object (a section of keys), got 5"
+    assert error_of({"training": None}).startswith("x.json: training: expected an object")
+
+
+# ---- --set overrides ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "text,key,expected",
+    [
+        ("training.batch_size=64", "training.batch_size", 64),
+        ("mcts.discount=1", "mcts.discount", 1.0),
+        ("mcts.pb_c_base=2e4", "mcts.pb_c_base", 20000.0),
+        ("training.grad_clip=null", "training.grad_clip", None),
+        ("training.grad_clip=5", "training.grad_clip", 5.0),
+        ("env.id=CartPole-v0", "env.id", "CartPole-v0"),  # not JSON: a plain string
+        ('env.id="Acrobot-v1"', "env.id", "Acrobot-v1"),  # JSON string
+        ("runtime.device=cpu", "runtime.device", "cpu"),
+        ("runtime.reanalyse=false", "runtime.reanalyse", False),
+        ("network.hidden=[32, 32]", "network.hidden", [32, 32]),
+        ("replay.initial_priority=max", "replay.initial_priority", "max"),
+        ("replay.initial_priority=2", "replay.initial_priority", 2.0),
+        ("mcts.temperature_schedule=[[0,1],[0.5,0]]", "mcts.temperature_schedule", [[0.0, 1.0], [0.5, 0.0]]),
+        ('env.kwargs={"sutton_barto_reward": true}', "env.kwargs", {"sutton_barto_reward": True}),
+        ("env.kwargs.render_mode=rgb_array", "env.kwargs", {"render_mode": "rgb_array"}),
+        ("algorithm=dqn", "algorithm", "dqn"),
+        ("runtime.seed= 7", "runtime.seed", 7),
+    ],
+)
+def test_set_is_parsed_and_typed_like_the_file(text, key, expected):
+    c = config_from_dict({}, "x.json", [text])
+    got = cfg._get(c, key)
+    assert got == expected and type(got) is type(expected)
+
+
+def test_set_merges_into_the_file_and_later_wins(tmp_path):
+    path = write(tmp_path, {"env": {"kwargs": {"a": 1}}, "training": {"batch_size": 32}})
+    c = load_config(path, ["training.batch_size=16", "training.batch_size=8", "env.kwargs.b=2"])
+    assert c.training.batch_size == 8 and c.env.kwargs == {"a": 1, "b": 2}
+    # flags are applied after --set
+    c = load_config(path, ["runtime.workers=3", "runtime.seed=1"], workers=5, seed=9, training_steps=7, time_limit_s=2)
+    assert (c.runtime.workers, c.runtime.seed, c.training.training_steps, c.runtime.time_limit_s) == (5, 9, 7, 2.0)
+
+
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("training.batch_size=abc", '--set training.batch_size=abc: training.batch_size: expected an integer >= 1, got "abc"'),
+        ("training.batch_size=0", "--set training.batch_size=0: training.batch_size: expected an integer >= 1, got 0"),
+        ("training.batch_sise=3", "--set training.batch_sise=3: training.batch_sise: unknown key (did you mean training.batch_size?)"),
+        ("trainng.batch_size=3", "--set trainng.batch_size=3: trainng: unknown section (did you mean training?)"),
+        ("batch_size=3", "--set batch_size=3: batch_size: unknown key (did you mean training.batch_size?)"),
+        ("training.batch_size", "--set training.batch_size: expected section.key=value"),
+        ("=3", "--set =3: expected section.key=value"),
+        ("training..batch_size=3", "expected section.key=value"),
+        ("training=3", "--set training=3: training: is a section"),
+        ("algorithm.x=3", "--set algorithm.x=3: algorithm.x: algorithm is not a section"),
+        ("training.batch_size.x=3", "training.batch_size is not an object"),
+        ("training.min_buffer_steps=100", "--set training.min_buffer_steps=100: training.batch_size: must be <= training.min_buffer_steps (100), got 128"),
+        ("replay.capacity=100", "--set replay.capacity=100: training.min_buffer_steps: must be <= replay.capacity (100)"),
+        ("env.id=Nope-v0", "--set env.id=Nope-v0: env.id: "),
+    ],
+)
+def test_set_errors_name_the_override(text, expected):
+    assert expected in error_of({}, [text])
+
+
+def test_flag_errors_name_the_flag():
+    msg = error_of({}, flags=[("--workers", "runtime.workers", -1)])
+    assert msg == "--workers: runtime.workers: expected an integer >= 0, got -1"
+
+
+# ---- the file itself --------------------------------------------------------------------------------
+
+
+def test_file_errors(tmp_path):
+    def err(path) -> str:
+        with pytest.raises(ConfigError) as ei:
+            load_config(path)
+        assert "\n" not in str(ei.value)
+        return str(ei.value)
+
+    missing = tmp_path / "missing.json"
+    assert err(missing) == f"{missing}: no such file"
+    assert err(tmp_path) == f"{tmp_path}: is a directory, expected a JSON file"
+    bad = write(tmp_path, '{\n  "training": {\n    "batch_size": 64,\n  }\n}')
+    assert err(bad) == f"{bad}: invalid JSON at line 4, column 3: Expecting property name enclosed in double quotes"
+    assert err(write(tmp_path, "  \n")).endswith("the file is empty, expected a JSON object")
+    dup = write(tmp_path, '{"training": {"batch_size": 64, "batch_size": 32}}')
+    assert err(dup) == f"{dup}: training.batch_size: duplicate key"
+    latin = tmp_path / "latin.json"
+    latin.write_bytes(b'{"env": {"id": "Cart\xe9"}}')
+    assert "not UTF-8 text" in err(latin)
+
+
+def test_string_values_with_newlines_stay_on_one_line():
+    msg = error_of({"env": {"id": "a\nb"}})
+    assert '"a\\nb"' in msg
+
+
+# ---- documentation -------------------------------------------------------------------------------------
+
+
+def test_describe_config_covers_every_field():
+    text = describe_config()
+    lines = text.splitlines()
+    for spec in field_specs():
+        row = [ln for ln in lines if ln.split(" ", 1)[0] == spec.key]
+        assert len(row) == 1, spec.key
+        assert json.dumps(spec.default) in row[0] and spec.allowed_text in row[0] and spec.doc in row[0]
+        assert spec.type_name in row[0]
+    for a, op, b in cfg.CROSS_RULES:
+        assert f"{a} {op} {b}" in text
+
+
+def test_describe_config_markdown_table_has_one_row_per_field():
+    md = describe_config(markdown=True)
+    rows = [ln for ln in md.splitlines() if ln.startswith("| `")]
+    assert [r.split("`")[1] for r in rows] == [s.key for s in field_specs()]
+    assert all(r.count(" | ") == 4 for r in rows)  # "|" inside cells is escaped
+    assert "in (0, 1]" in md and 'one of "fc", "residual"' in md
+
+
+def test_ranges_come_from_the_field_metadata():
+    spec = {s.key: s for s in field_specs()}
+    assert spec["mcts.discount"].allowed_text == "in (0, 1]"
+    assert spec["training.batch_size"].expected() == "an integer >= 1"
+    assert spec["training.grad_clip"].expected() == "a number > 0 or null"
+    f = {f.name: f for f in dataclasses.fields(cfg.TrainingConfig)}["batch_size"]
+    assert f.metadata["allowed"] == ">= 1" and f.metadata["doc"]

@@ -1,0 +1,183 @@
+"""mpper.networks: value transform, supports, both architectures, flat weights."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from mpper.config import NetworkConfig
+from mpper.networks import (
+    MuZeroNetwork,
+    h,
+    h_inv,
+    make_network,
+    scalar_to_support,
+    stacked_shape,
+    support_to_scalar,
+)
+from mpper.targets import stacked_observations
+
+
+def wide_range(dtype) -> torch.Tensor:
+    """Every integer in [-300, 300], random values of several scales, tiny ones and 0."""
+    g = torch.Generator().manual_seed(0)
+    parts = [
+        torch.arange(-300, 301, dtype=torch.float64),
+        torch.randn(2000, generator=g, dtype=torch.float64) * 100,
+        torch.randn(500, generator=g, dtype=torch.float64),
+        torch.randn(500, generator=g, dtype=torch.float64) * 1e-3,
+    ]
+    return torch.cat(parts).clamp(-300, 300).to(dtype)
+
+
+# ---- transform and supports ----------------------------------------------------------
+
+
+def test_h_inv_inverts_h():
+    x = wide_range(torch.float64)
+    assert torch.allclose(h_inv(h(x)), x, rtol=0, atol=1e-9)
+    y = h(x)  # and the other way round, on h's range
+    assert torch.allclose(h(h_inv(y)), y, rtol=0, atol=1e-12)
+    # float32 resolves 3e-5 at |x| = 300, hence the small relative term.
+    x32 = x.float()
+    assert torch.allclose(h_inv(h(x32)), x32, rtol=1e-6, atol=1e-4)
+    assert h(torch.tensor(0.0)) == 0 and h_inv(torch.tensor(0.0)) == 0
+
+
+@pytest.mark.parametrize("dtype, rtol, atol", [(torch.float64, 0, 1e-9), (torch.float32, 1e-6, 1e-4)])
+def test_support_round_trip(dtype, rtol, atol):
+    # support 20 covers h(300) = 16.65 (support 10 would clip above |x| = 109).
+    x = wide_range(dtype)
+    probabilities = scalar_to_support(x, 20)
+    assert probabilities.shape == (x.shape[0], 41) and probabilities.dtype == dtype
+    assert torch.allclose(probabilities.sum(1), torch.ones((), dtype=dtype))
+    assert ((probabilities > 0).sum(1) <= 2).all() and (probabilities >= 0).all()
+    back = support_to_scalar(torch.log(probabilities), 20)  # log: softmax(log p) = p
+    assert back.shape == x.shape
+    # float32: within 1e-4, or 4 ulps (1.2e-4) near |x| = 300 where one ulp is 3e-5.
+    assert torch.allclose(back, x, rtol=rtol, atol=atol)
+    small = x.abs() <= 100
+    assert (back - x)[small].abs().max() <= atol
+
+
+def test_support_is_two_hot_with_expectation_h_and_clips():
+    bins = torch.arange(-10, 11, dtype=torch.float64)
+    x = torch.tensor([0.0, 1.0, -2.5, 7.3, 100.0, 1e6, -1e6], dtype=torch.float64)
+    p = scalar_to_support(x, 10)
+    assert torch.allclose(p @ bins, h(x).clamp(-10, 10))
+    assert p[0, 10] == 1  # 0 -> the middle bin
+    assert p[5, 20] == 1 and p[6, 0] == 1  # beyond the support: the end bins
+
+
+# ---- networks ------------------------------------------------------------------------
+
+
+def check_output(out, batch, support_size, num_actions, hidden_shape):
+    full = 2 * support_size + 1
+    assert out.value_logits.shape == (batch, full)
+    assert out.reward_logits.shape == (batch, full)
+    assert out.policy_logits.shape == (batch, num_actions)
+    assert out.hidden_state.shape == (batch, *hidden_shape)
+    hs = out.hidden_state
+    assert torch.isfinite(hs).all() and hs.min() >= 0 and hs.max() <= 1
+
+
+def test_fc_network_shapes_and_scaling():
+    torch.manual_seed(0)
+    net = make_network(NetworkConfig(kind="fc", encoding_size=16, hidden=[64], support_size=10), (4,), 2).eval()
+    obs = torch.randn(5, 4)
+    with torch.no_grad():
+        out = net.initial_inference(obs)
+        check_output(out, 5, 10, 2, (16,))
+        # Scaled per sample: every row spans exactly [0, 1].
+        assert torch.allclose(out.hidden_state.min(1).values, torch.zeros(5))
+        assert torch.allclose(out.hidden_state.max(1).values, torch.ones(5))
+        # The initial reward is the support of 0.
+        assert torch.equal(torch.softmax(out.reward_logits, 1), scalar_to_support(torch.zeros(5), 10))
+        assert torch.equal(support_to_scalar(out.reward_logits, 10), torch.zeros(5))
+        nxt = net.recurrent_inference(out.hidden_state, torch.tensor([0, 1, 1, 0, 1]))
+        check_output(nxt, 5, 10, 2, (16,))
+        # The action matters.
+        other = net.recurrent_inference(out.hidden_state, torch.tensor([1, 0, 0, 1, 0]))
+        assert not torch.allclose(nxt.hidden_state, other.hidden_state)
+
+
+def test_residual_network_shapes_and_scaling():
+    torch.manual_seed(0)
+    cfg = NetworkConfig(kind="residual", encoding_size=8, hidden=[16], blocks=1, support_size=5)
+    net = make_network(cfg, (3, 3, 3), 9).eval()
+    with torch.no_grad():
+        out = net.initial_inference(torch.randn(4, 3, 3, 3))
+        check_output(out, 4, 5, 9, (8, 3, 3))
+        nxt = net.recurrent_inference(out.hidden_state, torch.tensor([0, 4, 8, 2]))
+        check_output(nxt, 4, 5, 9, (8, 3, 3))
+        # muzero-general scales each (sample, channel) plane separately.
+        planes = nxt.hidden_state.flatten(2)
+        assert torch.allclose(planes.max(2).values, torch.ones(4, 8))
+
+
+@pytest.mark.parametrize("kind, obs_shape", [("fc", (4,)), ("residual", (2, 3, 3))])
+def test_stacked_observations_match_targets_layout(kind, obs_shape):
+    """The network's input is exactly what mpper.targets.stacked_observations builds."""
+    n_stack, num_actions = 3, 4
+    cfg = NetworkConfig(kind=kind, encoding_size=8, hidden=[16], blocks=1, support_size=5)
+    net = make_network(cfg, obs_shape, num_actions, stacked_observations=n_stack).eval()
+    channels = obs_shape[0]
+    assert net.observation_shape == stacked_shape(obs_shape, n_stack) == (channels + n_stack * (channels + 1), *obs_shape[1:])  # fmt: skip
+    rng = np.random.default_rng(0)
+    episode_obs = rng.normal(size=(10, *obs_shape)).astype(np.float32)
+    episode_act = rng.integers(0, num_actions, size=10)
+    slots = np.array([0, 2, 9])
+    stacked = stacked_observations(episode_obs, episode_act, slots, slots, n_stack, num_actions)
+    with torch.no_grad():
+        out = net.initial_inference(torch.from_numpy(stacked))
+    assert out.policy_logits.shape == (3, num_actions)
+
+
+@pytest.mark.parametrize("kind", ["fc", "residual"])
+def test_flat_weights_round_trip(kind):
+    torch.manual_seed(0)
+    cfg = NetworkConfig(kind=kind, encoding_size=8, hidden=[16], blocks=1, support_size=5)
+    net = make_network(cfg, (2, 3, 3), 5)
+    if kind == "residual":  # give BatchNorm non-trivial running statistics first
+        net.train()
+        with torch.no_grad():
+            net.initial_inference(torch.randn(8, 2, 3, 3))
+    net.eval()
+    obs = torch.randn(3, 2, 3, 3)
+    with torch.no_grad():
+        before = net.initial_inference(obs)
+    flat = net.get_flat_weights()
+    assert flat.dtype == np.float32 and flat.shape == (net.num_flat_weights(),)
+    n_params = sum(p.numel() for p in net.parameters())
+    assert flat.size >= n_params and (flat.size > n_params) == (kind == "residual")  # BN buffers included
+
+    net.set_flat_weights(flat + np.random.default_rng(0).normal(0, 0.05, flat.shape).astype(np.float32))
+    with torch.no_grad():
+        changed = net.initial_inference(obs)
+    assert not torch.allclose(changed.value_logits, before.value_logits)
+
+    net.set_flat_weights(flat)
+    with torch.no_grad():
+        after = net.initial_inference(obs)
+    for a, b in zip(after, before):
+        assert torch.equal(a, b)
+    assert np.array_equal(net.get_flat_weights(), flat)
+
+    # A copy of the architecture loads the same vector and computes the same outputs.
+    twin = make_network(cfg, (2, 3, 3), 5).eval()
+    twin.set_flat_weights(flat)
+    with torch.no_grad():
+        assert torch.equal(twin.initial_inference(obs).policy_logits, before.policy_logits)
+
+
+def test_errors():
+    net = make_network(NetworkConfig(), (4,), 2)
+    with pytest.raises(ValueError, match="expected a vector"):
+        net.set_flat_weights(np.zeros(3, np.float32))
+    with pytest.raises(ValueError, match="network.kind"):
+        make_network(NetworkConfig(kind="transformer"), (4,), 2)
+    with pytest.raises(ValueError, match=r"\(C, H, W\)"):
+        make_network(NetworkConfig(kind="residual"), (4,), 2)
+    assert isinstance(net, MuZeroNetwork)
