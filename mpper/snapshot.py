@@ -96,7 +96,7 @@ def save_snapshot(buf, path, extra: dict | None = None) -> None:
     tmp = path.parent / f".{path.name}.tmp-{token}"
     tmp.mkdir()
     try:
-        with buf._lock:
+        with buf._locked:
             meta = {name: buf._arrays["_" + name].copy() for name in _INTERNAL}
             leaves = buf._tree.leaves.copy()
         files = {}
