@@ -1,0 +1,49 @@
+"""Environment construction and the facts about it the buffer and networks need."""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+import gymnasium as gym
+import numpy as np
+
+from .config import EnvConfig
+
+__all__ = ["make_env", "EnvSpec", "env_spec"]
+
+
+def make_env(config: EnvConfig) -> gym.Env:
+    """A gymnasium env from a registered id or a ``"module:factory"`` callable.
+
+    ``max_episode_steps`` wraps it in a TimeLimit (a truncation, not a termination).
+    """
+    if ":" in config.id and config.id not in gym.envs.registry:
+        module, _, name = config.id.partition(":")
+        env = getattr(importlib.import_module(module), name)(**config.kwargs)
+        if config.max_episode_steps is not None:
+            env = gym.wrappers.TimeLimit(env, config.max_episode_steps)
+        return env
+    return gym.make(config.id, max_episode_steps=config.max_episode_steps, **config.kwargs)
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    observation_shape: tuple[int, ...]
+    observation_dtype: np.dtype
+    num_actions: int
+
+
+def env_spec(config: EnvConfig) -> EnvSpec:
+    """Observation shape/dtype and action count, from one env instance (then closed)."""
+    env = make_env(config)
+    try:
+        space = env.observation_space
+        if not isinstance(env.action_space, gym.spaces.Discrete):
+            raise ValueError(f"env {config.id!r}: mpper needs a Discrete action space, got {env.action_space}")
+        if not isinstance(space, gym.spaces.Box):
+            raise ValueError(f"env {config.id!r}: mpper needs a Box observation space, got {space}")
+        dtype = np.dtype(np.float32) if space.dtype.kind == "f" else space.dtype
+        return EnvSpec(tuple(space.shape), dtype, int(env.action_space.n))
+    finally:
+        env.close()
