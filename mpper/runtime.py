@@ -1,0 +1,353 @@
+"""The supervisor: one run of mpper from start to clean stop.
+
+The main process creates the shared replay buffer and weight store, spawns the
+processes (N self-play workers, one learner, one reanalyser, one evaluator), watches
+them, shows progress, writes ``metrics.jsonl`` and buffer snapshots, and stops
+everything on success, on error and on Ctrl-C / SIGTERM:
+
+    main ──creates──> ReplayBuffer (shm) + WeightStore (shm) + StopSignal + report queue
+      ├─ run_selfplay  x N   play K envs with batched MCTS, add episodes
+      ├─ run_learner         sample, train, update priorities, publish weights, checkpoint
+      ├─ run_reanalyser      refresh stored values with the latest weights
+      └─ run_evaluator       greedy episodes with the latest weights -> mean return
+
+Children only attach to shared memory; the supervisor owns and unlinks it. Children
+ignore SIGINT, so Ctrl-C reaches the supervisor alone, which sets the stop signal,
+joins every child, writes the final snapshot and unlinks the segments. A child whose
+supervisor was killed sees the stop signal set (its parent is gone) and exits.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import queue
+import sys
+import time
+import traceback
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from . import shm
+from .config import Config, config_to_dict
+from .envs import env_spec
+from .networks import make_network
+from .procs import StopSignal
+from .replay_buffer import ReplayBuffer
+from .schema import muzero_schema
+from .weights import WeightStore
+
+__all__ = ["train", "Supervisor"]
+
+_JOIN_TIMEOUT_S = 10.0
+
+
+def train(config: Config, run_dir: Path, resume: Path | None = None) -> int:
+    """Run training as ``config`` says; returns the process exit code."""
+    return Supervisor(config, Path(run_dir), resume).run()
+
+
+@dataclass
+class Child:
+    """A spawned process and how to start it again."""
+
+    name: str
+    target: object
+    args: tuple
+    process: mp.Process | None = None
+    restarts: int = 0
+    essential: bool = False  # its death stops the run (the learner)
+
+
+class Supervisor:
+    def __init__(self, config: Config, run_dir: Path, resume: Path | None = None) -> None:
+        self.config = config
+        self.run_dir = run_dir
+        self.resume = resume
+        self.ctx = mp.get_context("spawn")
+        self.children: dict[str, Child] = {}
+        self.buffer: ReplayBuffer | None = None
+        self.store: WeightStore | None = None
+        self.error: str | None = None
+        self.finished_reason = ""
+        self.started = time.monotonic()
+        # latest figures, for the progress bar and metrics.jsonl
+        self.learner: dict = {}
+        self.evaluation: dict = {}
+        self.reanalyse: dict = {}
+        self.recent_returns: deque = deque(maxlen=100)
+
+    # ---- lifecycle ------------------------------------------------------------------
+    def run(self) -> int:
+        code = 1
+        try:
+            self._start()
+            code = self._supervise()
+        except KeyboardInterrupt:
+            self.finished_reason = "interrupted (Ctrl-C)"
+            code = 130
+        except SystemExit as exc:  # SIGTERM, turned into SystemExit by mpper.shm
+            self.finished_reason = f"terminated (exit {exc.code})"
+            code = 143
+        finally:
+            self._shutdown()
+        if self.error:
+            print(f"mpper: run stopped: {self.error}", file=sys.stderr)
+        print(f"mpper: {self.finished_reason or 'stopped'}; run directory {self.run_dir}")
+        return code
+
+    def _start(self) -> None:
+        cfg = self.config
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "config.json").write_text(json.dumps(config_to_dict(cfg), indent=2) + "\n")
+        removed = shm.remove_stale_segments()
+        if removed:
+            print(f"mpper: removed {len(removed)} shared-memory segment(s) left by dead runs", file=sys.stderr)
+        spec = env_spec(cfg.env)
+        self.spec = spec
+        snapshot = self.run_dir / "buffer"
+        if self.resume is not None and snapshot.exists():
+            self.buffer = ReplayBuffer.load(snapshot)
+        else:
+            schema = muzero_schema(spec.observation_shape, spec.num_actions, spec.observation_dtype)
+            self.buffer = ReplayBuffer.create(
+                schema, cfg.replay.capacity, alpha=cfg.replay.alpha, priority_eps=cfg.replay.priority_eps,
+                initial_priority=cfg.replay.initial_priority, mp_context=self.ctx,
+            )  # fmt: skip
+        network = make_network(cfg.network, spec.observation_shape, spec.num_actions, cfg.training.stacked_observations)
+        self.store = WeightStore.create(network.num_flat_weights())
+        self.stop = StopSignal(self.ctx.Event())
+        self.reports = self.ctx.Queue()
+        self.rate = self._rate_limiter()
+        self._spawn_all()
+        self.metrics_file = open(self.run_dir / "metrics.jsonl", "a")
+
+    def _rate_limiter(self):
+        t = self.config.training
+        if t.samples_per_insert is None:
+            return None
+        from .rate import RateLimiter
+
+        return RateLimiter(t.samples_per_insert, t.samples_per_insert_tolerance, t.min_buffer_steps,
+                           t.batch_size, self.ctx)  # fmt: skip
+
+    def _spawn_all(self) -> None:
+        from .learner import run_learner
+        from .reanalyse import run_reanalyser
+        from .selfplay import run_evaluator, run_selfplay
+
+        cfg, buf_h, w_h = self.config, self.buffer.handle, self.store.handle
+        resume_ckpt = str(self.run_dir / "checkpoint.pt") if self.resume is not None else None
+        self._add(Child("learner", run_learner, (cfg, buf_h, w_h, self.stop, self.reports, str(self.run_dir),
+                                                 resume_ckpt, self.rate), essential=True))  # fmt: skip
+        for i in range(cfg.runtime.workers):
+            self._add(Child(f"worker-{i}", run_selfplay, (i, cfg, buf_h, w_h, self.stop, self.reports,
+                                                          self._seed(i), self.rate)))  # fmt: skip
+        if cfg.runtime.reanalyse:
+            self._add(Child("reanalyser", run_reanalyser, (cfg, buf_h, w_h, self.stop, self.reports)))
+        self._add(Child("evaluator", run_evaluator, (cfg, w_h, self.spec.observation_shape, self.spec.num_actions,
+                                                     self.stop, self.reports, cfg.runtime.seed + 999_983)))  # fmt: skip
+
+    def _seed(self, worker: int, restarts: int = 0) -> int:
+        return self.config.runtime.seed * 1_000_003 + worker * 7919 + restarts * 104_729
+
+    def _add(self, child: Child) -> None:
+        self.children[child.name] = child
+        self._launch(child)
+
+    def _launch(self, child: Child) -> None:
+        child.process = self.ctx.Process(target=child.target, args=child.args, name=f"mpper-{child.name}", daemon=False)
+        child.process.start()
+
+    # ---- supervision ----------------------------------------------------------------
+    def _supervise(self) -> int:
+        cfg = self.config.runtime
+        total = self.config.training.training_steps
+        tty = sys.stdout.isatty()
+        bar = tqdm(total=total, desc="train", unit="step", disable=not tty, dynamic_ncols=True)
+        last_log = last_snapshot = time.monotonic()
+        try:
+            while True:
+                self._drain_reports()
+                if self.error:
+                    return 1
+                exit_code = self._check_children()
+                if exit_code is not None:
+                    return exit_code
+                step = int(self.learner.get("training_step", 0))
+                bar.n = min(step, total)
+                bar.set_postfix_str(self._status(), refresh=False)
+                bar.refresh()
+                now = time.monotonic()
+                if now - last_log >= cfg.log_interval_s:
+                    last_log = now
+                    self._write_metrics()
+                    if not tty:
+                        print(f"[{now - self.started:7.1f}s] step {step}/{total} {self._status()}", flush=True)
+                interval = self.config.replay.snapshot_interval_s
+                if interval and now - last_snapshot >= interval:
+                    last_snapshot = now
+                    self._snapshot()
+                if cfg.time_limit_s is not None and now - self.started >= cfg.time_limit_s:
+                    self.finished_reason = f"time limit of {cfg.time_limit_s:g} s reached"
+                    return 0
+                solve = cfg.solve_return
+                if solve is not None and self.evaluation.get("mean_return", -np.inf) >= solve:
+                    self.finished_reason = (f"solved: mean greedy return {self.evaluation['mean_return']:.1f} "
+                                            f">= {solve:g} at training step {self.evaluation['training_step']}")  # fmt: skip
+                    return 0
+        finally:
+            self._write_metrics()
+            bar.close()
+
+    def _drain_reports(self) -> None:
+        deadline = time.monotonic() + 0.2
+        while True:
+            try:
+                kind, source, payload = self.reports.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                return
+            if kind == "metrics":
+                self.learner = payload
+            elif kind == "episode":
+                self.recent_returns.append(payload["return"])
+            elif kind == "eval":
+                self.evaluation = payload
+                self._write_metrics(event="evaluation")
+            elif kind == "reanalyse":
+                self.reanalyse = payload
+            elif kind == "error":
+                self._on_child_error(source, payload["traceback"])
+
+    def _on_child_error(self, name: str, tb: str) -> None:
+        print(f"mpper: {name} failed:\n{tb}", file=sys.stderr)
+        child = self.children.get(name)
+        if child is not None and child.essential:
+            self.error = f"{name} failed: {tb.strip().splitlines()[-1]}"
+
+    def _check_children(self) -> int | None:
+        """Restart dead workers (up to the limit); an exited learner ends the run."""
+        for child in list(self.children.values()):
+            proc = child.process
+            if proc.is_alive():
+                continue
+            proc.join()
+            code = proc.exitcode
+            if child.essential:
+                if code == 0:
+                    self.finished_reason = f"training finished ({self.config.training.training_steps} steps)"
+                    return 0
+                self.error = self.error or f"{child.name} died ({_describe_exit(code)})"
+                return 1
+            if code == 0 and self.stop.is_set():
+                continue
+            print(f"mpper: {child.name} died ({_describe_exit(code)})", file=sys.stderr)
+            if child.restarts >= self.config.runtime.max_worker_restarts:
+                self.error = (f"{child.name} died {child.restarts + 1} times "
+                              f"(max_worker_restarts={self.config.runtime.max_worker_restarts})")  # fmt: skip
+                return 1
+            child.restarts += 1
+            if child.name.startswith("worker-"):  # a fresh seed, so it does not replay the crash
+                i = int(child.name.split("-")[1])
+                args = list(child.args)
+                args[6] = self._seed(i, child.restarts)
+                child.args = tuple(args)
+            print(f"mpper: restarting {child.name} ({child.restarts}/{self.config.runtime.max_worker_restarts})",
+                  file=sys.stderr)  # fmt: skip
+            self._launch(child)
+        return None
+
+    def _status(self) -> str:
+        c = self.buffer.counters
+        elapsed = max(time.monotonic() - self.started, 1e-9)
+        parts = [
+            f"games {c['games']}",
+            f"env {c['steps'] / elapsed:.0f}/s",
+            f"train {self.learner.get('steps_per_s', 0.0):.1f}/s",
+            f"buffer {len(self.buffer) / self.buffer.capacity:.0%}",
+            f"eval {self.evaluation.get('mean_return', float('nan')):.1f}",
+            f"loss {self.learner.get('total_loss', float('nan')):.3f}",
+            f"reanalysed {c['reanalysed_episodes']}",
+        ]
+        return " | ".join(parts)
+
+    def _write_metrics(self, event: str = "progress") -> None:
+        if not hasattr(self, "metrics_file") or self.metrics_file.closed:
+            return
+        c = self.buffer.counters
+        record = {
+            "event": event,
+            "time_s": round(time.monotonic() - self.started, 3),
+            "env_steps": c["steps"],
+            "games": c["games"],
+            "buffer_positions": len(self.buffer),
+            "mean_selfplay_return": float(np.mean(self.recent_returns)) if self.recent_returns else None,
+            "counters": c,
+            "learner": self.learner,
+            "evaluation": self.evaluation,
+            "reanalyse": self.reanalyse,
+        }
+        self.metrics_file.write(json.dumps(record) + "\n")
+        self.metrics_file.flush()
+
+    def _snapshot(self) -> None:
+        t0 = time.monotonic()
+        self.buffer.save(self.run_dir / "buffer", extra={"config": config_to_dict(self.config)})
+        print(f"mpper: buffer snapshot written in {time.monotonic() - t0:.1f} s", file=sys.stderr)
+
+    # ---- stopping -------------------------------------------------------------------
+    def _shutdown(self) -> None:
+        """Stop every child, join it, final snapshot, unlink shared memory. Runs on
+        success, error, Ctrl-C and SIGTERM; each step is guarded so the next still runs."""
+        if hasattr(self, "stop"):
+            self.stop.set()
+        deadline = time.monotonic() + _JOIN_TIMEOUT_S
+        for child in self.children.values():
+            proc = child.process
+            if proc is not None:
+                proc.join(max(0.1, deadline - time.monotonic()))
+        for child in self.children.values():
+            proc = child.process
+            if proc is not None and proc.is_alive():
+                print(f"mpper: {child.name} did not stop in time; terminating it", file=sys.stderr)
+                proc.terminate()
+                proc.join(3)
+                if proc.is_alive():
+                    proc.kill()
+                    proc.join()
+        if hasattr(self, "reports"):
+            try:
+                self._drain_reports()
+            except Exception:
+                pass
+        if self.buffer is not None:
+            try:
+                self._snapshot()
+            except BaseException:  # a second Ctrl-C cuts the snapshot short; the previous one stays whole
+                print(f"mpper: final snapshot not written:\n{traceback.format_exc()}", file=sys.stderr)
+        if hasattr(self, "metrics_file"):
+            self._write_metrics(event="end")
+            self.metrics_file.close()
+        for obj in (self.buffer, self.store):
+            if obj is not None:
+                obj.close()
+        if hasattr(self, "reports"):
+            self.reports.close()
+            self.reports.join_thread()
+
+
+def _describe_exit(code: int | None) -> str:
+    if code is None:
+        return "still running"
+    if code < 0:
+        import signal
+
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"

@@ -1,0 +1,262 @@
+"""Self-play: K environments played together with one batched MCTS per move.
+
+``BatchedPlayer`` is the game loop shared by the self-play workers (exploration noise,
+visit-count temperature, episodes stored in the replay buffer) and the evaluator
+(greedy, no noise, episodes only scored). ``run_selfplay`` and ``run_evaluator`` are
+the process entry points the supervisor spawns.
+
+Two-player and masked environments report, in ``info`` at reset and after each step,
+``to_play`` (0 or 1) and ``action_mask`` (bool per action); other environments have
+one player and every action legal.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from .config import Config
+from .envs import make_env
+from .mcts import BatchedMCTS, select_action, temperature_at
+from .networks import make_network
+from .procs import child_init, report_error
+from .targets import MuZeroTargets, stacked_observations
+
+__all__ = ["BatchedPlayer", "Episode", "initial_priorities", "run_selfplay", "run_evaluator"]
+
+
+@dataclass
+class Episode:
+    """One game in muzero-general's GameHistory layout: T moves, T + 1 rows."""
+
+    observation: list = field(default_factory=list)  # o_0 .. o_T
+    action: list = field(default_factory=lambda: [0])  # a_{i-1} on row i (row 0: 0)
+    reward: list = field(default_factory=lambda: [0.0])  # r_i on row i (row 0: 0)
+    to_play: list = field(default_factory=list)
+    root_value: list = field(default_factory=list)  # search value at o_i, i < T
+    child_visits: list = field(default_factory=list)  # visit distribution at o_i, i < T
+    terminated: bool = False
+
+    @property
+    def moves(self) -> int:
+        return len(self.root_value)
+
+    @property
+    def total_reward(self) -> float:
+        return float(sum(self.reward))
+
+    def arrays(self, num_actions: int) -> dict[str, np.ndarray]:
+        """Rows for ``ReplayBuffer.add_episode`` (final row's search fields are 0)."""
+        return {
+            "observation": np.stack(self.observation).astype(np.float32, copy=False),
+            "action": np.asarray(self.action, np.int64),
+            "reward": np.asarray(self.reward, np.float32),
+            "to_play": np.asarray(self.to_play, np.int8),
+            "root_value": np.asarray(self.root_value + [0.0], np.float32),
+            "child_visits": np.vstack(self.child_visits + [np.zeros(num_actions)]).astype(np.float32),
+        }
+
+
+def initial_priorities(arrays: dict[str, np.ndarray], td_steps: int, discount: float) -> np.ndarray:
+    """muzero-general's initial priorities, |root value - n-step value target| (raw; the
+    buffer applies alpha), for the T positions of one episode.
+
+    The episode's own rows serve as a tiny ring, so the targets come from the very
+    kernel the learner's batches use.
+    """
+    moves = arrays["root_value"].shape[0] - 1
+    slots = np.arange(moves, dtype=np.int64)
+    targets = MuZeroTargets(0, td_steps, discount, arrays["child_visits"].shape[1])
+    no_random_actions = np.random.default_rng(0)  # unroll 0: no step past the end
+    value = targets.build(arrays, slots, slots, np.full(moves, moves), np.zeros(moves, bool), no_random_actions)
+    return np.abs(arrays["root_value"][:moves].astype(np.float64) - value["target_value"][:, 0])
+
+
+class BatchedPlayer:
+    """Steps K environments with one batched search per move.
+
+    Args:
+        config: the run config (mcts, training.stacked_observations).
+        envs: K gymnasium environments.
+        network: a MuZeroNetwork on the CPU, in eval mode.
+        explore: Dirichlet root noise and visit-count temperature (self-play); without
+            it, no noise and the most visited action (evaluation).
+        seed: seeds the first reset of env k with ``seed + k``.
+    """
+
+    def __init__(self, config: Config, envs: list, network, explore: bool, seed: int) -> None:
+        self.envs = envs
+        self.network = network
+        self.explore = explore
+        self.num_actions = int(envs[0].action_space.n)
+        self.stacked = config.training.stacked_observations
+        self.mcts = BatchedMCTS(self.num_actions, config.mcts, config.network.support_size,
+                                two_player=_two_player(envs[0]))  # fmt: skip
+        self.rng = np.random.default_rng(seed)
+        self.legal = [np.ones(self.num_actions, bool)] * len(envs)  # set by _reset
+        self.episodes = [self._reset(k, seed + k) for k in range(len(envs))]
+
+    def _reset(self, k: int, seed: int | None = None) -> Episode:
+        obs, info = self.envs[k].reset(seed=seed)
+        ep = Episode()
+        ep.observation.append(np.asarray(obs, np.float32))
+        ep.to_play.append(int(info.get("to_play", 0)))
+        self.legal[k] = _legal(info, self.num_actions)
+        return ep
+
+    def _network_input(self, ep: Episode) -> np.ndarray:
+        if self.stacked == 0:
+            return ep.observation[-1]
+        t = len(ep.observation) - 1
+        obs = np.stack(ep.observation)
+        act = np.asarray(ep.action, np.int64)
+        one = np.array([t])
+        return stacked_observations(obs, act, one, one, self.stacked, self.num_actions)[0]
+
+    def step(self, temperature: float = 0.0) -> list[Episode]:
+        """Search, act and step every env once; returns the episodes that just ended
+        (their envs are reset and play on)."""
+        observations = np.stack([self._network_input(ep) for ep in self.episodes])
+        legal = np.stack(self.legal)
+        to_play = np.array([ep.to_play[-1] for ep in self.episodes])
+        result = self.mcts.run(self.network, observations, legal, to_play, self.explore, self.rng)
+        actions = select_action(result.visit_counts, temperature if self.explore else 0.0, self.rng)
+        finished = []
+        for k, (env, ep) in enumerate(zip(self.envs, self.episodes)):
+            ep.root_value.append(float(result.root_values[k]))
+            ep.child_visits.append(result.child_visits[k])
+            obs, reward, terminated, truncated, info = env.step(int(actions[k]))
+            ep.observation.append(np.asarray(obs, np.float32))
+            ep.action.append(int(actions[k]))
+            ep.reward.append(float(reward))
+            ep.to_play.append(int(info.get("to_play", 0)))
+            self.legal[k] = _legal(info, self.num_actions)
+            if terminated or truncated:
+                ep.terminated = bool(terminated)
+                finished.append(ep)
+                self.episodes[k] = self._reset(k)
+        return finished
+
+
+def _legal(info: dict, num_actions: int) -> np.ndarray:
+    mask = info.get("action_mask")
+    return np.ones(num_actions, bool) if mask is None else np.asarray(mask, bool)
+
+
+def _two_player(env) -> bool:
+    return bool(getattr(env.unwrapped, "two_player", False))
+
+
+class _Weights:
+    """A network kept in step with the weight store (copies only on a new version)."""
+
+    def __init__(self, config: Config, store, observation_shape, num_actions) -> None:
+        self.store = store
+        self.network = make_network(config.network, observation_shape, num_actions,
+                                    config.training.stacked_observations).eval()  # fmt: skip
+        self.flat = np.empty(self.network.num_flat_weights(), np.float32)
+        self.version = 0
+        self.training_step = 0
+
+    def refresh(self) -> bool:
+        if self.store.version == self.version:
+            return False
+        self.version, self.training_step = self.store.read_into(self.flat)
+        self.network.set_flat_weights(self.flat)
+        return True
+
+    def wait_first(self, stop) -> bool:
+        """Block until the learner published once (False if stopped first)."""
+        while self.store.version == 0:
+            if stop.wait(0.05):
+                return False
+        return self.refresh() or True
+
+
+def run_selfplay(worker_id: int, config: Config, buffer_handle, weight_handle, stop, reports, seed: int,
+                 rate=None) -> None:  # fmt: skip
+    """Self-play worker process: play, store whole episodes, report their returns."""
+    from .replay_buffer import ReplayBuffer
+    from .weights import WeightStore
+
+    name = f"worker-{worker_id}"
+    child_init(config.runtime.torch_threads)
+    buf = store = None
+    try:
+        buf = ReplayBuffer.attach(buffer_handle)
+        store = WeightStore.attach(weight_handle)
+        torch.manual_seed(seed)
+        envs = [make_env(config.env) for _ in range(config.runtime.envs_per_worker)]
+        obs_shape = buf.fields["observation"].shape[1:]
+        weights = _Weights(config, store, obs_shape, int(envs[0].action_space.n))
+        if not weights.wait_first(stop):
+            return
+        player = BatchedPlayer(config, envs, weights.network, explore=True, seed=seed)
+        total_steps = config.training.training_steps
+        cfg = config.training
+        while not stop.is_set():
+            weights.refresh()
+            temperature = temperature_at(config.mcts.temperature_schedule, weights.training_step / total_steps)
+            for ep in player.step(temperature):
+                arrays = ep.arrays(player.num_actions)
+                priorities = initial_priorities(arrays, cfg.td_steps, config.mcts.discount)
+                if rate is not None:
+                    rate.wait_to_insert(lambda: buf.counters["steps"], lambda: buf.counters["samples"], stop)
+                buf.add_episode(arrays, priorities=priorities, terminated=ep.terminated)
+                if rate is not None:
+                    rate.notify()
+                reports.put(("episode", name, {"return": ep.total_reward, "length": ep.moves,
+                                               "weights_version": weights.version}))  # fmt: skip
+    except BaseException:
+        report_error(reports, name)
+        raise
+    finally:
+        for obj in (buf, store):
+            if obj is not None:
+                obj.close()
+
+
+def run_evaluator(config: Config, weight_handle, observation_shape, num_actions: int, stop, reports,
+                  seed: int) -> None:  # fmt: skip
+    """Evaluator process: every ``evaluation_interval_s``, play ``evaluation_episodes``
+    greedy episodes (search without noise, most visited action) with the latest weights
+    and report their mean return."""
+    from .weights import WeightStore
+
+    name = "evaluator"
+    child_init(config.runtime.torch_threads)
+    store = None
+    try:
+        store = WeightStore.attach(weight_handle)
+        weights = _Weights(config, store, observation_shape, num_actions)
+        if not weights.wait_first(stop):
+            return
+        count = config.runtime.evaluation_episodes
+        envs = [make_env(config.env) for _ in range(count)]
+        round_ = 0
+        while not stop.is_set():
+            started = time.monotonic()
+            weights.refresh()
+            player = BatchedPlayer(config, envs, weights.network, explore=False, seed=seed + 10_000 * round_)
+            returns: dict[int, float] = {}
+            while len(returns) < count and not stop.is_set():
+                # each env's first finished episode counts; finished envs keep playing
+                before = [id(ep) for ep in player.episodes]
+                for ep in player.step():
+                    k = before.index(id(ep))
+                    returns.setdefault(k, ep.total_reward)
+            if len(returns) == count:
+                values = [returns[k] for k in range(count)]
+                reports.put(("eval", name, {"training_step": weights.training_step, "mean_return": float(np.mean(values)),
+                                            "returns": values, "weights_version": weights.version}))  # fmt: skip
+            round_ += 1
+            stop.wait(max(0.0, config.runtime.evaluation_interval_s - (time.monotonic() - started)))
+    except BaseException:
+        report_error(reports, name)
+        raise
+    finally:
+        if store is not None:
+            store.close()

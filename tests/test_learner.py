@@ -1,0 +1,477 @@
+"""The learner: the MuZero update, checkpoints, and the learner process.
+
+Everything runs on the CPU with a small fully connected network and a real
+``ReplayBuffer`` (muzero_schema, observations (4,), 2 actions) filled with random
+episodes; batches come from ``buffer.sample(..., MuZeroTargets(...))``.
+"""
+
+from __future__ import annotations
+
+import copy
+import multiprocessing as mp
+import os
+import queue
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+from conftest import make_episode
+
+from mpper import MuZeroTargets, ReplayBuffer, muzero_schema
+from mpper.config import Config, NetworkConfig, ReplayConfig, RuntimeConfig, TrainingConfig
+from mpper.learner import (
+    CheckpointError,
+    MuZeroTrainer,
+    load_checkpoint,
+    run_learner,
+    save_checkpoint,
+    scale_gradient,
+)
+from mpper.networks import make_network, support_to_scalar
+from mpper.replay_buffer import Batch
+from mpper.weights import WeightStore
+
+pytestmark = pytest.mark.timeout(60)
+
+OBS, ACTIONS, K = (4,), 2, 3
+
+
+def small_config(**training) -> Config:
+    base = dict(
+        training_steps=6, batch_size=16, num_unroll_steps=K, td_steps=5, value_loss_weight=0.25,
+        optimizer="adam", lr_init=0.01, lr_decay_rate=1.0, lr_decay_steps=100, weight_decay=1e-4,
+        checkpoint_interval=2, min_buffer_steps=16,
+    )  # fmt: skip
+    base.update(training)
+    return Config(
+        network=NetworkConfig(kind="fc", encoding_size=8, hidden=[16], support_size=5),
+        replay=ReplayConfig(capacity=512, alpha=0.6, beta=0.4),
+        training=TrainingConfig(**base),
+        runtime=RuntimeConfig(device="cpu", torch_threads=1, checkpoint_interval_s=3600.0, seed=0),
+    )
+
+
+def make_trainer(config: Config, seed: int = 0) -> MuZeroTrainer:
+    torch.manual_seed(seed)
+    net = make_network(config.network, OBS, ACTIONS, config.training.stacked_observations)
+    return MuZeroTrainer(config, net, torch.device("cpu"))
+
+
+def fill(buf: ReplayBuffer, episodes: int = 12, seed: int = 0) -> None:
+    rng = np.random.default_rng(seed)
+    for _ in range(episodes):
+        buf.add_episode(make_episode(rng, int(rng.integers(5, 30)), OBS, ACTIONS))
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    # Tiny networks on a shared 2-core machine: a second intra-op thread only thrashes
+    # (and run_learner sets the thread count of the calling process; put it back).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def buffer():
+    buf = ReplayBuffer.create(muzero_schema(OBS, ACTIONS), capacity=512, alpha=0.6)
+    try:
+        fill(buf)
+        yield buf
+    finally:
+        buf.close()
+
+
+def sample(buf: ReplayBuffer, config: Config, batch_size: int = 16, seed: int = 0) -> Batch:
+    t = config.training
+    targets = MuZeroTargets(t.num_unroll_steps, t.td_steps, 0.997, ACTIONS, t.stacked_observations)
+    return buf.sample(batch_size, 0.4, targets, np.random.default_rng(seed))
+
+
+def subset(batch: Batch, rows: np.ndarray) -> Batch:
+    return Batch(batch.indices[rows], batch.generations[rows], batch.weights[rows], batch.probabilities[rows],
+                 {k: v[rows] for k, v in batch.data.items()})  # fmt: skip
+
+
+def flat(trainer: MuZeroTrainer) -> torch.Tensor:
+    return torch.cat([p.detach().reshape(-1).clone() for p in trainer.network.parameters()])
+
+
+# --------------------------------------------------------------------------------------
+# The update
+# --------------------------------------------------------------------------------------
+
+
+def test_scale_gradient_keeps_value_and_scales_gradient():
+    x = torch.tensor([1.0, -2.0, 3.0], requires_grad=True)
+    y = scale_gradient(x, 0.5)
+    assert torch.equal(y, x)
+    (y * torch.tensor([1.0, 2.0, 3.0])).sum().backward()
+    assert torch.allclose(x.grad, torch.tensor([0.5, 1.0, 1.5]))
+
+
+def test_loss_falls_on_a_fixed_batch(buffer):
+    config = small_config()
+    trainer = make_trainer(config)
+    batch = sample(buffer, config)
+    losses = []
+    for _ in range(30):
+        metrics, _ = trainer.train_step(batch)
+        losses.append(metrics["total_loss"])
+    assert all(np.isfinite(losses))
+    assert losses[-1] < 0.6 * losses[0], losses
+    m = metrics
+    assert m["training_step"] == 30
+    assert m["total_loss"] == pytest.approx(0.25 * m["value_loss"] + m["reward_loss"] + m["policy_loss"], rel=1e-5)
+
+
+def test_priorities_are_root_value_errors(buffer):
+    config = small_config()
+    trainer = make_trainer(config)
+    batch = sample(buffer, config)
+    before = copy.deepcopy(trainer.network)  # the priorities come from the pre-update forward pass
+    _, priorities = trainer.train_step(batch)
+    with torch.no_grad():
+        out = before.initial_inference(torch.from_numpy(batch.data["observation"]))
+        predicted = support_to_scalar(out.value_logits, config.network.support_size).numpy().astype(np.float64)
+    expected = np.abs(predicted - batch.data["target_value"][:, 0].astype(np.float64))
+    assert priorities.shape == (16,) and priorities.dtype == np.float64
+    np.testing.assert_allclose(priorities, expected, rtol=1e-5, atol=1e-6)
+    # and they go back into the tree: the sampled leaves change to (p + eps) ** alpha
+    buffer.update_priorities(batch.indices, batch.generations, priorities)
+    np.testing.assert_allclose(buffer.priorities(batch.indices[-1:]), (priorities[-1:] + 1e-6) ** 0.6, rtol=1e-9)
+
+
+def test_importance_weights_weight_each_sample(buffer):
+    # Plain SGD (no momentum, no weight decay): the step is -lr * gradient, so weight
+    # changes compare gradients. A row with IS weight 0 must contribute nothing: the
+    # batch with it gives the gradient of the batch without it, times (B - 1) / B (the
+    # mean's denominator).
+    config = small_config(optimizer="sgd", momentum=0.0, weight_decay=0.0, lr_init=0.1)
+    batch = sample(buffer, config, batch_size=8)
+    weighted = copy.deepcopy(batch)
+    weighted.weights = np.ones(8, np.float32)
+    weighted.weights[3] = 0.0
+    rest = subset(weighted, np.array([0, 1, 2, 4, 5, 6, 7]))
+    a, b, c = make_trainer(config), make_trainer(config), make_trainer(config)
+    start = flat(a)
+    a.train_step(weighted)
+    b.train_step(rest)
+    weighted.weights[3] = 1.0
+    c.train_step(weighted)
+    delta_a, delta_b, delta_c = flat(a) - start, flat(b) - start, flat(c) - start
+    torch.testing.assert_close(delta_a * 8 / 7, delta_b, rtol=1e-4, atol=1e-7)
+    assert not torch.allclose(delta_c * 8 / 7, delta_b, rtol=1e-3, atol=1e-6)  # row 3 does matter at weight 1
+
+
+def reference_gradient(net, batch: Batch, value_loss_weight: float, support: int) -> torch.Tensor:
+    """The loss written the muzero-general way, with ``register_hook``: gradient halved
+    where it enters each dynamics step, each unrolled step's loss gradient divided by
+    ``gradient_scale``, no reward loss at step 0, IS-weighted mean. Returns the flat
+    gradient of all parameters."""
+    from mpper.networks import scalar_to_support
+
+    d = {k: torch.from_numpy(v) for k, v in batch.data.items()}
+    w = torch.from_numpy(batch.weights)
+
+    def ce(logits, target):
+        return (-target * torch.nn.LogSoftmax(dim=1)(logits)).sum(1)
+
+    def two_hot(x):
+        return scalar_to_support(x.reshape(-1), support).view(x.shape[0], x.shape[1], -1)
+
+    tv, tr, tp, gs = two_hot(d["target_value"]), two_hot(d["target_reward"]), d["target_policy"], d["gradient_scale"]
+    out = net.initial_inference(d["observation"])
+    value_loss = ce(out.value_logits, tv[:, 0])
+    policy_loss = ce(out.policy_logits, tp[:, 0])
+    reward_loss = 0
+    hidden = out.hidden_state
+    for k in range(1, d["actions"].shape[1]):
+        start = hidden * 1.0  # a node of its own, so the hook acts on this edge only
+        start.register_hook(lambda g: g * 0.5)
+        out = net.recurrent_inference(start, d["actions"][:, k])
+        hidden = out.hidden_state
+        losses = ce(out.value_logits, tv[:, k]), ce(out.reward_logits, tr[:, k]), ce(out.policy_logits, tp[:, k])
+        for loss in losses:
+            loss.register_hook(lambda g, s=gs[:, k]: g / s)
+        value_loss = value_loss + losses[0]
+        reward_loss = reward_loss + losses[1]
+        policy_loss = policy_loss + losses[2]
+    total = ((value_loss * value_loss_weight + reward_loss + policy_loss) * w).mean()
+    net.zero_grad()
+    total.backward()
+    return torch.cat([p.grad.reshape(-1) for p in net.parameters()])
+
+
+def test_gradient_matches_the_muzero_general_loss(buffer):
+    # SGD with lr 1, no momentum, no weight decay: the update is minus the gradient.
+    config = small_config(optimizer="sgd", momentum=0.0, weight_decay=0.0, lr_init=1.0)
+    batch = sample(buffer, config, batch_size=16)
+    batch.weights = np.random.default_rng(0).uniform(0.2, 1.0, 16).astype(np.float32)
+    trainer = make_trainer(config)
+    expected = reference_gradient(copy.deepcopy(trainer.network), batch, 0.25, config.network.support_size)
+    start = flat(trainer)
+    trainer.train_step(batch)
+    torch.testing.assert_close(start - flat(trainer), expected, rtol=1e-4, atol=1e-6)
+
+
+def test_non_finite_loss_raises_and_changes_nothing(buffer):
+    config = small_config()
+    trainer = make_trainer(config)
+    trainer.train_step(sample(buffer, config, seed=1))  # so that the optimizer has state
+    weights, opt_state = flat(trainer), copy.deepcopy(trainer.optimizer.state_dict())
+    bad = sample(buffer, config, seed=2)
+    bad.data["observation"][5] = np.nan
+    with pytest.raises(FloatingPointError, match="non-finite loss at training step 1"):
+        trainer.train_step(bad)
+    assert torch.equal(flat(trainer), weights)
+    assert trainer.training_step == 1
+    state = trainer.optimizer.state_dict()["state"]
+    for key, value in opt_state["state"].items():
+        for name, tensor in value.items():
+            assert torch.equal(state[key][name], tensor), (key, name)
+
+
+def test_learning_rate_follows_the_schedule(buffer):
+    config = small_config(lr_init=0.1, lr_decay_rate=0.5, lr_decay_steps=2)
+    trainer = make_trainer(config)
+    batch = sample(buffer, config)
+    lrs = [trainer.train_step(batch)[0]["lr"] for _ in range(5)]
+    np.testing.assert_allclose(lrs, [0.1 * 0.5 ** (s / 2) for s in range(5)], rtol=1e-12)
+    assert trainer.optimizer.param_groups[0]["lr"] == lrs[-1]
+
+
+def test_grad_clip_bounds_the_step(buffer):
+    # SGD without momentum: with clipping at c the update's norm is at most lr * c.
+    config = small_config(optimizer="sgd", momentum=0.0, weight_decay=0.0, lr_init=1.0, grad_clip=1e-3)
+    trainer = make_trainer(config)
+    start = flat(trainer)
+    metrics, _ = trainer.train_step(sample(buffer, config))
+    assert metrics["grad_norm"] > 1e-3  # it was clipped
+    assert torch.linalg.vector_norm(flat(trainer) - start) <= 1e-3 * (1 + 1e-4)
+
+
+# --------------------------------------------------------------------------------------
+# Checkpoints
+# --------------------------------------------------------------------------------------
+
+
+def test_checkpoint_round_trip(buffer, tmp_path):
+    config = small_config()
+    trainer = make_trainer(config, seed=0)
+    for seed in range(3):
+        trainer.train_step(sample(buffer, config, seed=seed))
+    path = tmp_path / "run" / "checkpoint.pt"
+    save_checkpoint(path, trainer, {"note": "x", "numbers": [1, 2.5, None]})
+    assert os.listdir(path.parent) == ["checkpoint.pt"]  # no temporary file left
+
+    state = torch.load(path, weights_only=True)  # the plain safe loader reads it
+    assert state["training_step"] == 3 and state["extra"] == {"note": "x", "numbers": [1, 2.5, None]}
+
+    other = make_trainer(config, seed=1)
+    other.load_state_dict(load_checkpoint(path))
+    assert other.training_step == 3
+    obs = torch.from_numpy(sample(buffer, config, seed=9).data["observation"])
+    with torch.no_grad():
+        for x, y in zip(trainer.network.initial_inference(obs), other.network.initial_inference(obs), strict=True):
+            assert torch.equal(x, y)
+    saved, loaded = trainer.optimizer.state_dict(), other.optimizer.state_dict()
+    assert saved["param_groups"] == loaded["param_groups"]
+    for key, value in saved["state"].items():
+        for name, tensor in value.items():
+            assert torch.equal(loaded["state"][key][name], tensor)
+    # the same next step: the optimizer's moments were restored, not restarted
+    batch = sample(buffer, config, seed=4)
+    m1, p1 = trainer.train_step(batch)
+    m2, p2 = other.train_step(batch)
+    assert torch.equal(flat(trainer), flat(other))
+    assert m1 == m2 and np.array_equal(p1, p2)
+
+
+class _Payload:
+    """Unpickling this would run ``touch(path)``: a checkpoint must never do that."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def test_checkpoint_errors_name_the_file(tmp_path):
+    missing = tmp_path / "nope.pt"
+    with pytest.raises(FileNotFoundError, match=str(missing)):
+        load_checkpoint(missing)
+
+    evil = tmp_path / "evil.pt"
+    marker = tmp_path / "was_run"
+    torch.save({"network": {}, "x": _Payload(str(marker))}, evil)
+    with pytest.raises(CheckpointError, match=str(evil)):
+        load_checkpoint(evil)
+    assert not marker.exists()
+
+    garbage = tmp_path / "garbage.pt"
+    garbage.write_bytes(b"not a checkpoint at all")
+    with pytest.raises(CheckpointError, match=str(garbage)):
+        load_checkpoint(garbage)
+
+
+# --------------------------------------------------------------------------------------
+# The learner process
+# --------------------------------------------------------------------------------------
+
+
+def _drain(q, timeout: float = 0.0) -> list:
+    out = []
+    while True:
+        try:
+            out.append(q.get(timeout=timeout))
+        except queue.Empty:
+            return out
+
+
+def _store_for(config: Config) -> WeightStore:
+    net = make_network(config.network, OBS, ACTIONS, config.training.stacked_observations)
+    return WeightStore.create(net.num_flat_weights())
+
+
+def test_run_learner_in_a_spawned_process(buffer, tmp_path):
+    ctx = mp.get_context("spawn")
+    config = small_config(training_steps=6, batch_size=8, min_buffer_steps=8, checkpoint_interval=2)
+    store = _store_for(config)
+    try:
+        leaves_before = buffer.priorities(np.arange(buffer.capacity)).copy()
+        stop, reports = ctx.Event(), ctx.Queue()
+        proc = ctx.Process(target=run_learner, args=(config, buffer.handle, store.handle, stop, reports,
+                                                     str(tmp_path), None, None))  # fmt: skip
+        proc.start()
+        messages = []
+        while proc.is_alive():
+            messages += _drain(reports, timeout=0.2)
+        proc.join(30)
+        messages += _drain(reports, timeout=0.2)
+        assert proc.exitcode == 0, messages
+
+        assert [m for m in messages if m[0] == "error"] == []
+        metrics = [m[2] for m in messages if m[:2] == ("metrics", "learner")]
+        final = metrics[-1]
+        assert final["training_step"] == 6 and final["state"] == "done"
+        for key in ("total_loss", "value_loss", "reward_loss", "policy_loss", "lr", "steps_per_s", "wait_fraction"):
+            assert np.isfinite(final[key]), key
+        assert final["priority_updates_applied"] + final["priority_updates_dropped"] == 6 * 8
+        # version 1 at start, then at steps 2, 4 and 6
+        assert store.version == 4 and store.training_step == 6
+        assert buffer.counters["priority_updates_applied"] == 6 * 8
+        assert not np.array_equal(buffer.priorities(np.arange(buffer.capacity)), leaves_before)
+
+        ckpt = load_checkpoint(tmp_path / "checkpoint.pt")
+        assert ckpt["training_step"] == 6 and ckpt["extra"]["weights_version"] == 4
+        # the published weights are the checkpoint's
+        net = make_network(config.network, OBS, ACTIONS)
+        net.load_state_dict(ckpt["network"])
+        published = np.empty(store.handle.num_weights, np.float32)
+        store.read_into(published)
+        np.testing.assert_array_equal(published, net.get_flat_weights())
+    finally:
+        store.close()
+
+
+class _CountingRate:
+    def __init__(self):
+        self.calls = 0
+
+    def wait_to_sample(self, stop) -> None:
+        self.calls += 1
+
+
+def test_run_learner_resumes_and_uses_the_rate_limiter(buffer, tmp_path):
+    # In-process (threads and a plain queue) to keep it fast; the spawned test above
+    # covers the process boundary.
+    config = small_config(training_steps=3, batch_size=8, min_buffer_steps=8, checkpoint_interval=10)
+    store = _store_for(config)
+    try:
+        reports, rate = queue.Queue(), _CountingRate()
+        run_learner(config, buffer.handle, store.handle, threading.Event(), reports, str(tmp_path), None, rate)
+        assert rate.calls == 3
+        assert store.version == 2  # initial, then the final weights (step 3 is not a multiple of 10)
+        first = load_checkpoint(tmp_path / "checkpoint.pt")
+        assert first["training_step"] == 3
+
+        config.training.training_steps = 5
+        run_learner(config, buffer.handle, store.handle, threading.Event(), reports, str(tmp_path),
+                    str(tmp_path / "checkpoint.pt"), rate)  # fmt: skip
+        assert rate.calls == 5  # only the 2 missing steps ran
+        resumed = load_checkpoint(tmp_path / "checkpoint.pt")
+        assert resumed["training_step"] == 5
+        assert store.version == 4 and store.training_step == 5  # resumed weights, then the final ones
+        final = [m for m in _drain(reports) if m[0] == "metrics"][-1][2]
+        assert final["training_step"] == 5 and final["state"] == "done"
+    finally:
+        store.close()
+
+
+def test_run_learner_is_held_by_the_real_rate_limiter(buffer, tmp_path):
+    # mpper.rate.RateLimiter with tolerance 0: sampling waits while samples + B > r * I.
+    # With r = 3.5 B / I the learner may take exactly 3 batches, then it blocks (no
+    # self-play inserts anything) until stop.
+    from mpper.rate import RateLimiter
+
+    config = small_config(training_steps=50, batch_size=8, min_buffer_steps=8)
+    inserted = buffer.counters["steps"]
+    rate = RateLimiter(3.5 * 8 / inserted, 0.0, 8, 8, mp.get_context("spawn"), poll_s=0.05)
+    store = _store_for(config)
+    try:
+        stop, reports = threading.Event(), queue.Queue()
+        timer = threading.Timer(1.0, stop.set)
+        timer.start()
+        cpu = time.process_time()
+        run_learner(config, buffer.handle, store.handle, stop, reports, str(tmp_path), None, rate)
+        cpu = time.process_time() - cpu
+        timer.join()
+        final = [m for m in _drain(reports) if m[0] == "metrics"][-1][2]
+        assert final["training_step"] == 3 and final["state"] == "done"
+        assert buffer.counters["samples"] == 3 * 8
+        assert final["wait_fraction"] > 0.5
+        assert cpu < 0.5, cpu  # about 1 s blocked on the limiter: it slept, it did not spin
+    finally:
+        store.close()
+
+
+def test_run_learner_waits_for_data_and_stops(tmp_path):
+    # Below min_buffer_steps the learner sleeps on the stop event; setting it ends the
+    # run cleanly without a training step (and still leaves a checkpoint).
+    config = small_config(min_buffer_steps=400)
+    buf = ReplayBuffer.create(muzero_schema(OBS, ACTIONS), capacity=512, alpha=0.6)
+    store = _store_for(config)
+    try:
+        fill(buf, episodes=2)
+        stop, reports = threading.Event(), queue.Queue()
+        timer = threading.Timer(0.5, stop.set)
+        timer.start()
+        run_learner(config, buf.handle, store.handle, stop, reports, str(tmp_path))
+        timer.join()
+        messages = _drain(reports)
+        assert messages[-1][2]["state"] == "done" and messages[-1][2]["training_step"] == 0
+        assert messages[-1][2]["wait_fraction"] > 0.5
+        assert store.version == 1
+        assert load_checkpoint(tmp_path / "checkpoint.pt")["training_step"] == 0
+    finally:
+        store.close()
+        buf.close()
+
+
+def test_run_learner_reports_errors(buffer, tmp_path):
+    config = small_config(batch_size=8, min_buffer_steps=8)
+    store = _store_for(config)
+    try:
+        reports = queue.Queue()
+        with pytest.raises(FileNotFoundError, match="nope.pt"):
+            run_learner(config, buffer.handle, store.handle, threading.Event(), reports, str(tmp_path),
+                        str(tmp_path / "nope.pt"))  # fmt: skip
+        kind, source, payload = reports.get_nowait()
+        assert (kind, source) == ("error", "learner") and "nope.pt" in payload["traceback"]
+    finally:
+        store.close()

@@ -1,0 +1,203 @@
+"""RateLimiter: the wait/no-wait table, and real producer/consumer processes on it."""
+
+import multiprocessing as mp
+import pickle
+import threading
+import time
+
+import pytest
+
+from mpper.rate import RateLimiter, Wait
+
+CTX = mp.get_context("spawn")
+
+
+def limiter(spi=2.0, tol=0.5, min_size=10, batch=4):
+    return RateLimiter(spi, tol, min_size, batch, CTX)
+
+
+# ---- single process: the decisions ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "inserted, sampled, can_sample, can_insert",
+    [
+        (0, 0, False, True),  # below min_size: learner waits, writers never do
+        (9, 0, False, True),
+        (10, 0, True, False),  # min_size reached: 4 <= 2*10*1.5; 20 > (0+4)*1.5
+        (10, 26, True, True),  # 30 <= 30; 20 <= 45
+        (10, 27, False, True),  # 31 > 30
+        (10, 10, True, True),  # 20 <= (10+4)*1.5 = 21
+        (11, 10, True, False),  # 22 > 21
+        (100, 128, True, False),  # 200 > 198
+        (100, 129, True, False),  # 200 > 199.5
+        (100, 130, True, True),  # 200 <= 201
+        (100, 296, True, True),  # 300 <= 300
+        (100, 297, False, True),
+    ],
+)
+def test_decision_table(inserted, sampled, can_sample, can_insert):
+    lim = limiter()
+    assert lim.can_sample(inserted, sampled) is can_sample
+    assert lim.can_insert(inserted, sampled) is can_insert
+    start = time.monotonic()
+    res = lim.wait_to_sample(lambda: inserted, lambda: sampled, timeout=0.05)
+    assert res.waited is (not can_sample)
+    res = lim.wait_to_insert(inserted, sampled, timeout=0.05)  # plain numbers work too
+    assert res.waited is (not can_insert)
+    assert time.monotonic() - start < 1.0
+
+
+def test_never_both_blocked():
+    """The insert side's one-batch slack rules out a deadlock for any counters."""
+    for spi in (0.01, 0.5, 1.0, 3.0, 64.0):
+        for tol in (0.0, 0.1, 1.0):
+            lim = RateLimiter(spi, tol, 50, 32, CTX)
+            for inserted in range(0, 400, 7):
+                for sampled in range(0, 4000, 13):
+                    assert lim.can_sample(inserted, sampled) or lim.can_insert(inserted, sampled), (spi, tol, inserted, sampled)  # fmt: skip
+
+
+def test_off_waits_only_for_min_size():
+    lim = RateLimiter(None, 0.2, 10, 4, CTX)
+    assert not lim.enabled
+    assert not lim.can_sample(9, 0) and lim.can_sample(10, 10**9)
+    assert lim.can_insert(10**9, 0)
+    assert lim.wait_to_insert(10**9, 0) == Wait(False, 0.0)
+
+
+def test_rejects_bad_arguments():
+    for args in [(0, 0.1, 1, 1), (-1, 0.1, 1, 1), (1, -0.1, 1, 1), (1, 0.1, -1, 1), (1, 0.1, 1, 0)]:
+        with pytest.raises(ValueError):
+            RateLimiter(*args, CTX)
+
+
+def test_timeout_and_notify_wake_a_waiter():
+    lim = limiter()
+    start = time.monotonic()
+    res = lim.wait_to_sample(0, 0, timeout=0.15)
+    assert res.waited and 0.14 <= res.seconds < 0.5 and time.monotonic() - start < 0.5
+
+    count = [0]
+    lim = RateLimiter(1.0, 0.0, 1, 1, CTX, poll_s=5.0)  # a long poll: only notify can wake it quickly
+    out = []
+    t = threading.Thread(target=lambda: out.append(lim.wait_to_sample(lambda: count[0], 0)))
+    t.start()
+    time.sleep(0.1)
+    count[0] = 1
+    woke = time.monotonic()
+    lim.notify()
+    t.join(2.0)
+    assert not t.is_alive() and out[0].waited
+    assert time.monotonic() - woke < 0.5
+
+
+def test_from_config_and_pickle_guard():
+    from mpper.config import TrainingConfig
+
+    lim = RateLimiter.from_config(TrainingConfig(samples_per_insert=4.0, min_buffer_steps=200, batch_size=32), CTX)
+    assert (lim.samples_per_insert, lim.min_size, lim.batch_size, lim.tolerance) == (4.0, 200, 32, 0.2)
+    with pytest.raises(RuntimeError):  # only travels as a Process argument, like any mp lock
+        pickle.dumps(lim)
+
+
+# ---- two real processes ---------------------------------------------------------------
+
+
+def producer(lim, inserted, sampled, stop, episode, delay, out):
+    waits = 0
+    while not stop.is_set():
+        res = lim.wait_to_insert(lambda: inserted.value, lambda: sampled.value, stop)
+        if stop.is_set():
+            break
+        waits += res.waited
+        inserted.value += episode
+        lim.notify()
+        if delay:
+            time.sleep(delay)
+    out.put(("producer", waits))
+
+
+def consumer(lim, inserted, sampled, stop, delay, out):
+    waits = 0
+    worst = 0.0  # largest S / (r I (1 + tol)) right after a sample: must stay <= 1
+    while not stop.is_set():
+        res = lim.wait_to_sample(lambda: inserted.value, lambda: sampled.value, stop)
+        if stop.is_set():
+            break
+        waits += res.waited
+        sampled.value += lim.batch_size
+        worst = max(worst, sampled.value / (lim.samples_per_insert * inserted.value * (1 + lim.tolerance)))
+        lim.notify()
+        if delay:
+            time.sleep(delay)
+    out.put(("consumer", waits, worst))
+
+
+@pytest.mark.parametrize("producer_delay, consumer_delay", [(0.0, 0.002), (0.002, 0.0)])
+def test_two_processes_keep_the_ratio(producer_delay, consumer_delay):
+    spi, tol, min_size, batch, episode = 2.0, 0.25, 40, 8, 10
+    lim = RateLimiter(spi, tol, min_size, batch, CTX)
+    inserted, sampled = CTX.RawValue("q", 0), CTX.RawValue("q", 0)
+    stop, out = CTX.Event(), CTX.Queue()
+    procs = [
+        CTX.Process(target=producer, args=(lim, inserted, sampled, stop, episode, producer_delay, out)),
+        CTX.Process(target=consumer, args=(lim, inserted, sampled, stop, consumer_delay, out)),
+    ]
+    for p in procs:
+        p.start()
+    try:
+        deadline = time.monotonic() + 20.0  # spawn start-up on a loaded machine
+        while sampled.value < 200 * batch and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        stop.set()
+        lim.notify()
+        for p in procs:
+            p.join(5.0)
+        alive = [p for p in procs if p.is_alive()]
+        for p in alive:
+            p.kill()
+            p.join()
+    assert not alive, "a side did not exit on stop"
+    results = {m[0]: m[1:] for m in (out.get(timeout=5), out.get(timeout=5))}
+    I, S = inserted.value, sampled.value
+    assert S >= 200 * batch, "no progress: deadlock?"
+    # the learner never runs ahead of the ratio (checked after every sample) ...
+    assert results["consumer"][1] <= 1.0
+    # ... and the actors run ahead by at most the tolerance, one batch and one episode
+    assert spi * (I - episode) <= (S + batch) * (1 + tol)
+    ratio = S / I
+    assert spi / (1 + tol) * 0.9 <= ratio <= spi * (1 + tol)
+    if producer_delay:  # the learner is the fast side: it is the one held back
+        assert results["consumer"][0] > 0
+    else:
+        assert results["producer"][0] > 0
+
+
+def blocked_sampler(lim, stop, out):
+    out.put(("waiting", time.monotonic()))
+    res = lim.wait_to_sample(0, 0, stop)  # below min_size forever
+    out.put(("returned", time.monotonic(), res.waited))
+
+
+def test_stop_wakes_a_blocked_process():
+    lim = limiter()
+    stop, out = CTX.Event(), CTX.Queue()
+    p = CTX.Process(target=blocked_sampler, args=(lim, stop, out))
+    p.start()
+    try:
+        assert out.get(timeout=20)[0] == "waiting"
+        time.sleep(0.3)
+        assert p.is_alive()
+        set_at = time.monotonic()
+        stop.set()  # no notify: the periodic wake-up alone must notice it
+        kind, returned_at, waited = out.get(timeout=5)
+        assert kind == "returned" and waited
+        assert returned_at - set_at < 0.3
+        p.join(5)
+        assert p.exitcode == 0
+    finally:
+        if p.is_alive():
+            p.kill()
+            p.join()
