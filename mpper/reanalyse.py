@@ -142,11 +142,19 @@ def run_reanalyser(config, buffer_handle, weight_handle, stop, reports) -> None:
             reports.put(("reanalyse", NAME, {"episodes": worker.episodes, "episodes_per_s": rate,
                                              "dropped": worker.dropped, "weights_version": worker.version}))  # fmt: skip
 
+        fresh = True
         while not stop.is_set():
-            worker.refresh_weights()
-            stored, dropped = worker.step()
-            if stored == 0 and dropped == 0:  # empty buffer
-                stop.wait(0.1)
+            fresh = worker.refresh_weights() or fresh
+            if not fresh:
+                # One batch per published weight version: muzero-general reanalyses
+                # flat out, which on a few cores takes the CPU self-play needs, and
+                # values from the same weights would come out the same again.
+                stop.wait(0.02)
+            else:
+                stored, dropped = worker.step()
+                fresh = stored == 0 and dropped == 0  # empty buffer: try again soon
+                if fresh:
+                    stop.wait(0.1)
             now = time.monotonic()
             if now - last_time >= _REPORT_INTERVAL_S:
                 report(now)
