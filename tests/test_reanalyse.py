@@ -197,7 +197,7 @@ def test_run_reanalyser_process(setup):
     c = buf.counters
     assert last["episodes"] == c["reanalysed_episodes"] > 0
     assert last["dropped"] >= c["reanalysed_dropped"]
-    assert last["episodes_per_s"] >= 0 and last["weights_version"] == store.version
+    assert last["episodes_per_s"] >= 0 and 2 <= last["weights_version"] <= store.version
 
 
 def test_reports_errors(setup):
