@@ -632,8 +632,9 @@ class ReplayBuffer:
         else:  # pragma: no cover - would need writers lapping the ring 1000 times in a row
             raise RuntimeError("sample: rows kept being rewritten while gathering; capacity too small?")
         # (N * P(i)) ** -beta / max_j (N * P(j)) ** -beta: N cancels, the max is at min P
-        weights = (prob * (1.0 / prob.min())) ** (-float(beta))
-        return Batch(slots, gen, weights.astype(np.float32), prob, data)
+        # in float32, the precision of the weights handed to the loss: half the cost
+        weights = (prob * (1.0 / prob.min())).astype(np.float32) ** np.float32(-beta)
+        return Batch(slots, gen, weights, prob, data)
 
     # ---- episodes (reanalyse, inspection) ------------------------------------------
     def sample_episodes(self, count: int, rng: np.random.Generator | None = None) -> list[EpisodeRef]:

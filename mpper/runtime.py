@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing as mp
+import os
 import queue
 import sys
 import time
@@ -80,6 +81,7 @@ class Supervisor:
         self.evaluation: dict = {}
         self.reanalyse: dict = {}
         self.recent_returns: deque = deque(maxlen=100)
+        self.worker_weights: dict[str, int] = {}  # weight version each worker last played with
 
     # ---- lifecycle ------------------------------------------------------------------
     def run(self) -> int:
@@ -162,6 +164,9 @@ class Supervisor:
     def _launch(self, child: Child) -> None:
         child.process = self.ctx.Process(target=child.target, args=child.args, name=f"mpper-{child.name}", daemon=False)
         child.process.start()
+        # which pid plays which role, for people (and tests) looking at a live run
+        pids = {name: c.process.pid for name, c in self.children.items() if c.process is not None}
+        (self.run_dir / "processes.json").write_text(json.dumps({"supervisor": os.getpid(), **pids}, indent=1))
 
     # ---- supervision ----------------------------------------------------------------
     def _supervise(self) -> int:
@@ -215,6 +220,7 @@ class Supervisor:
                 self.learner = payload
             elif kind == "episode":
                 self.recent_returns.append(payload["return"])
+                self.worker_weights[source] = payload["weights_version"]
             elif kind == "eval":
                 self.evaluation = payload
                 self._write_metrics(event="evaluation")
@@ -290,6 +296,8 @@ class Supervisor:
             "learner": self.learner,
             "evaluation": self.evaluation,
             "reanalyse": self.reanalyse,
+            "weights_version": self.store.version,
+            "worker_weights_versions": self.worker_weights,
         }
         self.metrics_file.write(json.dumps(record) + "\n")
         self.metrics_file.flush()
