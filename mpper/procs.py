@@ -2,38 +2,46 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
+import time
 import traceback
 
 __all__ = ["StopSignal", "child_init", "report_error"]
 
 
 class StopSignal:
-    """An ``Event`` the supervisor sets to stop the run, that also reads as set when the
+    """A flag the supervisor sets to stop the run, that also reads as set when the
     supervisor itself is gone (killed), so that no child outlives a dead run.
 
-    Children use it like the event: ``stop.is_set()``, ``stop.wait(timeout)``.
+    Children use it like an event: ``stop.is_set()``, ``stop.wait(timeout)``. It is a
+    plain shared byte, not a ``multiprocessing.Event``: an Event's ``set`` waits for
+    every sleeping waiter to wake up, so one child killed while waiting would hang the
+    supervisor's ``set`` for ever.
     """
 
-    def __init__(self, event) -> None:
-        self.event = event
+    _SLICE_S = 0.02  # how often a waiting child looks at the flag
+
+    def __init__(self, ctx) -> None:
+        self.flag = ctx.RawValue(ctypes.c_bool, False)
         self.parent_pid = os.getpid()  # taken in the supervisor, where it is created
 
     def set(self) -> None:
-        self.event.set()
+        self.flag.value = True
 
     def is_set(self) -> bool:
-        return self.event.is_set() or os.getppid() != self.parent_pid
+        return self.flag.value or os.getppid() != self.parent_pid
 
     def wait(self, timeout: float) -> bool:
-        """Sleep up to ``timeout`` seconds (in slices, to notice a dead parent)."""
-        remaining = timeout
-        while remaining > 0:
-            if self.event.wait(min(remaining, 0.5)) or os.getppid() != self.parent_pid:
-                return True
-            remaining -= 0.5
-        return self.is_set()
+        """Sleep up to ``timeout`` seconds, or less if the run stops; returns is_set()."""
+        deadline = time.monotonic() + timeout
+        while not self.is_set():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            time.sleep(min(remaining, self._SLICE_S))
+        return True
 
 
 def child_init(torch_threads: int) -> None:

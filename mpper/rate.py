@@ -24,12 +24,13 @@ the relative form keeps the same meaning at any buffer size.
 ``samples_per_insert=None`` turns the ratio off: inserts never wait and sampling waits
 only for ``min_size`` (Reverb's ``MinSize`` limiter).
 
-Waiting blocks on a ``multiprocessing.Condition`` (no busy polling): both sides call
-:meth:`RateLimiter.notify` after each insert or sample. Every wait also wakes up every
-``poll_s`` seconds (0.1 s) to re-check the counters and ``stop``, so a stop request (or
-Ctrl-C handled by the supervisor) never leaves a process hanging, even if a notify is
-missed. The supervisor may call ``notify()`` after setting ``stop`` to wake waiters at
-once.
+Waiting blocks on a semaphore per side, a doorbell (no busy polling): after each
+insert or sample the caller rings both with :meth:`RateLimiter.notify`, and a waiter
+wakes to re-check the counters. Every wait also wakes up every ``poll_s`` seconds
+(0.1 s) to re-check the counters and ``stop``, so a missed ring only delays. Why not a
+``multiprocessing.Condition``: its ``notify`` waits until every sleeper acknowledges,
+so a process killed while waiting (a crashed self-play worker, say) would block every
+later ``notify`` for ever. A doorbell nobody answers costs nothing.
 
 The limiter is created in the main process and passed to the children as a
 ``Process`` argument (the condition travels the way multiprocessing locks do). Progress
@@ -57,6 +58,9 @@ class Wait(NamedTuple):
 
 
 _NO_WAIT = Wait(False, 0.0)
+
+
+_MAX_RINGS = 4  # pending rings per doorbell: enough to wake the waiters of one side
 
 
 def _value(x: Count) -> float:
@@ -94,7 +98,9 @@ class RateLimiter:
         self.min_size = int(min_size)
         self.batch_size = int(batch_size)
         self.poll_s = float(poll_s)
-        self._cond = ctx.Condition()
+        # one doorbell per side; a few pending rings at most (see notify)
+        self._sample_bell = ctx.Semaphore(0)
+        self._insert_bell = ctx.Semaphore(0)
 
     @classmethod
     def from_config(cls, training, ctx) -> RateLimiter:
@@ -131,7 +137,8 @@ class RateLimiter:
         The caller re-checks ``stop`` afterwards (and ``can_sample`` when it passed a
         timeout). Returns whether it waited and for how long (the learner's wait-time
         metric)."""
-        return self._wait(lambda: self.can_sample(_value(inserted_fn), _value(sampled_fn)), stop, timeout)
+        return self._wait(lambda: self.can_sample(_value(inserted_fn), _value(sampled_fn)), self._sample_bell,
+                          stop, timeout)  # fmt: skip
 
     def wait_to_insert(self, inserted_fn: Count, sampled_fn: Count, stop: Any = None,
                        timeout: float | None = None) -> Wait:  # fmt: skip
@@ -139,33 +146,35 @@ class RateLimiter:
         same contract as :meth:`wait_to_sample`."""
         if self.samples_per_insert is None:
             return _NO_WAIT
-        return self._wait(lambda: self.can_insert(_value(inserted_fn), _value(sampled_fn)), stop, timeout)
+        return self._wait(lambda: self.can_insert(_value(inserted_fn), _value(sampled_fn)), self._insert_bell,
+                          stop, timeout)  # fmt: skip
 
     def notify(self) -> None:
-        """Wake every waiter to re-check (call after each insert and each sample, and
-        after setting ``stop``)."""
-        with self._cond:
-            self._cond.notify_all()
+        """Ring both doorbells so that waiters re-check (call after each insert and each
+        sample, and after setting ``stop``). Never blocks."""
+        for bell in (self._sample_bell, self._insert_bell):
+            try:
+                if bell.get_value() >= _MAX_RINGS:  # nobody is answering: do not pile up
+                    continue
+            except NotImplementedError:  # macOS has no sem_getvalue
+                pass
+            bell.release()
 
-    def _wait(self, ready: Callable[[], bool], stop, timeout: float | None) -> Wait:
-        if ready():  # fast path: no lock taken
+    def _wait(self, ready: Callable[[], bool], bell, stop, timeout: float | None) -> Wait:
+        if ready():  # fast path
             return _NO_WAIT
         start = time.monotonic()
         deadline = None if timeout is None else start + float(timeout)
-        with self._cond:
-            # Checked under the lock: a notifier updates its counter *before* it takes
-            # the lock to notify, so either this check sees the update or the notify
-            # reaches this wait.
-            while not ready():
-                if stop is not None and stop.is_set():
+        while not ready():
+            if stop is not None and stop.is_set():
+                break
+            slice_s = self.poll_s
+            if deadline is not None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
                     break
-                slice_s = self.poll_s
-                if deadline is not None:
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        break
-                    slice_s = min(slice_s, remaining)
-                self._cond.wait(slice_s)
+                slice_s = min(slice_s, remaining)
+            bell.acquire(timeout=slice_s)
         return Wait(True, time.monotonic() - start)
 
     def __repr__(self) -> str:

@@ -23,7 +23,9 @@ import json
 import multiprocessing as mp
 import os
 import queue
+import signal
 import sys
+import threading
 import time
 import traceback
 from collections import deque
@@ -49,6 +51,10 @@ _JOIN_TIMEOUT_S = 10.0
 
 def train(config: Config, run_dir: Path, resume: Path | None = None) -> int:
     """Run training as ``config`` says; returns the process exit code."""
+    if threading.current_thread() is threading.main_thread():
+        # A shell starts background jobs with SIGINT ignored, and Python keeps it so;
+        # `kill -INT` must still stop a run cleanly, as Ctrl-C does.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     return Supervisor(config, Path(run_dir), resume).run()
 
 
@@ -122,7 +128,7 @@ class Supervisor:
             )  # fmt: skip
         network = make_network(cfg.network, spec.observation_shape, spec.num_actions, cfg.training.stacked_observations)
         self.store = WeightStore.create(network.num_flat_weights())
-        self.stop = StopSignal(self.ctx.Event())
+        self.stop = StopSignal(self.ctx)
         self.reports = self.ctx.Queue()
         self.rate = self._rate_limiter()
         self._spawn_all()
@@ -313,6 +319,8 @@ class Supervisor:
         success, error, Ctrl-C and SIGTERM; each step is guarded so the next still runs."""
         if hasattr(self, "stop"):
             self.stop.set()
+            if self.rate is not None:
+                self.rate.notify()
         deadline = time.monotonic() + _JOIN_TIMEOUT_S
         for child in self.children.values():
             proc = child.process
@@ -352,8 +360,6 @@ def _describe_exit(code: int | None) -> str:
     if code is None:
         return "still running"
     if code < 0:
-        import signal
-
         try:
             return f"killed by {signal.Signals(-code).name}"
         except ValueError:

@@ -201,3 +201,36 @@ def test_stop_wakes_a_blocked_process():
         if p.is_alive():
             p.kill()
             p.join()
+
+
+def _wait_forever(limiter, stop, ready) -> None:
+    ready.set()
+    limiter.wait_to_sample(0, 0, stop)  # nothing inserted: blocks until stop
+
+
+@pytest.mark.timeout(60)
+def test_a_waiter_killed_while_waiting_blocks_nobody():
+    """multiprocessing.Condition.notify waits for every sleeper to wake: one killed
+    while asleep would hang it for ever. The limiter's doorbells and the stop flag must
+    not: kill a blocked waiter, then notify and stop."""
+    import os
+    import signal as sig
+    import time
+
+    from mpper.procs import StopSignal
+
+    limiter = RateLimiter(2.0, 0.1, 10, 4, CTX)
+    stop = StopSignal(CTX)
+    ready = CTX.Event()
+    proc = CTX.Process(target=_wait_forever, args=(limiter, stop, ready))
+    proc.start()
+    assert ready.wait(30)
+    time.sleep(0.3)  # it is inside the wait now
+    os.kill(proc.pid, sig.SIGKILL)
+    proc.join(10)
+    t0 = time.monotonic()
+    for _ in range(10):
+        limiter.notify()
+    stop.set()
+    assert time.monotonic() - t0 < 1.0
+    assert limiter.wait_to_sample(0, 0, stop).waited  # returns at once: stop is set

@@ -144,8 +144,7 @@ def test_run_reanalyser_process(setup):
     rng = np.random.default_rng(2)
     for T in (5, 12, 1, 30, 8, 20):
         buf.add_episode(make_episode(rng, T))
-    event = CTX.Event()
-    stop, reports = StopSignal(event), CTX.Queue()
+    stop, reports = StopSignal(CTX), CTX.Queue()
     p = CTX.Process(target=run_reanalyser, args=(config, buf.handle, store.handle, stop, reports))
     p.start()
     try:
@@ -180,7 +179,7 @@ def test_run_reanalyser_process(setup):
         refreshed = sum(check_episode(buf, net2, config, ref, allow_nan=True) for ref in buf.episodes())
         assert refreshed >= 1
     finally:
-        event.set()
+        stop.set()
         if p.is_alive():
             p.kill()
             p.join()
@@ -205,7 +204,7 @@ def test_reports_errors(setup):
     config, buf, store, _ = setup
     handler, threads = signal.getsignal(signal.SIGINT), torch.get_num_threads()
     bad = dataclasses.replace(config, network=dataclasses.replace(config.network, hidden=[3]))  # wrong size
-    stop, reports = StopSignal(CTX.Event()), CTX.Queue()
+    stop, reports = StopSignal(CTX), CTX.Queue()
     try:
         with pytest.raises(ValueError):
             run_reanalyser(bad, buf.handle, store.handle, stop, reports)

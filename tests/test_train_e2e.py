@@ -1,0 +1,129 @@
+"""The main job end to end: `python run.py` as a user runs it, on CPU, small and short."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from mpper import ReplayBuffer, shm
+
+ROOT = Path(__file__).resolve().parents[1]
+SMALL = [
+    "--set", "training.min_buffer_steps=200", "--set", "training.batch_size=32",
+    "--set", "mcts.num_simulations=6", "--set", "runtime.envs_per_worker=4",
+    "--set", "replay.capacity=20000", "--set", "runtime.evaluation_interval_s=1",
+    "--set", "runtime.evaluation_episodes=2", "--set", "runtime.log_interval_s=1",
+    "--set", "training.checkpoint_interval=5", "--set", "env.max_episode_steps=100",
+]  # fmt: skip
+
+
+def run_args(run_dir: Path, *extra: str) -> list[str]:
+    return [sys.executable, "run.py", "--config", "configs/cartpole.json", "--device", "cpu",
+            "--run-dir", str(run_dir), *SMALL, *extra]  # fmt: skip
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def check_outputs(run_dir: Path) -> dict:
+    """Everything a finished run leaves behind loads, and nothing is left running."""
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert records and records[-1]["event"] == "end"
+    ckpt = torch.load(run_dir / "checkpoint.pt", weights_only=True)
+    assert isinstance(ckpt, dict)
+    with ReplayBuffer.load(run_dir / "buffer", mmap=True) as snap:
+        counters = snap.counters
+    config = json.loads((run_dir / "config.json").read_text())
+    assert config["training"]["batch_size"] == 32
+    pids = json.loads((run_dir / "processes.json").read_text())
+    deadline = time.monotonic() + 5
+    while any(alive(pid) for pid in pids.values()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [name for name, pid in pids.items() if alive(pid)], "a process outlived the run"
+    return {"records": records, "checkpoint": ckpt, "counters": counters}
+
+
+@pytest.mark.timeout(240)
+def test_two_workers_train_and_everything_is_saved(tmp_path):
+    run_dir = tmp_path / "run"
+    # samples-per-insert keeps the learner in step with self-play (and is exercised)
+    args = run_args(run_dir, "--workers", "2", "--max-train-steps", "60", "--set", "training.samples_per_insert=4")
+    proc = subprocess.run(args, cwd=ROOT,
+                          capture_output=True, text=True, timeout=200)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert "training finished (60 steps)" in proc.stdout
+    out = check_outputs(run_dir)
+    c = out["counters"]
+    assert c["games"] > 0 and c["steps"] >= 200  # the buffer filled past min_buffer_steps
+    assert c["samples"] >= 60 * 32  # the learner trained on it
+    assert c["priority_updates_applied"] > 0  # and wrote priorities back
+    assert c["reanalysed_episodes"] > 0  # the reanalyser stored values
+    last = out["records"][-1]
+    assert last["learner"]["training_step"] == 60
+    assert last["weights_version"] >= 60 // 5
+    # the workers played with weights published after the first ones
+    assert max(last["worker_weights_versions"].values()) > 1
+    assert any(r["event"] == "evaluation" for r in out["records"])
+    with ReplayBuffer.load(run_dir / "buffer", mmap=True) as snap:
+        leaves = snap.priorities(np.arange(snap.capacity))
+        assert np.isfinite(snap.fields["reanalysed_value"]).any()
+    assert len(np.unique(leaves[leaves > 0])) > 10  # priorities differ: they were updated
+
+
+@pytest.mark.timeout(240)
+def test_ctrl_c_stops_cleanly_and_a_killed_worker_is_restarted(tmp_path):
+    run_dir = tmp_path / "run"
+    segments_before = set(shm.mpper_segments())
+    proc = subprocess.Popen(run_args(run_dir, "--workers", "2", "--max-train-steps", "100000"), cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        # wait until the learner trains (metrics show training steps)
+        deadline = time.monotonic() + 150
+        step = 0
+        while step < 5:
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "training did not start"
+            time.sleep(0.5)
+            metrics = run_dir / "metrics.jsonl"
+            if metrics.exists():
+                lines = metrics.read_text().splitlines()
+                step = max((json.loads(x)["learner"].get("training_step", 0) for x in lines if x), default=0)
+        pids = json.loads((run_dir / "processes.json").read_text())
+        os.kill(pids["worker-0"], signal.SIGKILL)  # a worker killed mid-episode
+        deadline = time.monotonic() + 60
+        while json.loads((run_dir / "processes.json").read_text())["worker-0"] == pids["worker-0"]:
+            assert time.monotonic() < deadline, "the killed worker was not restarted"
+            assert proc.poll() is None
+            time.sleep(0.2)
+        time.sleep(1.0)
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGINT)  # Ctrl-C
+        stdout, stderr = proc.communicate(timeout=60)
+        stopped_in = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130, stderr[-4000:]
+    assert stopped_in < 30
+    assert "worker-0 died (killed by SIGKILL)" in stderr and "restarting worker-0" in stderr
+    assert "interrupted" in stdout
+    check_outputs(run_dir)
+    assert set(shm.mpper_segments()) <= segments_before
