@@ -127,3 +127,13 @@ def test_ctrl_c_stops_cleanly_and_a_killed_worker_is_restarted(tmp_path):
     assert "interrupted" in stdout
     check_outputs(run_dir)
     assert set(shm.mpper_segments()) <= segments_before
+
+
+def test_workers_zero_is_refused_until_the_in_process_mode_exists(tmp_path):
+    proc = subprocess.run(run_args(tmp_path / "run", "--workers", "0"), cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "error: runtime.workers = 0 (everything in one process) is not implemented yet; use --workers 1 or more"
+    ]
+    assert not (tmp_path / "run").exists()  # nothing started
