@@ -133,6 +133,49 @@ def _nstep_kernel(slots, pos, moves, terminated, reward, action, n, gamma,
         out_action[b] = action[s + 1]
 
 
+@numba.njit(cache=True, nogil=True)
+def _gather_1d(src, rows, out):
+    for j in range(rows.shape[0]):
+        out[j] = src[rows[j]]
+
+
+@numba.njit(cache=True, nogil=True)
+def _gather_2d(src, rows, out):
+    for j in range(rows.shape[0]):
+        row = src[rows[j]]
+        for c in range(row.shape[0]):
+            out[j, c] = row[c]
+
+
+def gather_rows(src: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """``src[rows]`` as a new contiguous array, for a field array ``(capacity, ...)``.
+
+    The fields of a shared buffer are strided views into per-slot records; numpy's
+    fancy indexing walks them through its generic strided machinery, a compiled loop
+    is about twice as fast (np.take would even copy the whole field first).
+    """
+    out = np.empty((rows.shape[0], *src.shape[1:]), src.dtype)
+    if src.ndim == 1:
+        _gather_1d(src, rows, out)
+    elif src.ndim == 2:
+        _gather_2d(src, rows, out)
+    elif _rows_contiguous(src):  # so this reshape is a view, never a copy of the field
+        _gather_2d(src.reshape(src.shape[0], -1), rows, out.reshape(rows.shape[0], -1))
+    else:
+        out[...] = src[rows]
+    return out
+
+
+def _rows_contiguous(src: np.ndarray) -> bool:
+    """Whether each row ``src[i]`` is one C-contiguous block."""
+    expected = src.itemsize
+    for dim, stride in zip(reversed(src.shape[1:]), reversed(src.strides[1:])):
+        if dim > 1 and stride != expected:
+            return False
+        expected *= dim
+    return True
+
+
 def stacked_observations(
     observation: np.ndarray, action: np.ndarray, slots: np.ndarray, pos: np.ndarray,
     num_stacked: int, num_actions: int,
@@ -144,7 +187,7 @@ def stacked_observations(
     ``a_{p+1} / num_actions`` (the action taken at p); zeros before the episode start.
     For observations of shape (C, ...) the result is (B, C + num_stacked * (C + 1), ...).
     """
-    current = observation[slots].astype(np.float32, copy=False)
+    current = gather_rows(observation, slots).astype(np.float32, copy=False)
     if num_stacked == 0:
         return current
     batch = slots.shape[0]
@@ -169,7 +212,7 @@ class RawRows:
 
     def build(self, fields, slots, pos, moves, terminated, rng):
         # fancy indexing, not np.take: take copies a non-contiguous (strided) source whole
-        return {name: arr[slots] for name, arr in fields.items()}
+        return {name: gather_rows(arr, slots) for name, arr in fields.items()}
 
 
 @dataclass(frozen=True)
@@ -244,10 +287,10 @@ class NStepTargets:
                       self.n, float(self.gamma), ret, disc, nxt, done, act)  # fmt: skip
         obs = fields["observation"]
         return {
-            "observation": obs[slots],
+            "observation": gather_rows(obs, slots),
             "action": act,
             "reward": ret,
             "discount": disc,
-            "next_observation": obs[nxt],
+            "next_observation": gather_rows(obs, nxt),
             "done": done,
         }
