@@ -19,12 +19,9 @@ size (value and reward are distributions over 2S+1 bins).
 from __future__ import annotations
 
 import math
-import multiprocessing
 import os
-import signal
 import tempfile
 import time
-import traceback
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +29,7 @@ import torch
 
 from .config import Config, config_to_dict
 from .networks import MuZeroNetwork, make_network, scalar_to_support, support_to_scalar
+from .procs import child_init, report_error
 from .replay_buffer import Batch, ReplayBuffer
 from .targets import MuZeroTargets
 from .weights import WeightStore
@@ -366,32 +364,20 @@ def run_learner(
     object whose ``wait_to_sample(stop)`` blocks while the learner is ahead of
     self-play (see ``_rate_hooks``); called before each sample.
     """
-    _init_process(config.runtime.torch_threads)
+    child_init(config.runtime.torch_threads)
     buf = store = None
     try:
         buf = ReplayBuffer.attach(buffer_handle)
         store = WeightStore.attach(weight_handle)
         _learn(config, buf, store, stop, reports, Path(run_dir), resume_checkpoint, rate)
     except Exception:
-        try:
-            reports.put(("error", "learner", {"traceback": traceback.format_exc()}))
-        except Exception:  # pragma: no cover - the queue itself is broken
-            pass
+        report_error(reports, "learner")
         raise
     finally:
         if store is not None:
             store.close()
         if buf is not None:
             buf.close()
-
-
-def _init_process(torch_threads: int) -> None:
-    """Threads, and Ctrl-C: in a child process SIGINT is ignored, because the supervisor
-    stops everyone in order through ``stop`` (a learner killed by the terminal's SIGINT
-    would skip its final checkpoint). Called in-process (tests), signals are left alone."""
-    if multiprocessing.parent_process() is not None:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-    torch.set_num_threads(max(1, int(torch_threads)))
 
 
 def _learn(config: Config, buf: ReplayBuffer, store: WeightStore, stop, reports, run_dir: Path,

@@ -45,11 +45,16 @@ class StopSignal:
 
 
 def child_init(torch_threads: int) -> None:
-    """First call in every child: Ctrl-C goes to the supervisor only (which stops
-    everyone in order), and torch gets its share of the cores."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    """First call in every process entry point: torch gets its share of the cores, and in
+    a child process Ctrl-C is ignored, because the supervisor stops everyone in order
+    through the stop signal (a learner killed by the terminal's SIGINT would skip its
+    final checkpoint). Called in-process (tests), signals are left alone."""
+    import multiprocessing
+
     import torch
 
+    if multiprocessing.parent_process() is not None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(max(1, int(torch_threads)))
 
 

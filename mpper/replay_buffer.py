@@ -291,7 +291,7 @@ class EpisodeRef:
     terminated: bool
 
 
-class ReplayBuffer:
+class ReplayBuffer(shm_mod.SharedObject):
     """Prioritized episode replay in shared memory. Build with ``create``, ``attach``
     or ``load``; see the module docstring for the concurrency rules."""
 
@@ -426,18 +426,6 @@ class ReplayBuffer:
             self._generation = self._info = self._episodes = None
             self._ring_state = self._counters = self._max_priority = None
             shm_mod.release(segment, unlink=self._owner)
-
-    def __enter__(self) -> "ReplayBuffer":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
 
     # ---- writing -------------------------------------------------------------------
     def add_episode(self, arrays: Mapping[str, np.ndarray], priorities: np.ndarray | None = None,

@@ -24,6 +24,7 @@ from contextlib import contextmanager
 from multiprocessing import resource_tracker, shared_memory
 
 __all__ = [
+    "SharedObject",
     "SharedMemoryRoomError",
     "SHM_DIR",
     "create",
@@ -42,6 +43,26 @@ _ROOM_MARGIN = 16 << 20
 _owned: dict[str, shared_memory.SharedMemory] = {}
 _owned_lock = threading.Lock()
 _cleanup_installed = False
+
+
+class SharedObject:
+    """Base of objects living in a segment: ``close()`` on ``with`` exit and on garbage
+    collection (the owner's close unlinks; see ``release``)."""
+
+    def close(self) -> None:  # pragma: no cover - subclasses implement it
+        raise NotImplementedError
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
 
 
 class SharedMemoryRoomError(MemoryError):

@@ -33,7 +33,7 @@ class WeightHandle:
     num_weights: int
 
 
-class WeightStore:
+class WeightStore(shm_mod.SharedObject):
     """Flat float32 parameters plus a version counter, shared by name."""
 
     def __init__(self, handle: WeightHandle, segment, owner: bool) -> None:
@@ -99,14 +99,3 @@ class WeightStore:
             self._header = self._weights = None
             shm_mod.release(segment, unlink=self._owner)
 
-    def __enter__(self) -> "WeightStore":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
