@@ -60,6 +60,16 @@ class Wait(NamedTuple):
 _NO_WAIT = Wait(False, 0.0)
 
 
+def can_sample(inserted: float, sampled: float, samples_per_insert: float | None, tolerance: float,
+               min_size: int, batch_size: int) -> bool:  # fmt: skip
+    """Whether the learner may take its next batch (the limiter's rule, without waiting)."""
+    if inserted < min_size:
+        return False
+    if samples_per_insert is None:
+        return True
+    return sampled + batch_size <= samples_per_insert * inserted * (1.0 + tolerance)
+
+
 _MAX_RINGS = 4  # pending rings per doorbell: enough to wake the waiters of one side
 
 
@@ -117,11 +127,7 @@ class RateLimiter:
     # ---- decisions (pure) --------------------------------------------------------------
     def can_sample(self, inserted: float, sampled: float) -> bool:
         """Whether the learner may take the next batch now."""
-        if inserted < self.min_size:
-            return False
-        if self.samples_per_insert is None:
-            return True
-        return sampled + self.batch_size <= self.samples_per_insert * inserted * (1.0 + self.tolerance)
+        return can_sample(inserted, sampled, self.samples_per_insert, self.tolerance, self.min_size, self.batch_size)
 
     def can_insert(self, inserted: float, sampled: float) -> bool:
         """Whether a writer may store its next episode now."""

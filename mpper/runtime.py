@@ -56,11 +56,9 @@ def train(config: Config, run_dir: Path, resume: Path | None = None) -> int:
         # `kill -INT` must still stop a run cleanly, as Ctrl-C does.
         signal.signal(signal.SIGINT, signal.default_int_handler)
     if config.runtime.workers == 0:
-        # The in-process mode (self-play, learning and reanalyse in turns) is not built
-        # yet; say so instead of starting a learner that would wait for data for ever.
-        print("error: runtime.workers = 0 (everything in one process) is not implemented yet; "
-              "use --workers 1 or more", file=sys.stderr)  # fmt: skip
-        return 2
+        from .inline import train_inline
+
+        return train_inline(config, Path(run_dir), resume)
     return Supervisor(config, Path(run_dir), resume).run()
 
 

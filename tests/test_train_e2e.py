@@ -129,11 +129,23 @@ def test_ctrl_c_stops_cleanly_and_a_killed_worker_is_restarted(tmp_path):
     assert set(shm.mpper_segments()) <= segments_before
 
 
-def test_workers_zero_is_refused_until_the_in_process_mode_exists(tmp_path):
-    proc = subprocess.run(run_args(tmp_path / "run", "--workers", "0"), cwd=ROOT, capture_output=True,
-                          text=True, timeout=120)  # fmt: skip
-    assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines() == [
-        "error: runtime.workers = 0 (everything in one process) is not implemented yet; use --workers 1 or more"
-    ]
-    assert not (tmp_path / "run").exists()  # nothing started
+@pytest.mark.timeout(240)
+def test_workers_zero_takes_turns_in_one_process_and_is_repeatable(tmp_path):
+    """--workers 0: self-play, learning and reanalyse in turns, no child process; the
+    same seed gives the same weights, bit for bit."""
+    ckpts = []
+    for name in ("a", "b"):
+        run_dir = tmp_path / name
+        proc = subprocess.run(run_args(run_dir, "--workers", "0", "--max-train-steps", "20", "--seed", "3",
+                                       "--set", "training.samples_per_insert=4"),
+                              cwd=ROOT, capture_output=True, text=True, timeout=200)  # fmt: skip
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+        assert "training finished (20 steps)" in proc.stdout
+        assert list(json.loads((run_dir / "processes.json").read_text())) == ["supervisor"]
+        ckpts.append(torch.load(run_dir / "checkpoint.pt", weights_only=True))
+        with ReplayBuffer.load(run_dir / "buffer", mmap=True) as snap:
+            c = snap.counters
+            assert c["samples"] == 20 * 32 and c["priority_updates_applied"] > 0 and c["games"] > 0
+            assert np.isfinite(snap.fields["reanalysed_value"]).any()
+    a, b = (ck["network"] for ck in ckpts)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

@@ -1,0 +1,160 @@
+"""``--workers 0``: self-play, learning, reanalyse and evaluation take turns in one process.
+
+For debugging (one stack, a debugger works, no spawn) and for runs that must be exactly
+repeatable: with the same seed, the same episodes, batches and weights come out. The
+pieces are the ones the processes use (``BatchedPlayer``, ``MuZeroTrainer``,
+``Reanalyser``, the same buffer and weight store); only the scheduling differs:
+
+    repeat: one move in each of K envs  ->  training steps while the samples-per-insert
+            ratio allows (one per move without a ratio)  ->  publish weights every
+            checkpoint_interval steps  ->  one reanalyse batch per new weight version
+            ->  every evaluation_interval_s, a greedy evaluation
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from .config import Config, config_to_dict
+from .envs import env_spec, make_env
+from .learner import MuZeroTrainer, load_checkpoint, pick_device, save_checkpoint
+from .mcts import temperature_at
+from .networks import make_network
+from .rate import can_sample
+from .reanalyse import Reanalyser
+from .replay_buffer import ReplayBuffer
+from .schema import muzero_schema
+from .selfplay import BatchedPlayer, initial_priorities
+from .targets import MuZeroTargets
+from .weights import WeightStore
+
+__all__ = ["train_inline"]
+
+
+def train_inline(config: Config, run_dir: Path, resume: Path | None = None) -> int:
+    """Train in this process only; returns the exit code (0 done, 130 Ctrl-C)."""
+    cfg, t = config, config.training
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.json").write_text(json.dumps(config_to_dict(cfg), indent=2) + "\n")
+    (run_dir / "processes.json").write_text(json.dumps({"supervisor": os.getpid()}))
+    torch.manual_seed(cfg.runtime.seed)
+    torch.set_num_threads(max(1, cfg.runtime.torch_threads))
+    spec = env_spec(cfg.env)
+    snapshot = run_dir / "buffer"
+    buf = store = None
+    code, reason = 0, ""
+    try:
+        if resume is not None and snapshot.exists():
+            buf = ReplayBuffer.load(snapshot)
+        else:
+            buf = ReplayBuffer.create(muzero_schema(spec.observation_shape, spec.num_actions, spec.observation_dtype),
+                                      cfg.replay.capacity, alpha=cfg.replay.alpha, priority_eps=cfg.replay.priority_eps,
+                                      initial_priority=cfg.replay.initial_priority)  # fmt: skip
+        device = pick_device(cfg.runtime.device)
+        network = make_network(cfg.network, spec.observation_shape, spec.num_actions, t.stacked_observations)
+        trainer = MuZeroTrainer(cfg, network.to(device), device)
+        if resume is not None and (run_dir / "checkpoint.pt").exists():
+            trainer.load_state_dict(load_checkpoint(run_dir / "checkpoint.pt"))
+        acting = make_network(cfg.network, spec.observation_shape, spec.num_actions, t.stacked_observations).eval()
+        store = WeightStore.create(acting.num_flat_weights())
+
+        def publish() -> None:
+            flat = trainer.network.get_flat_weights()
+            acting.set_flat_weights(flat)
+            store.publish(flat, trainer.training_step)
+
+        publish()
+        seed = cfg.runtime.seed * 1_000_003
+        player = BatchedPlayer(cfg, [make_env(cfg.env) for _ in range(cfg.runtime.envs_per_worker)], acting,
+                               explore=True, seed=seed)  # fmt: skip
+        reanalyser = Reanalyser(cfg, buf, store) if cfg.runtime.reanalyse else None
+        targets = MuZeroTargets(t.num_unroll_steps, t.td_steps, cfg.mcts.discount, spec.num_actions,
+                                t.stacked_observations)  # fmt: skip
+        rng = np.random.default_rng([cfg.runtime.seed, 0x1EA2])
+        metrics_file = open(run_dir / "metrics.jsonl", "a")
+        bar = tqdm(total=t.training_steps, desc="train (in-process)", unit="step", disable=not sys.stdout.isatty())
+        started = last_eval = last_log = time.monotonic()
+        evaluation: dict = {}
+        losses: dict = {}
+        try:
+            while trainer.training_step < t.training_steps:
+                progress = trainer.training_step / t.training_steps
+                for ep in player.step(temperature_at(cfg.mcts.temperature_schedule, progress)):
+                    arrays = ep.arrays(spec.num_actions)
+                    buf.add_episode(arrays, initial_priorities(arrays, t.td_steps, cfg.mcts.discount), ep.terminated)
+                while _may_train(buf, cfg) and trainer.training_step < t.training_steps:
+                    beta = cfg.replay.beta + (1.0 - cfg.replay.beta) * trainer.training_step / t.training_steps
+                    batch = buf.sample(t.batch_size, beta, targets=targets, rng=rng)
+                    losses, priorities = trainer.train_step(batch)
+                    buf.update_priorities(batch.indices, batch.generations, priorities)
+                    if trainer.training_step % t.checkpoint_interval == 0:
+                        publish()
+                        if reanalyser is not None:
+                            reanalyser.refresh_weights()
+                            reanalyser.step()
+                    if t.samples_per_insert is None:
+                        break  # one step per move
+                now = time.monotonic()
+                if now - last_eval >= cfg.runtime.evaluation_interval_s:
+                    last_eval = now
+                    evaluation = _evaluate(cfg, acting, seed + 999_983, trainer.training_step)
+                    solve = cfg.runtime.solve_return
+                    if solve is not None and evaluation["mean_return"] >= solve:
+                        reason = f"solved: mean greedy return {evaluation['mean_return']:.1f} >= {solve:g}"
+                        break
+                if now - last_log >= cfg.runtime.log_interval_s:
+                    last_log = now
+                    record = {"event": "progress", "time_s": round(now - started, 3), "env_steps": buf.counters["steps"],
+                              "counters": buf.counters, "learner": losses, "evaluation": evaluation}  # fmt: skip
+                    metrics_file.write(json.dumps(record) + "\n")
+                    metrics_file.flush()
+                if cfg.runtime.time_limit_s is not None and now - started >= cfg.runtime.time_limit_s:
+                    reason = f"time limit of {cfg.runtime.time_limit_s:g} s reached"
+                    break
+                bar.n = trainer.training_step
+                bar.refresh()
+            reason = reason or f"training finished ({t.training_steps} steps)"
+        except KeyboardInterrupt:
+            code, reason = 130, "interrupted (Ctrl-C)"
+        finally:
+            bar.close()
+            save_checkpoint(run_dir / "checkpoint.pt", trainer, extra={"config": config_to_dict(cfg)})
+            buf.save(snapshot, extra={"config": config_to_dict(cfg)})
+            metrics_file.write(json.dumps({"event": "end", "time_s": round(time.monotonic() - started, 3),
+                                           "counters": buf.counters, "learner": losses,
+                                           "evaluation": evaluation}) + "\n")  # fmt: skip
+            metrics_file.close()
+    finally:
+        for obj in (buf, store):
+            if obj is not None:
+                obj.close()
+    print(f"mpper: {reason}; run directory {run_dir}")
+    return code
+
+
+def _may_train(buf: ReplayBuffer, cfg: Config) -> bool:
+    """The learner's turn: enough data, and within the samples-per-insert ratio."""
+    t, c = cfg.training, buf.counters
+    return can_sample(c["steps"], c["samples"], t.samples_per_insert, t.samples_per_insert_tolerance,
+                      t.min_buffer_steps, t.batch_size)  # fmt: skip
+
+
+def _evaluate(cfg: Config, network, seed: int, training_step: int) -> dict:
+    """Greedy episodes (no noise, most visited action), one per env, as the evaluator does."""
+    count = cfg.runtime.evaluation_episodes
+    player = BatchedPlayer(cfg, [make_env(cfg.env) for _ in range(count)], network, explore=False, seed=seed)
+    returns: dict[int, float] = {}
+    while len(returns) < count:
+        before = [id(ep) for ep in player.episodes]
+        for ep in player.step():
+            returns.setdefault(before.index(id(ep)), ep.total_reward)
+    values = [returns[k] for k in range(count)]
+    return {"training_step": training_step, "mean_return": float(np.mean(values)), "returns": values}
