@@ -22,6 +22,7 @@ import math
 import os
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -412,6 +413,14 @@ def _learn(config: Config, buf: ReplayBuffer, store: WeightStore, stop, reports,
         num_actions=num_actions, stacked_observations=t.stacked_observations,
     )  # fmt: skip
     wait_for_rate, notify_rate = _rate_hooks(rate, buf)
+
+    def may_draw_ahead() -> bool:
+        if rate is None:
+            return True
+        if hasattr(rate, "can_sample"):  # mpper.rate.RateLimiter: ask without waiting
+            c = buf.counters
+            return rate.can_sample(c["steps"], c["samples"])  # samples counts this batch already
+        return False  # an unknown rate controller: only draw when it says so
     checkpoint_path = run_dir / CHECKPOINT_NAME
     meter = _Meter(reports, trainer.training_step, device)
 
@@ -426,36 +435,54 @@ def _learn(config: Config, buf: ReplayBuffer, store: WeightStore, stop, reports,
         meter.waited += time.perf_counter() - t0
         meter.maybe_report(trainer.training_step, store.version, len(buf), state="waiting_for_data")
 
-    # 2. Train.
+    # 2. Train. The next batch is drawn in a helper thread while this one trains (the
+    # buffer's compiled kernels release the GIL, torch too), so sampling costs the
+    # learner no time unless training outruns it. A batch is drawn ahead only when the
+    # rate limiter would allow it now; otherwise the loop waits for the ratio first.
     last_checkpoint = time.monotonic()
-    while trainer.training_step < t.training_steps and not stop.is_set():
-        t0 = time.perf_counter()
-        if wait_for_rate is not None:
-            wait_for_rate(stop)  # blocks while the learner is ahead of self-play
-            if stop.is_set():
-                meter.waited += time.perf_counter() - t0
-                break
-        # beta annealed linearly from replay.beta to 1 over training
-        beta = config.replay.beta + (1.0 - config.replay.beta) * min(1.0, trainer.training_step / t.training_steps)
-        batch = buf.sample(t.batch_size, beta, targets, rng)
-        if notify_rate is not None:
-            notify_rate()  # the samples counter moved: wake writers the ratio held back
-        meter.waited += time.perf_counter() - t0  # time not spent training: waiting for data
 
-        metrics, priorities = trainer.train_step(batch)
-        applied, dropped = buf.update_priorities(batch.indices, batch.generations, priorities)
-        meter.applied += applied
-        meter.dropped += dropped
-        meter.last = {**metrics, "beta": beta}
+    def beta_at(step: int) -> float:  # annealed linearly from replay.beta to 1 over training
+        return config.replay.beta + (1.0 - config.replay.beta) * min(1.0, step / t.training_steps)
 
-        step = trainer.training_step
-        if step % t.checkpoint_interval == 0:
-            store.publish(network.get_flat_weights(), step)
-            published_at = step
-        if time.monotonic() - last_checkpoint >= config.runtime.checkpoint_interval_s:
-            checkpoint()
-            last_checkpoint = time.monotonic()
-        meter.maybe_report(step, store.version, len(buf), state="training")
+    def draw(step: int):
+        return prefetcher.submit(buf.sample, t.batch_size, beta_at(step), targets, rng)
+
+    prefetcher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mpper-prefetch")
+    pending = None
+    try:
+        while trainer.training_step < t.training_steps and not stop.is_set():
+            t0 = time.perf_counter()
+            if pending is None:
+                if wait_for_rate is not None:
+                    wait_for_rate(stop)  # blocks while the learner is ahead of self-play
+                    if stop.is_set():
+                        meter.waited += time.perf_counter() - t0
+                        break
+                pending = draw(trainer.training_step)
+            batch, beta = pending.result(), beta_at(trainer.training_step)
+            pending = None
+            if notify_rate is not None:
+                notify_rate()  # the samples counter moved: wake writers the ratio held back
+            meter.waited += time.perf_counter() - t0  # time not spent training: waiting for data
+            if may_draw_ahead():
+                pending = draw(trainer.training_step + 1)
+
+            metrics, priorities = trainer.train_step(batch)
+            applied, dropped = buf.update_priorities(batch.indices, batch.generations, priorities)
+            meter.applied += applied
+            meter.dropped += dropped
+            meter.last = {**metrics, "beta": beta}
+
+            step = trainer.training_step
+            if step % t.checkpoint_interval == 0:
+                store.publish(network.get_flat_weights(), step)
+                published_at = step
+            if time.monotonic() - last_checkpoint >= config.runtime.checkpoint_interval_s:
+                checkpoint()
+                last_checkpoint = time.monotonic()
+            meter.maybe_report(step, store.version, len(buf), state="training")
+    finally:
+        prefetcher.shutdown(wait=True, cancel_futures=True)
 
     # 3. The end (training_steps reached, or stop): final weights, checkpoint, report.
     if trainer.training_step != published_at:
