@@ -92,6 +92,7 @@ class Supervisor:
         self.reanalyse: dict = {}
         self.recent_returns: deque = deque(maxlen=100)
         self.worker_weights: dict[str, int] = {}  # weight version each worker last played with
+        self.tensorboard = None  # a SummaryWriter when tensorboard is installed
 
     # ---- lifecycle ------------------------------------------------------------------
     def run(self) -> int:
@@ -137,6 +138,7 @@ class Supervisor:
         self.rate = self._rate_limiter()
         self._spawn_all()
         self.metrics_file = open(self.run_dir / "metrics.jsonl", "a")
+        self.tensorboard = _tensorboard_writer(self.run_dir / "tensorboard")
 
     def _rate_limiter(self):
         t = self.config.training
@@ -311,6 +313,8 @@ class Supervisor:
         }
         self.metrics_file.write(json.dumps(record) + "\n")
         self.metrics_file.flush()
+        if self.tensorboard is not None:
+            _log_scalars(self.tensorboard, record)
 
     def _snapshot(self) -> None:
         t0 = time.monotonic()
@@ -352,12 +356,35 @@ class Supervisor:
         if hasattr(self, "metrics_file"):
             self._write_metrics(event="end")
             self.metrics_file.close()
+            if self.tensorboard is not None:
+                self.tensorboard.close()
         for obj in (self.buffer, self.store):
             if obj is not None:
                 obj.close()
         if hasattr(self, "reports"):
             self.reports.close()
             self.reports.join_thread()
+
+
+def _tensorboard_writer(path: Path):
+    """A TensorBoard writer when the ``tensorboard`` package is installed, else None."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:  # tensorboard is optional: metrics.jsonl has everything
+        return None
+    return SummaryWriter(str(path))
+
+
+def _log_scalars(writer, record: dict) -> None:
+    """The numbers of one metrics.jsonl record, against env steps."""
+    step = record["env_steps"]
+    for group in ("learner", "evaluation", "reanalyse"):
+        for key, value in record.get(group, {}).items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                writer.add_scalar(f"{group}/{key}", value, step)
+    if record.get("mean_selfplay_return") is not None:
+        writer.add_scalar("selfplay/mean_return", record["mean_selfplay_return"], step)
+    writer.add_scalar("buffer/positions", record["buffer_positions"], step)
 
 
 def _describe_exit(code: int | None) -> str:

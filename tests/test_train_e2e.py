@@ -85,6 +85,45 @@ def test_two_workers_train_and_everything_is_saved(tmp_path):
         leaves = snap.priorities(np.arange(snap.capacity))
         assert np.isfinite(snap.fields["reanalysed_value"]).any()
     assert len(np.unique(leaves[leaves > 0])) > 10  # priorities differ: they were updated
+    try:  # TensorBoard event files when the package is there, nothing (and no error) otherwise
+        import tensorboard  # noqa: F401
+
+        assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
+    except ImportError:
+        assert not (run_dir / "tensorboard").exists()
+
+
+@pytest.mark.timeout(240)
+def test_a_dead_learner_stops_the_run_with_its_error_and_a_final_snapshot(tmp_path):
+    run_dir = tmp_path / "run"
+    segments_before = set(shm.mpper_segments())
+    proc = subprocess.Popen(run_args(run_dir, "--workers", "1", "--max-train-steps", "100000"), cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 150
+        while not _trained(run_dir):
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "training did not start"
+            time.sleep(0.5)
+        os.kill(json.loads((run_dir / "processes.json").read_text())["learner"], signal.SIGKILL)
+        stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 1
+    assert "run stopped: learner died (killed by SIGKILL)" in stderr
+    with ReplayBuffer.load(run_dir / "buffer", mmap=True) as snap:
+        assert snap.counters["games"] > 0  # the final snapshot holds what was played
+    assert set(shm.mpper_segments()) <= segments_before
+
+
+def _trained(run_dir: Path) -> bool:
+    metrics = run_dir / "metrics.jsonl"
+    if not metrics.exists():
+        return False
+    lines = [json.loads(x) for x in metrics.read_text().splitlines() if x]
+    return any(r["learner"].get("training_step", 0) >= 3 for r in lines)
 
 
 @pytest.mark.timeout(240)
