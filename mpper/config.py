@@ -198,7 +198,7 @@ class NetworkConfig:
 
     kind: str = _opt("fc", ("fc", "residual"), '"fc" (fully connected) or "residual" (board games)')
     encoding_size: int = _opt(16, ">= 1", "hidden-state size (fc); channels for residual")
-    hidden: list = _opt([64], _WIDTHS, "fc: widths of each head's hidden layers")
+    hidden: list = _opt([64], _WIDTHS, "widths of the hidden layers of each head's MLP (fc and residual)")
     blocks: int = _opt(2, ">= 1", "residual: residual blocks per function")
     support_size: int = _opt(10, ">= 1", "value/reward support is [-support_size, support_size]")
     # Added for mpper.networks: muzero-general's reduced_channels_{value,reward,policy}, one
