@@ -1,6 +1,7 @@
 """mpper: MuZero-style and prioritized-replay training on one machine, with plain OS
 processes sharing one replay buffer in shared memory."""
 
+from .inspect_snapshot import load_snapshot
 from .replay_buffer import COUNTERS, Batch, BufferHandle, EpisodeRef, ReplayBuffer
 from .schema import Field, dqn_schema, muzero_schema
 from .shm import SharedMemoryRoomError
@@ -23,5 +24,6 @@ __all__ = [
     "SnapshotError",
     "SumTree",
     "dqn_schema",
+    "load_snapshot",
     "muzero_schema",
 ]

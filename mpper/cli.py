@@ -66,6 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", dest="overrides",
                    help="override one config key, typed and checked like the file; VALUE is parsed as JSON "
                         "when it can be, else taken as a string (repeatable; e.g. --set training.batch_size=64)")
+    p.add_argument("--inspect", metavar="SNAPSHOT_DIR",
+                   help="report what a buffer snapshot holds (opened memory-mapped, read-only) and exit")
+    p.add_argument("--json", action="store_true", help="with --inspect: print the statistics as JSON")
     p.add_argument("--help-config", action="store_true",
                    help="print every config key with its type, default, allowed values and meaning, and exit")
     return p
@@ -98,6 +101,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.help_config:
         print(describe_config())
         return 0
+    if args.inspect is not None:
+        from .inspect_snapshot import inspect_main
+
+        return inspect_main(args.inspect, args.json)
 
     resume = None
     if args.resume is not None:
