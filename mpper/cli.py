@@ -66,6 +66,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", dest="overrides",
                    help="override one config key, typed and checked like the file; VALUE is parsed as JSON "
                         "when it can be, else taken as a string (repeatable; e.g. --set training.batch_size=64)")
+    p.add_argument("--evaluate", metavar="RUN_DIR",
+                   help="play greedy episodes with a run's checkpoint, print return and length statistics, "
+                        "write RUN_DIR/evaluation.json, and exit")
+    p.add_argument("--episodes", type=int, default=10, metavar="N", help="with --evaluate: episodes to play (10)")
+    p.add_argument("--checkpoint", metavar="FILE",
+                   help="with --evaluate: checkpoint to load (default RUN_DIR/checkpoint.pt)")
     p.add_argument("--inspect", metavar="SNAPSHOT_DIR",
                    help="report what a buffer snapshot holds (opened memory-mapped, read-only) and exit")
     p.add_argument("--json", action="store_true", help="with --inspect: print the statistics as JSON")
@@ -101,6 +107,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.help_config:
         print(describe_config())
         return 0
+    if args.evaluate is not None:
+        if args.episodes < 1:
+            return _fail(f"--episodes: expected an integer >= 1, got {args.episodes}")
+        from .evaluate import evaluate_main
+
+        return evaluate_main(args.evaluate, args.episodes, args.checkpoint, args.seed or 0)
     if args.inspect is not None:
         from .inspect_snapshot import inspect_main
 

@@ -32,7 +32,7 @@ from .rate import can_sample
 from .reanalyse import Reanalyser
 from .replay_buffer import ReplayBuffer
 from .schema import muzero_schema
-from .selfplay import BatchedPlayer, initial_priorities
+from .selfplay import BatchedPlayer, initial_priorities, play_greedy
 from .targets import MuZeroTargets
 from .weights import WeightStore
 
@@ -148,13 +148,7 @@ def _may_train(buf: ReplayBuffer, cfg: Config) -> bool:
 
 
 def _evaluate(cfg: Config, network, seed: int, training_step: int) -> dict:
-    """Greedy episodes (no noise, most visited action), one per env, as the evaluator does."""
-    count = cfg.runtime.evaluation_episodes
-    player = BatchedPlayer(cfg, [make_env(cfg.env) for _ in range(count)], network, explore=False, seed=seed)
-    returns: dict[int, float] = {}
-    while len(returns) < count:
-        before = [id(ep) for ep in player.episodes]
-        for ep in player.step():
-            returns.setdefault(before.index(id(ep)), ep.total_reward)
-    values = [returns[k] for k in range(count)]
+    """Greedy episodes, one per env, as the evaluator process plays them."""
+    envs = [make_env(cfg.env) for _ in range(cfg.runtime.evaluation_episodes)]
+    values = [ep.total_reward for ep in play_greedy(cfg, envs, network, seed)]
     return {"training_step": training_step, "mean_return": float(np.mean(values)), "returns": values}

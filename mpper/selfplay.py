@@ -25,7 +25,7 @@ from .networks import make_network
 from .procs import child_init, report_error
 from .targets import MuZeroTargets, stacked_observations
 
-__all__ = ["BatchedPlayer", "Episode", "initial_priorities", "run_selfplay", "run_evaluator"]
+__all__ = ["BatchedPlayer", "Episode", "initial_priorities", "play_greedy", "run_selfplay", "run_evaluator"]
 
 
 @dataclass
@@ -219,6 +219,25 @@ def run_selfplay(worker_id: int, config: Config, buffer_handle, weight_handle, s
                 obj.close()
 
 
+def play_greedy(config: Config, envs: list, network, seed: int, stop=None, on_episode=None) -> list[Episode] | None:
+    """One greedy episode (search without noise, most visited action) in each env, played
+    together; returns them in env order, or None if ``stop`` was set first.
+    ``on_episode(episode)`` is called as each one ends (progress bars)."""
+    player = BatchedPlayer(config, envs, network, explore=False, seed=seed)
+    done: dict[int, Episode] = {}
+    while len(done) < len(envs):
+        if stop is not None and stop.is_set():
+            return None
+        before = [id(ep) for ep in player.episodes]  # finished envs keep playing: first episode counts
+        for ep in player.step():
+            k = before.index(id(ep))
+            if k not in done:
+                done[k] = ep
+                if on_episode is not None:
+                    on_episode(ep)
+    return [done[k] for k in range(len(envs))]
+
+
 def run_evaluator(config: Config, weight_handle, observation_shape, num_actions: int, stop, reports,
                   seed: int) -> None:  # fmt: skip
     """Evaluator process: every ``evaluation_interval_s``, play ``evaluation_episodes``
@@ -240,16 +259,9 @@ def run_evaluator(config: Config, weight_handle, observation_shape, num_actions:
         while not stop.is_set():
             started = time.monotonic()
             weights.refresh()
-            player = BatchedPlayer(config, envs, weights.network, explore=False, seed=seed + 10_000 * round_)
-            returns: dict[int, float] = {}
-            while len(returns) < count and not stop.is_set():
-                # each env's first finished episode counts; finished envs keep playing
-                before = [id(ep) for ep in player.episodes]
-                for ep in player.step():
-                    k = before.index(id(ep))
-                    returns.setdefault(k, ep.total_reward)
-            if len(returns) == count:
-                values = [returns[k] for k in range(count)]
+            episodes = play_greedy(config, envs, weights.network, seed + 10_000 * round_, stop)
+            if episodes is not None:
+                values = [ep.total_reward for ep in episodes]
                 reports.put(("eval", name, {"training_step": weights.training_step, "mean_return": float(np.mean(values)),
                                             "returns": values, "weights_version": weights.version}))  # fmt: skip
             round_ += 1

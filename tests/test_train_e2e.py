@@ -61,7 +61,7 @@ def check_outputs(run_dir: Path) -> dict:
 
 
 @pytest.mark.timeout(240)
-def test_two_workers_train_and_everything_is_saved(tmp_path):
+def test_two_workers_train_and_everything_is_saved(tmp_path, capsys):
     run_dir = tmp_path / "run"
     # samples-per-insert keeps the learner in step with self-play (and is exercised)
     args = run_args(run_dir, "--workers", "2", "--max-train-steps", "60", "--set", "training.samples_per_insert=4")
@@ -85,6 +85,19 @@ def test_two_workers_train_and_everything_is_saved(tmp_path):
         leaves = snap.priorities(np.arange(snap.capacity))
         assert np.isfinite(snap.fields["reanalysed_value"]).any()
     assert len(np.unique(leaves[leaves > 0])) > 10  # priorities differ: they were updated
+    # --evaluate judges the saved agent and writes evaluation.json
+    from mpper.cli import main
+
+    assert main(["--evaluate", str(run_dir), "--episodes", "2", "--seed", "1"]) == 0
+    evaluation = json.loads((run_dir / "evaluation.json").read_text())
+    assert evaluation["episodes"] == 2 and len(evaluation["returns"]) == 2
+    assert evaluation["training_step"] == 60 and evaluation["return"]["min"] >= 1
+    (run_dir / "checkpoint.pt").rename(run_dir / "moved.pt")
+    capsys.readouterr()
+    assert main(["--evaluate", str(run_dir)]) == 2  # missing checkpoint: one clear line naming it
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "checkpoint.pt" in err[0]
+    assert main(["--evaluate", str(run_dir), "--checkpoint", str(run_dir / "moved.pt"), "--episodes", "1"]) == 0
     try:  # TensorBoard event files when the package is there, nothing (and no error) otherwise
         import tensorboard  # noqa: F401
 
