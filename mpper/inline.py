@@ -29,6 +29,7 @@ from .learner import MuZeroTrainer, load_checkpoint, pick_device, save_checkpoin
 from .mcts import temperature_at
 from .networks import make_network
 from .rate import can_sample
+from .runtime import write_json_atomic
 from .reanalyse import Reanalyser
 from .replay_buffer import ReplayBuffer
 from .schema import muzero_schema
@@ -44,7 +45,7 @@ def train_inline(config: Config, run_dir: Path, resume: Path | None = None) -> i
     cfg, t = config, config.training
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.json").write_text(json.dumps(config_to_dict(cfg), indent=2) + "\n")
-    (run_dir / "processes.json").write_text(json.dumps({"supervisor": os.getpid()}))
+    write_json_atomic(run_dir / "processes.json", {"supervisor": os.getpid()})
     torch.manual_seed(cfg.runtime.seed)
     torch.set_num_threads(max(1, cfg.runtime.torch_threads))
     spec = env_spec(cfg.env)

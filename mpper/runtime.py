@@ -178,7 +178,7 @@ class Supervisor:
         child.process.start()
         # which pid plays which role, for people (and tests) looking at a live run
         pids = {name: c.process.pid for name, c in self.children.items() if c.process is not None}
-        (self.run_dir / "processes.json").write_text(json.dumps({"supervisor": os.getpid(), **pids}, indent=1))
+        write_json_atomic(self.run_dir / "processes.json", {"supervisor": os.getpid(), **pids})
 
     # ---- supervision ----------------------------------------------------------------
     def _supervise(self) -> int:
@@ -364,6 +364,13 @@ class Supervisor:
         if hasattr(self, "reports"):
             self.reports.close()
             self.reports.join_thread()
+
+
+def write_json_atomic(path: Path, data) -> None:
+    """Write JSON that a reader polling the file never sees half-written (temp + rename)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    os.replace(tmp, path)
 
 
 def _tensorboard_writer(path: Path):

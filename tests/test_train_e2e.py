@@ -31,6 +31,11 @@ def run_args(run_dir: Path, *extra: str) -> list[str]:
             "--run-dir", str(run_dir), *SMALL, *extra]  # fmt: skip
 
 
+def complete_lines(path: Path) -> list[str]:
+    """The lines of a file another process is appending to, without a last partial one."""
+    return [line for line in path.read_text().split("\n")[:-1] if line]
+
+
 def alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -135,7 +140,7 @@ def _trained(run_dir: Path) -> bool:
     metrics = run_dir / "metrics.jsonl"
     if not metrics.exists():
         return False
-    lines = [json.loads(x) for x in metrics.read_text().splitlines() if x]
+    lines = [json.loads(x) for x in complete_lines(metrics)]
     return any(r["learner"].get("training_step", 0) >= 3 for r in lines)
 
 
@@ -155,8 +160,8 @@ def test_ctrl_c_stops_cleanly_and_a_killed_worker_is_restarted(tmp_path):
             time.sleep(0.5)
             metrics = run_dir / "metrics.jsonl"
             if metrics.exists():
-                lines = metrics.read_text().splitlines()
-                step = max((json.loads(x)["learner"].get("training_step", 0) for x in lines if x), default=0)
+                lines = complete_lines(metrics)
+                step = max((json.loads(x)["learner"].get("training_step", 0) for x in lines), default=0)
         pids = json.loads((run_dir / "processes.json").read_text())
         os.kill(pids["worker-0"], signal.SIGKILL)  # a worker killed mid-episode
         deadline = time.monotonic() + 60
