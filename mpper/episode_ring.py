@@ -56,11 +56,6 @@ def pack_info(rows: int, terminated: bool) -> np.ndarray:
     return (pos << POS_SHIFT) | ((rows - 1) << MOVES_SHIFT) | (TERMINATED_BIT if terminated else 0)
 
 
-def unpack_info(info: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(position, T, terminated) of INFO values."""
-    return info >> POS_SHIFT, (info & 0xFFFFFFFF) >> MOVES_SHIFT, (info & TERMINATED_BIT) != 0
-
-
 def make_unsampleable(gen: np.ndarray) -> None:
     """Set generations to the next odd value (in place): evicted, reserved or a hole."""
     gen += 1 + (gen & 1)

@@ -632,17 +632,17 @@ class ReplayBuffer(shm_mod.SharedObject):
             rows = self._ring.published_rows()
             if rows.size == 0:
                 return []
-            pick = rows[rng.choice(rows.size, size=min(count, rows.size), replace=False)]
-            ep = self._episodes[pick].copy()
-            gens = self._generation[ep[:, START]]
-        return [EpisodeRef(int(e[ID]), int(e[START]), int(e[ROWS]), int(g), bool(e[TERMINATED]))
-                for e, g in zip(ep, gens)]  # fmt: skip
+            return self._refs(rows[rng.choice(rows.size, size=min(count, rows.size), replace=False)])
 
     def episodes(self) -> list[EpisodeRef]:
         """All published episodes, oldest first."""
         with self._locked:
-            ep = self._episodes[self._ring.published_rows()].copy()
-            gens = self._generation[ep[:, START]]
+            return self._refs(self._ring.published_rows())
+
+    def _refs(self, table_rows: np.ndarray) -> list[EpisodeRef]:
+        """EpisodeRefs of episode-table rows (call with the lock held)."""
+        ep = self._episodes[table_rows]
+        gens = self._generation[ep[:, START]]
         return [EpisodeRef(int(e[ID]), int(e[START]), int(e[ROWS]), int(g), bool(e[TERMINATED]))
                 for e, g in zip(ep, gens)]  # fmt: skip
 

@@ -141,13 +141,11 @@ class Supervisor:
         self.tensorboard = _tensorboard_writer(self.run_dir / "tensorboard")
 
     def _rate_limiter(self):
-        t = self.config.training
-        if t.samples_per_insert is None:
+        if self.config.training.samples_per_insert is None:
             return None
         from .rate import RateLimiter
 
-        return RateLimiter(t.samples_per_insert, t.samples_per_insert_tolerance, t.min_buffer_steps,
-                           t.batch_size, self.ctx)  # fmt: skip
+        return RateLimiter.from_config(self.config.training, self.ctx)
 
     def _spawn_all(self) -> None:
         from .learner import run_learner

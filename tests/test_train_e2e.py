@@ -118,11 +118,7 @@ def test_a_dead_learner_stops_the_run_with_its_error_and_a_final_snapshot(tmp_pa
     proc = subprocess.Popen(run_args(run_dir, "--workers", "1", "--max-train-steps", "100000"), cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
     try:
-        deadline = time.monotonic() + 150
-        while not _trained(run_dir):
-            assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline, "training did not start"
-            time.sleep(0.5)
+        wait_until_training(proc, run_dir)
         os.kill(json.loads((run_dir / "processes.json").read_text())["learner"], signal.SIGKILL)
         stdout, stderr = proc.communicate(timeout=60)
     finally:
@@ -136,12 +132,18 @@ def test_a_dead_learner_stops_the_run_with_its_error_and_a_final_snapshot(tmp_pa
     assert set(shm.mpper_segments()) <= segments_before
 
 
-def _trained(run_dir: Path) -> bool:
+def wait_until_training(proc: subprocess.Popen, run_dir: Path, steps: int = 5, timeout: float = 150) -> None:
+    """Block until the run's metrics show ``steps`` training steps (the learner trains)."""
+    deadline = time.monotonic() + timeout
     metrics = run_dir / "metrics.jsonl"
-    if not metrics.exists():
-        return False
-    lines = [json.loads(x) for x in complete_lines(metrics)]
-    return any(r["learner"].get("training_step", 0) >= 3 for r in lines)
+    while True:
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "training did not start"
+        time.sleep(0.5)
+        if metrics.exists():
+            lines = [json.loads(x) for x in complete_lines(metrics)]
+            if any(r["learner"].get("training_step", 0) >= steps for r in lines):
+                return
 
 
 @pytest.mark.timeout(240)
@@ -151,17 +153,7 @@ def test_ctrl_c_stops_cleanly_and_a_killed_worker_is_restarted(tmp_path):
     proc = subprocess.Popen(run_args(run_dir, "--workers", "2", "--max-train-steps", "100000"), cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
     try:
-        # wait until the learner trains (metrics show training steps)
-        deadline = time.monotonic() + 150
-        step = 0
-        while step < 5:
-            assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline, "training did not start"
-            time.sleep(0.5)
-            metrics = run_dir / "metrics.jsonl"
-            if metrics.exists():
-                lines = complete_lines(metrics)
-                step = max((json.loads(x)["learner"].get("training_step", 0) for x in lines), default=0)
+        wait_until_training(proc, run_dir)
         pids = json.loads((run_dir / "processes.json").read_text())
         os.kill(pids["worker-0"], signal.SIGKILL)  # a worker killed mid-episode
         deadline = time.monotonic() + 60
