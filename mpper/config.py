@@ -40,6 +40,7 @@ __all__ = [
     "Check",
     "Config",
     "ConfigError",
+    "DQNConfig",
     "EnvConfig",
     "MCTSConfig",
     "NetworkConfig",
@@ -232,6 +233,7 @@ class ReplayConfig:
     beta: float = _opt(1.0, "[0, 1]", "initial importance-sampling exponent, annealed to 1")
     priority_eps: float = _opt(1e-6, ">= 0", "added to raw priorities so that no step is starved")
     initial_priority: str | float = _opt("max", _INITIAL_PRIORITY, 'priority of new steps: "max" (largest so far) or a number')
+    beta_anneal_steps: int | None = _opt(None, ">= 1", "training steps over which beta reaches 1; null: training_steps")
     snapshot_interval_s: float = _opt(300.0, ">= 0", "periodic buffer snapshot; 0: only at the end")
 
 
@@ -274,18 +276,44 @@ class RuntimeConfig:
     checkpoint_interval_s: float = _opt(60.0, "> 0", "seconds between checkpoint.pt writes")
     max_worker_restarts: int = _opt(3, ">= 0", "restarts of a failing worker before the run stops")
     time_limit_s: float | None = _opt(None, "> 0", "stop cleanly after this many seconds; null: no limit")
+    max_episodes: int | None = _opt(None, ">= 1", "stop cleanly after this many self-play episodes; null: no limit")
     log_interval_s: float = _opt(5.0, "> 0", "compact progress line when stdout is not a terminal")
     torch_threads: int = _opt(1, ">= 1", "torch threads per child process")
+
+
+@dataclass
+class DQNConfig:
+    """DQN (algorithm "dqn"): acting, targets and the Q-network head. The network widths
+    are network.hidden; optimizer, lr, batch, clipping and rate control are training.*."""
+
+    n_step: int = _opt(3, ">= 1", "n of the n-step return R = sum_{i<n} gamma^i r_{t+1+i} (1: one-step DQN)")
+    gamma: float = _opt(0.99, "(0, 1]", "discount of the n-step return and of the bootstrap")
+    double: bool = _opt(True, None, "double DQN: the online net picks the next action, the target net values it")
+    dueling: bool = _opt(False, None, "dueling head: Q = V + A - mean(A)")
+    loss: str = _opt("huber", ("huber", "mse"), '"huber" (smooth L1, delta 1) or "mse" (squared TD error)')
+    target_update: str = _opt("hard", ("hard", "soft"), '"hard": copy every target_update_interval steps; "soft": Polyak tau each step')
+    target_update_interval: int = _opt(100, ">= 1", "hard updates: training steps between target-network copies")
+    tau: float = _opt(0.005, "(0, 1]", "soft updates: target = tau * online + (1 - tau) * target, each step")
+    grad_clip_value: float | None = _opt(None, "> 0", "clamp each gradient element to [-v, v] (the seed's clamp_(-1, 1)); null: off")
+    exploration: str = _opt("apex", ("apex", "decay"), '"apex": a constant epsilon per actor; "decay": one exponential schedule')
+    apex_epsilon: float = _opt(0.4, "[0, 1]", "apex: eps_i = apex_epsilon ** (1 + i * apex_alpha / (N - 1)), actor i of N")
+    apex_alpha: float = _opt(7.0, ">= 0", "apex: exponent spread of the per-actor epsilons")
+    epsilon_start: float = _opt(1.0, "[0, 1]", "decay: epsilon at the first step")
+    epsilon_end: float = _opt(0.05, "[0, 1]", "decay: epsilon it decays to")
+    epsilon_decay: float = _opt(10_000.0, "> 0", "decay: eps = end + (start - end) * exp(-steps / decay), steps of each worker")
+    initial_priority: str = _opt("td", ("td", "max"), '"td": |TD error| from the actor\'s own weights (Ape-X); "max": replay.initial_priority')
+    priority_clip: float | None = _opt(None, "> 0", "raw priorities |TD| clipped to at most this (the seed's abs_err_upper); null: off")
 
 
 @dataclass
 class Config:
     """A whole run: the algorithm and one object per section."""
 
-    algorithm: str = _opt("muzero", ("muzero", "dqn"), '"muzero" or "dqn"')
+    algorithm: str = _opt("muzero", ("muzero", "dqn"), '"muzero" or "dqn" (sections mcts and reanalyse: muzero only; dqn: dqn only)')
     env: EnvConfig = field(default_factory=EnvConfig)
     network: NetworkConfig = field(default_factory=NetworkConfig)
     mcts: MCTSConfig = field(default_factory=MCTSConfig)
+    dqn: DQNConfig = field(default_factory=DQNConfig)
     replay: ReplayConfig = field(default_factory=ReplayConfig)
     training: TrainingConfig = field(default_factory=TrainingConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
@@ -688,6 +716,7 @@ def config_from_dict(
     # top-level and section duplicates were checked above; build checks every key
     config = _build(Config, data, sources)
     _check_cross(config, sources)
+    _check_algorithm(config, sources)
     if check_device and config.runtime.device == "cuda" and not _cuda_available():
         raise ConfigError(
             f'{sources("runtime.device")}: runtime.device: "cuda" but torch.cuda.is_available() is false on this '
@@ -696,6 +725,19 @@ def config_from_dict(
     if check_env:
         _check_env_late(config, sources)
     return config
+
+
+def _check_algorithm(config: Config, sources: _Sources) -> None:
+    """Keys that only one algorithm supports."""
+    if config.algorithm != "dqn":
+        return
+    if config.network.kind != "fc":
+        raise ConfigError(f'{sources("network.kind")}: network.kind: algorithm "dqn" uses an MLP Q-network, '
+                          f'expected "fc", got {_show(config.network.kind)}')  # fmt: skip
+    if config.training.stacked_observations != 0:
+        raise ConfigError(f'{sources("training.stacked_observations")}: training.stacked_observations: '
+                          f'algorithm "dqn" does not stack observations, expected 0, '
+                          f'got {config.training.stacked_observations}')  # fmt: skip
 
 
 def _check_env_late(config: Config, sources: _Sources) -> None:

@@ -19,7 +19,7 @@ from tqdm import tqdm
 from .config import ConfigError, load_config
 from .envs import env_spec, make_env
 from .learner import CheckpointError, load_checkpoint
-from .networks import make_network
+from .networks import make_model
 from .selfplay import play_greedy
 
 __all__ = ["evaluate_run", "evaluate_main"]
@@ -32,8 +32,7 @@ def evaluate_run(run_dir: Path, episodes: int = 10, checkpoint: Path | None = No
     checkpoint = checkpoint or run_dir / "checkpoint.pt"
     state = load_checkpoint(checkpoint)
     spec = env_spec(config.env)
-    network = make_network(config.network, spec.observation_shape, spec.num_actions,
-                           config.training.stacked_observations)  # fmt: skip
+    network = make_model(config, spec.observation_shape, spec.num_actions)
     network.load_state_dict(state["network"])
     network.eval()
     envs = [make_env(config.env) for _ in range(episodes)]

@@ -25,16 +25,15 @@ from tqdm import tqdm
 
 from .config import Config, config_to_dict
 from .envs import env_spec, make_env
-from .learner import MuZeroTrainer, load_checkpoint, pick_device, save_checkpoint
-from .mcts import temperature_at
-from .networks import make_network
+from .learner import (beta_schedule, load_checkpoint, make_targets, make_trainer, pick_device, save_checkpoint,
+                      save_network_checkpoint)  # fmt: skip
+from .networks import make_model
 from .rate import can_sample
-from .runtime import write_json_atomic
 from .reanalyse import Reanalyser
 from .replay_buffer import ReplayBuffer
-from .schema import muzero_schema
-from .selfplay import BatchedPlayer, initial_priorities, play_greedy
-from .targets import MuZeroTargets
+from .runtime import write_json_atomic
+from .schema import schema_for
+from .selfplay import make_player, play_greedy
 from .weights import WeightStore
 
 __all__ = ["train_inline"]
@@ -56,15 +55,16 @@ def train_inline(config: Config, run_dir: Path, resume: Path | None = None) -> i
         if resume is not None and snapshot.exists():
             buf = ReplayBuffer.load(snapshot)
         else:
-            buf = ReplayBuffer.create(muzero_schema(spec.observation_shape, spec.num_actions, spec.observation_dtype),
+            buf = ReplayBuffer.create(schema_for(cfg.algorithm, spec.observation_shape, spec.num_actions,
+                                                 spec.observation_dtype),  # fmt: skip
                                       cfg.replay.capacity, alpha=cfg.replay.alpha, priority_eps=cfg.replay.priority_eps,
                                       initial_priority=cfg.replay.initial_priority)  # fmt: skip
         device = pick_device(cfg.runtime.device)
-        network = make_network(cfg.network, spec.observation_shape, spec.num_actions, t.stacked_observations)
-        trainer = MuZeroTrainer(cfg, network.to(device), device)
+        network = make_model(cfg, spec.observation_shape, spec.num_actions)
+        trainer = make_trainer(cfg, network.to(device), device)
         if resume is not None and (run_dir / "checkpoint.pt").exists():
             trainer.load_state_dict(load_checkpoint(run_dir / "checkpoint.pt"))
-        acting = make_network(cfg.network, spec.observation_shape, spec.num_actions, t.stacked_observations).eval()
+        acting = make_model(cfg, spec.observation_shape, spec.num_actions).eval()
         store = WeightStore.create(acting.num_flat_weights())
 
         def publish() -> None:
@@ -74,26 +74,25 @@ def train_inline(config: Config, run_dir: Path, resume: Path | None = None) -> i
 
         publish()
         seed = cfg.runtime.seed * 1_000_003
-        player = BatchedPlayer(cfg, [make_env(cfg.env) for _ in range(cfg.runtime.envs_per_worker)], acting,
-                               explore=True, seed=seed)  # fmt: skip
-        reanalyser = Reanalyser(cfg, buf, store) if cfg.runtime.reanalyse else None
-        targets = MuZeroTargets(t.num_unroll_steps, t.td_steps, cfg.mcts.discount, spec.num_actions,
-                                t.stacked_observations)  # fmt: skip
+        player = make_player(cfg, [make_env(cfg.env) for _ in range(cfg.runtime.envs_per_worker)], acting,
+                             explore=True, seed=seed)  # fmt: skip
+        reanalyser = Reanalyser(cfg, buf, store) if cfg.runtime.reanalyse and cfg.algorithm == "muzero" else None
+        targets = make_targets(cfg, spec.num_actions)
         rng = np.random.default_rng([cfg.runtime.seed, 0x1EA2])
         metrics_file = open(run_dir / "metrics.jsonl", "a")
         bar = tqdm(total=t.training_steps, desc="train (in-process)", unit="step", disable=not sys.stdout.isatty())
         started = last_eval = last_log = time.monotonic()
         evaluation: dict = {}
+        best = -np.inf
         losses: dict = {}
         try:
             while trainer.training_step < t.training_steps:
                 progress = trainer.training_step / t.training_steps
-                for ep in player.step(temperature_at(cfg.mcts.temperature_schedule, progress)):
-                    arrays = ep.arrays(spec.num_actions)
-                    buf.add_episode(arrays, initial_priorities(arrays, t.td_steps, cfg.mcts.discount), ep.terminated)
+                for ep in player.step(progress):
+                    arrays, priorities = player.stored(ep)
+                    buf.add_episode(arrays, priorities, ep.terminated)
                 while _may_train(buf, cfg) and trainer.training_step < t.training_steps:
-                    beta = cfg.replay.beta + (1.0 - cfg.replay.beta) * trainer.training_step / t.training_steps
-                    batch = buf.sample(t.batch_size, beta, targets=targets, rng=rng)
+                    batch = buf.sample(t.batch_size, beta_schedule(cfg, trainer.training_step), targets=targets, rng=rng)
                     losses, priorities = trainer.train_step(batch)
                     buf.update_priorities(batch.indices, batch.generations, priorities)
                     if trainer.training_step % t.checkpoint_interval == 0:
@@ -107,6 +106,10 @@ def train_inline(config: Config, run_dir: Path, resume: Path | None = None) -> i
                 if now - last_eval >= cfg.runtime.evaluation_interval_s:
                     last_eval = now
                     evaluation = _evaluate(cfg, acting, seed + 999_983, trainer.training_step)
+                    if evaluation["mean_return"] >= best:  # as the evaluator process: keep the best weights
+                        best = evaluation["mean_return"]
+                        save_network_checkpoint(run_dir / "best.pt", acting, trainer.training_step,
+                                                {"mean_return": best, "returns": evaluation["returns"]})  # fmt: skip
                     solve = cfg.runtime.solve_return
                     if solve is not None and evaluation["mean_return"] >= solve:
                         reason = f"solved: mean greedy return {evaluation['mean_return']:.1f} >= {solve:g}"
@@ -117,6 +120,9 @@ def train_inline(config: Config, run_dir: Path, resume: Path | None = None) -> i
                               "counters": buf.counters, "learner": losses, "evaluation": evaluation}  # fmt: skip
                     metrics_file.write(json.dumps(record) + "\n")
                     metrics_file.flush()
+                if cfg.runtime.max_episodes is not None and buf.counters["games"] >= cfg.runtime.max_episodes:
+                    reason = f"{buf.counters['games']} self-play episodes played (max_episodes)"
+                    break
                 if cfg.runtime.time_limit_s is not None and now - started >= cfg.runtime.time_limit_s:
                     reason = f"time limit of {cfg.runtime.time_limit_s:g} s reached"
                     break

@@ -29,20 +29,24 @@ import numpy as np
 import torch
 
 from .config import Config, config_to_dict
-from .networks import MuZeroNetwork, make_network, scalar_to_support, support_to_scalar
+from .networks import MuZeroNetwork, make_model, scalar_to_support, support_to_scalar
 from .procs import child_init, report_error
 from .replay_buffer import Batch, ReplayBuffer
-from .targets import MuZeroTargets
+from .targets import MuZeroTargets, NStepTargets
 from .weights import WeightStore
 
 __all__ = [
     "CheckpointError",
     "MuZeroTrainer",
     "cross_entropy",
+    "beta_schedule",
     "load_checkpoint",
+    "make_targets",
+    "make_trainer",
     "pick_device",
     "run_learner",
     "save_checkpoint",
+    "save_network_checkpoint",
     "scale_gradient",
 ]
 
@@ -279,9 +283,20 @@ def save_checkpoint(path: str | os.PathLike, trainer: MuZeroTrainer, extra: dict
     and renamed over ``path``: a crash at any moment leaves either the previous
     checkpoint or the new one, never a torn file.
     """
-    path = Path(path)
+    _save_atomic(Path(path), {"format": CHECKPOINT_FORMAT, **trainer.state_dict(), "extra": dict(extra or {})})
+
+
+def save_network_checkpoint(path: str | os.PathLike, network: torch.nn.Module, training_step: int,
+                            extra: dict | None = None) -> None:  # fmt: skip
+    """Write a network alone (no optimizer) as a checkpoint that ``load_checkpoint`` and
+    ``--evaluate --checkpoint`` read: the evaluator's ``best.pt``."""
+    payload = {"format": CHECKPOINT_FORMAT, "network": network.state_dict(), "training_step": int(training_step),
+               "extra": dict(extra or {})}  # fmt: skip
+    _save_atomic(Path(path), payload)
+
+
+def _save_atomic(path: Path, payload: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    payload = {"format": CHECKPOINT_FORMAT, **trainer.state_dict(), "extra": dict(extra or {})}
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
@@ -388,11 +403,17 @@ def _learn(config: Config, buf: ReplayBuffer, store: WeightStore, stop, reports,
     torch.manual_seed(config.runtime.seed)
     rng = np.random.default_rng([config.runtime.seed, 0x1EA2])  # the learner's own sampling stream
 
-    # The network, sized from the buffer's schema.
+    # The model and its trainer, sized from the buffer's schema (and the env for DQN,
+    # whose rows carry no per-action field).
     obs_shape = tuple(buf.fields["observation"].shape[1:])
-    num_actions = int(buf.fields["child_visits"].shape[1])
-    network = make_network(config.network, obs_shape, num_actions, t.stacked_observations)
-    trainer = MuZeroTrainer(config, network, device)
+    if config.algorithm == "dqn":
+        from .envs import env_spec
+
+        num_actions = env_spec(config.env).num_actions
+    else:
+        num_actions = int(buf.fields["child_visits"].shape[1])
+    network = make_model(config, obs_shape, num_actions)
+    trainer = make_trainer(config, network, device)
 
     # Everyone must act with the weights the learner trains. Resuming: the checkpoint's
     # weights, published at once. Fresh: publish ours (version 1), unless someone (the
@@ -406,12 +427,11 @@ def _learn(config: Config, buf: ReplayBuffer, store: WeightStore, stop, reports,
         flat = np.empty(store.handle.num_weights, np.float32)
         store.read_into(flat)
         network.set_flat_weights(flat)
+        if hasattr(trainer, "sync_target"):  # DQN: the target starts as a copy of the online net
+            trainer.sync_target()
     published_at = trainer.training_step
 
-    targets = MuZeroTargets(
-        num_unroll_steps=t.num_unroll_steps, td_steps=t.td_steps, discount=config.mcts.discount,
-        num_actions=num_actions, stacked_observations=t.stacked_observations,
-    )  # fmt: skip
+    targets = make_targets(config, num_actions)
     wait_for_rate, notify_rate = _rate_hooks(rate, buf)
 
     def may_draw_ahead() -> bool:
@@ -441,8 +461,8 @@ def _learn(config: Config, buf: ReplayBuffer, store: WeightStore, stop, reports,
     # rate limiter would allow it now; otherwise the loop waits for the ratio first.
     last_checkpoint = time.monotonic()
 
-    def beta_at(step: int) -> float:  # annealed linearly from replay.beta to 1 over training
-        return config.replay.beta + (1.0 - config.replay.beta) * min(1.0, step / t.training_steps)
+    def beta_at(step: int) -> float:
+        return beta_schedule(config, step)
 
     def draw(step: int):
         return prefetcher.submit(buf.sample, t.batch_size, beta_at(step), targets, rng)
@@ -489,6 +509,37 @@ def _learn(config: Config, buf: ReplayBuffer, store: WeightStore, stop, reports,
         store.publish(network.get_flat_weights(), trainer.training_step)
     checkpoint()
     meter.maybe_report(trainer.training_step, store.version, len(buf), state="done", force=True)
+
+
+def make_trainer(config: Config, network, device: torch.device):
+    """The trainer of ``config.algorithm``: ``MuZeroTrainer`` or ``mpper.dqn.DQNTrainer``
+    (both: ``train_step(batch) -> (metrics, priorities)``, ``training_step``,
+    ``network``, ``state_dict`` / ``load_state_dict``)."""
+    if config.algorithm == "dqn":
+        from .dqn import DQNTrainer
+
+        return DQNTrainer(config, network, device)
+    return MuZeroTrainer(config, network, device)
+
+
+def make_targets(config: Config, num_actions: int):
+    """What ``ReplayBuffer.sample`` builds for the learner: MuZero unroll targets, or
+    DQN n-step transitions."""
+    t = config.training
+    if config.algorithm == "dqn":
+        return NStepTargets(config.dqn.n_step, config.dqn.gamma)
+    return MuZeroTargets(
+        num_unroll_steps=t.num_unroll_steps, td_steps=t.td_steps, discount=config.mcts.discount,
+        num_actions=num_actions, stacked_observations=t.stacked_observations,
+    )  # fmt: skip
+
+
+def beta_schedule(config: Config, step: int) -> float:
+    """Importance-sampling exponent after ``step`` updates: linear from ``replay.beta``
+    to 1 over ``replay.beta_anneal_steps`` (default: all training steps), then 1."""
+    r = config.replay
+    horizon = r.beta_anneal_steps or config.training.training_steps
+    return r.beta + (1.0 - r.beta) * min(1.0, step / horizon)
 
 
 def _rate_hooks(rate, buf: ReplayBuffer):

@@ -28,16 +28,18 @@ import numpy as np
 import torch
 from torch import nn
 
-from .config import NetworkConfig
+from .config import Config, NetworkConfig
 
 __all__ = [
     "EPS",
+    "FlatWeights",
     "FullyConnectedNetwork",
     "MuZeroNetwork",
     "NetworkOutput",
     "ResidualNetwork",
     "h",
     "h_inv",
+    "make_model",
     "make_network",
     "scalar_to_support",
     "stacked_shape",
@@ -135,7 +137,38 @@ def min_max_scale(x: torch.Tensor, start_dim: int) -> torch.Tensor:
     return ((flat - low) / scale).view_as(x)
 
 
-class MuZeroNetwork(nn.Module):
+class FlatWeights:
+    """Flat float32 weights of an ``nn.Module`` for the shared-memory WeightStore: the
+    learner publishes ``get_flat_weights()``, actors ``set_flat_weights`` on their copy."""
+
+    def num_flat_weights(self) -> int:
+        """Length of ``get_flat_weights()``: every parameter and buffer (BatchNorm
+        running statistics and counters included)."""
+        return sum(t.numel() for t in self.state_dict().values())
+
+    def get_flat_weights(self) -> np.ndarray:
+        """All parameters and buffers, in ``state_dict`` order, as one float32 vector.
+        Integer buffers (BatchNorm's ``num_batches_tracked``) are stored as float32,
+        exact up to 2**24."""
+        tensors = [t.detach().reshape(-1).to("cpu", torch.float32) for t in self.state_dict().values()]
+        return torch.cat(tensors).numpy()
+
+    @torch.no_grad()
+    def set_flat_weights(self, flat: np.ndarray) -> None:
+        """Load a vector made by ``get_flat_weights`` (same architecture) in place."""
+        flat = np.asarray(flat)
+        expected = self.num_flat_weights()
+        if flat.shape != (expected,):
+            raise ValueError(f"set_flat_weights: expected a vector of {expected} values, got shape {flat.shape}")
+        source = torch.from_numpy(np.ascontiguousarray(flat, dtype=np.float32))
+        offset = 0
+        for tensor in self.state_dict().values():  # state_dict tensors share storage with the module
+            n = tensor.numel()
+            tensor.copy_(source[offset : offset + n].view(tensor.shape))  # copy_ casts dtype and device
+            offset += n
+
+
+class MuZeroNetwork(FlatWeights, nn.Module):
     """Base class: representation ``h``, dynamics ``g`` (+ reward), prediction ``f``.
 
     Subclasses implement ``representation(obs) -> hidden``, ``dynamics(hidden, action)
@@ -185,33 +218,6 @@ class MuZeroNetwork(nn.Module):
         next_hidden, reward_logits = self.dynamics(hidden_state, action)
         policy_logits, value_logits = self.prediction(next_hidden)
         return NetworkOutput(value_logits, reward_logits, policy_logits, next_hidden)
-
-    # Flat weights (for the shared-memory WeightStore) ---------------------------------
-    def num_flat_weights(self) -> int:
-        """Length of ``get_flat_weights()``: every parameter and buffer (BatchNorm
-        running statistics and counters included)."""
-        return sum(t.numel() for t in self.state_dict().values())
-
-    def get_flat_weights(self) -> np.ndarray:
-        """All parameters and buffers, in ``state_dict`` order, as one float32 vector.
-        Integer buffers (BatchNorm's ``num_batches_tracked``) are stored as float32,
-        exact up to 2**24."""
-        tensors = [t.detach().reshape(-1).to("cpu", torch.float32) for t in self.state_dict().values()]
-        return torch.cat(tensors).numpy()
-
-    @torch.no_grad()
-    def set_flat_weights(self, flat: np.ndarray) -> None:
-        """Load a vector made by ``get_flat_weights`` (same architecture) in place."""
-        flat = np.asarray(flat)
-        expected = self.num_flat_weights()
-        if flat.shape != (expected,):
-            raise ValueError(f"set_flat_weights: expected a vector of {expected} values, got shape {flat.shape}")
-        source = torch.from_numpy(np.ascontiguousarray(flat, dtype=np.float32))
-        offset = 0
-        for tensor in self.state_dict().values():  # state_dict tensors share storage with the module
-            n = tensor.numel()
-            tensor.copy_(source[offset : offset + n].view(tensor.shape))  # copy_ casts dtype and device
-            offset += n
 
 
 # --------------------------------------------------------------------------------------
@@ -364,3 +370,12 @@ def make_network(
             config.blocks, config.reduced_channels,
         )  # fmt: skip
     raise ValueError(f'network.kind must be "fc" or "residual", got {config.kind!r}')
+
+
+def make_model(config: Config, observation_shape: tuple[int, ...], num_actions: int):
+    """The model ``config.algorithm`` trains: a MuZeroNetwork, or a DQN ``QNetwork``."""
+    if config.algorithm == "dqn":
+        from .dqn import QNetwork
+
+        return QNetwork(observation_shape, num_actions, list(config.network.hidden), config.dqn.dueling)
+    return make_network(config.network, observation_shape, num_actions, config.training.stacked_observations)

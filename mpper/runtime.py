@@ -38,10 +38,10 @@ from tqdm import tqdm
 from . import shm
 from .config import Config, config_to_dict
 from .envs import env_spec
-from .networks import make_network
+from .networks import make_model
 from .procs import StopSignal
 from .replay_buffer import ReplayBuffer
-from .schema import muzero_schema
+from .schema import schema_for
 from .weights import WeightStore
 
 __all__ = ["train", "Supervisor"]
@@ -126,18 +126,19 @@ class Supervisor:
         if self.resume is not None and snapshot.exists():
             self.buffer = ReplayBuffer.load(snapshot)
         else:
-            schema = muzero_schema(spec.observation_shape, spec.num_actions, spec.observation_dtype)
+            schema = schema_for(cfg.algorithm, spec.observation_shape, spec.num_actions, spec.observation_dtype)
             self.buffer = ReplayBuffer.create(
                 schema, cfg.replay.capacity, alpha=cfg.replay.alpha, priority_eps=cfg.replay.priority_eps,
                 initial_priority=cfg.replay.initial_priority, mp_context=self.ctx,
             )  # fmt: skip
-        network = make_network(cfg.network, spec.observation_shape, spec.num_actions, cfg.training.stacked_observations)
+        network = make_model(cfg, spec.observation_shape, spec.num_actions)
         self.store = WeightStore.create(network.num_flat_weights())
         self.stop = StopSignal(self.ctx)
         self.reports = self.ctx.Queue()
         self.rate = self._rate_limiter()
         self._spawn_all()
         self.metrics_file = open(self.run_dir / "metrics.jsonl", "a")
+        self.episodes_file = open(self.run_dir / "episodes.jsonl", "a", buffering=1)
         self.tensorboard = _tensorboard_writer(self.run_dir / "tensorboard")
 
     def _rate_limiter(self):
@@ -159,10 +160,11 @@ class Supervisor:
         for i in range(cfg.runtime.workers):
             self._add(Child(f"worker-{i}", run_selfplay, (i, cfg, buf_h, w_h, self.stop, self.reports,
                                                           self._seed(i), self.rate)))  # fmt: skip
-        if cfg.runtime.reanalyse:
+        if cfg.runtime.reanalyse and cfg.algorithm == "muzero":  # DQN stores no search values
             self._add(Child("reanalyser", run_reanalyser, (cfg, buf_h, w_h, self.stop, self.reports)))
         self._add(Child("evaluator", run_evaluator, (cfg, w_h, self.spec.observation_shape, self.spec.num_actions,
-                                                     self.stop, self.reports, cfg.runtime.seed + 999_983)))  # fmt: skip
+                                                     self.stop, self.reports, cfg.runtime.seed + 999_983,
+                                                     str(self.run_dir))))  # fmt: skip
 
     def _seed(self, worker: int, restarts: int = 0) -> int:
         return self.config.runtime.seed * 1_000_003 + worker * 7919 + restarts * 104_729
@@ -210,6 +212,9 @@ class Supervisor:
                 if cfg.time_limit_s is not None and now - self.started >= cfg.time_limit_s:
                     self.finished_reason = f"time limit of {cfg.time_limit_s:g} s reached"
                     return 0
+                if cfg.max_episodes is not None and self.buffer.counters["games"] >= cfg.max_episodes:
+                    self.finished_reason = f"{self.buffer.counters['games']} self-play episodes played (max_episodes)"
+                    return 0
                 solve = cfg.solve_return
                 if solve is not None and self.evaluation.get("mean_return", -np.inf) >= solve:
                     self.finished_reason = (f"solved: mean greedy return {self.evaluation['mean_return']:.1f} "
@@ -231,6 +236,7 @@ class Supervisor:
             elif kind == "episode":
                 self.recent_returns.append(payload["return"])
                 self.worker_weights[source] = payload["weights_version"]
+                self._write_episode(source, payload)
             elif kind == "eval":
                 self.evaluation = payload
                 self._write_metrics(event="evaluation")
@@ -287,8 +293,9 @@ class Supervisor:
             f"buffer {len(self.buffer) / self.buffer.capacity:.0%}",
             f"eval {self.evaluation.get('mean_return', float('nan')):.1f}",
             f"loss {self.learner.get('total_loss', float('nan')):.3f}",
-            f"reanalysed {c['reanalysed_episodes']}",
         ]
+        if self.config.algorithm == "muzero":
+            parts.append(f"reanalysed {c['reanalysed_episodes']}")
         return " | ".join(parts)
 
     def _write_metrics(self, event: str = "progress") -> None:
@@ -313,6 +320,14 @@ class Supervisor:
         self.metrics_file.flush()
         if self.tensorboard is not None:
             _log_scalars(self.tensorboard, record)
+
+    def _write_episode(self, source: str, payload: dict) -> None:
+        """One line per self-play episode in ``episodes.jsonl`` (learning curves by episode)."""
+        if not hasattr(self, "episodes_file") or self.episodes_file.closed:
+            return
+        record = {"time_s": round(time.monotonic() - self.started, 3), "worker": source,
+                  "env_steps": self.buffer.counters["steps"], **payload}  # fmt: skip
+        self.episodes_file.write(json.dumps(record) + "\n")
 
     def _snapshot(self) -> None:
         t0 = time.monotonic()
@@ -354,6 +369,7 @@ class Supervisor:
         if hasattr(self, "metrics_file"):
             self._write_metrics(event="end")
             self.metrics_file.close()
+            self.episodes_file.close()
             if self.tensorboard is not None:
                 self.tensorboard.close()
         for obj in (self.buffer, self.store):

@@ -7,7 +7,7 @@ from typing import Mapping, NamedTuple, Sequence
 
 import numpy as np
 
-__all__ = ["Field", "normalize_schema", "muzero_schema", "dqn_schema", "schema_to_json", "schema_from_json"]
+__all__ = ["Field", "normalize_schema", "muzero_schema", "dqn_schema", "schema_for", "schema_to_json", "schema_from_json"]
 
 
 class Field(NamedTuple):
@@ -76,6 +76,13 @@ def dqn_schema(observation_shape: Sequence[int], observation_dtype="float32") ->
         "action": ((), "int64"),
         "reward": ((), "float32"),
     }
+
+
+def schema_for(algorithm: str, observation_shape: Sequence[int], num_actions: int, observation_dtype="float32") -> dict:
+    """The schema ``algorithm`` ("muzero" or "dqn") stores."""
+    if algorithm == "dqn":
+        return dqn_schema(observation_shape, observation_dtype)
+    return muzero_schema(observation_shape, num_actions, observation_dtype)
 
 
 def schema_to_json(fields: Sequence[Field]) -> list:

@@ -14,18 +14,20 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import torch
 
 from .config import Config
 from .envs import make_env
+from .learner import save_network_checkpoint
 from .mcts import BatchedMCTS, select_action, temperature_at
-from .networks import make_network
+from .networks import make_model
 from .procs import child_init, report_error
 from .targets import MuZeroTargets, stacked_observations
 
-__all__ = ["BatchedPlayer", "Episode", "initial_priorities", "play_greedy", "run_selfplay", "run_evaluator"]
+__all__ = ["BatchedPlayer", "Episode", "initial_priorities", "make_player", "play_greedy", "run_selfplay", "run_evaluator"]
 
 
 @dataclass
@@ -42,7 +44,7 @@ class Episode:
 
     @property
     def moves(self) -> int:
-        return len(self.root_value)
+        return len(self.observation) - 1
 
     @property
     def total_reward(self) -> float:
@@ -88,6 +90,7 @@ class BatchedPlayer:
     """
 
     def __init__(self, config: Config, envs: list, network, explore: bool, seed: int) -> None:
+        self.config = config
         self.envs = envs
         self.network = network
         self.explore = explore
@@ -116,14 +119,16 @@ class BatchedPlayer:
         one = np.array([t])
         return stacked_observations(obs, act, one, one, self.stacked, self.num_actions)[0]
 
-    def step(self, temperature: float = 0.0) -> list[Episode]:
+    def step(self, progress: float = 0.0) -> list[Episode]:
         """Search, act and step every env once; returns the episodes that just ended
-        (their envs are reset and play on)."""
+        (their envs are reset and play on). ``progress``: the share of training done,
+        which sets the visit-count temperature while exploring."""
+        temperature = temperature_at(self.config.mcts.temperature_schedule, progress) if self.explore else 0.0
         observations = np.stack([self._network_input(ep) for ep in self.episodes])
         legal = np.stack(self.legal)
         to_play = np.array([ep.to_play[-1] for ep in self.episodes])
         result = self.mcts.run(self.network, observations, legal, to_play, self.explore, self.rng)
-        actions = select_action(result.visit_counts, temperature if self.explore else 0.0, self.rng)
+        actions = select_action(result.visit_counts, temperature, self.rng)
         finished = []
         for k, (env, ep) in enumerate(zip(self.envs, self.episodes)):
             ep.root_value.append(float(result.root_values[k]))
@@ -141,6 +146,26 @@ class BatchedPlayer:
         return finished
 
 
+    def stored(self, ep: Episode) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        """(rows, raw initial priorities) to hand to ``ReplayBuffer.add_episode``."""
+        arrays = ep.arrays(self.num_actions)
+        return arrays, initial_priorities(arrays, self.config.training.td_steps, self.config.mcts.discount)
+
+
+def make_player(config: Config, envs: list, network, explore: bool, seed: int, worker_id: int = 0):
+    """The game loop of ``config.algorithm``: a ``BatchedPlayer`` (MuZero search) or a
+    ``mpper.dqn.EpsilonGreedyPlayer``. Both have ``step(progress) -> finished episodes``
+    (with ``total_reward`` and ``moves``), ``stored(episode) -> (rows, priorities)`` and
+    ``episodes`` (the K running games)."""
+    if config.algorithm == "dqn":
+        from .dqn import EpsilonGreedyPlayer
+
+        k = config.runtime.envs_per_worker
+        return EpsilonGreedyPlayer(config, envs, network, explore, seed, actor_index=worker_id * k,
+                                   num_actors=max(1, config.runtime.workers) * k)  # fmt: skip
+    return BatchedPlayer(config, envs, network, explore, seed)
+
+
 def _legal(info: dict, num_actions: int) -> np.ndarray:
     mask = info.get("action_mask")
     return np.ones(num_actions, bool) if mask is None else np.asarray(mask, bool)
@@ -155,8 +180,7 @@ class _Weights:
 
     def __init__(self, config: Config, store, observation_shape, num_actions) -> None:
         self.store = store
-        self.network = make_network(config.network, observation_shape, num_actions,
-                                    config.training.stacked_observations).eval()  # fmt: skip
+        self.network = make_model(config, observation_shape, num_actions).eval()
         self.flat = np.empty(self.network.num_flat_weights(), np.float32)
         self.version = 0
         self.training_step = 0
@@ -194,15 +218,12 @@ def run_selfplay(worker_id: int, config: Config, buffer_handle, weight_handle, s
         weights = _Weights(config, store, obs_shape, int(envs[0].action_space.n))
         if not weights.wait_first(stop):
             return
-        player = BatchedPlayer(config, envs, weights.network, explore=True, seed=seed)
+        player = make_player(config, envs, weights.network, explore=True, seed=seed, worker_id=worker_id)
         total_steps = config.training.training_steps
-        cfg = config.training
         while not stop.is_set():
             weights.refresh()
-            temperature = temperature_at(config.mcts.temperature_schedule, weights.training_step / total_steps)
-            for ep in player.step(temperature):
-                arrays = ep.arrays(player.num_actions)
-                priorities = initial_priorities(arrays, cfg.td_steps, config.mcts.discount)
+            for ep in player.step(weights.training_step / total_steps):
+                arrays, priorities = player.stored(ep)
                 if rate is not None:
                     rate.wait_to_insert(lambda: buf.counters["steps"], lambda: buf.counters["samples"], stop)
                 buf.add_episode(arrays, priorities=priorities, terminated=ep.terminated)
@@ -223,7 +244,7 @@ def play_greedy(config: Config, envs: list, network, seed: int, stop=None, on_ep
     """One greedy episode (search without noise, most visited action) in each env, played
     together; returns them in env order, or None if ``stop`` was set first.
     ``on_episode(episode)`` is called as each one ends (progress bars)."""
-    player = BatchedPlayer(config, envs, network, explore=False, seed=seed)
+    player = make_player(config, envs, network, explore=False, seed=seed)
     done: dict[int, Episode] = {}
     while len(done) < len(envs):
         if stop is not None and stop.is_set():
@@ -239,10 +260,14 @@ def play_greedy(config: Config, envs: list, network, seed: int, stop=None, on_ep
 
 
 def run_evaluator(config: Config, weight_handle, observation_shape, num_actions: int, stop, reports,
-                  seed: int) -> None:  # fmt: skip
+                  seed: int, run_dir: str | None = None) -> None:  # fmt: skip
     """Evaluator process: every ``evaluation_interval_s``, play ``evaluation_episodes``
-    greedy episodes (search without noise, most visited action) with the latest weights
-    and report their mean return."""
+    greedy episodes (MuZero: search without noise, most visited action; DQN: argmax Q)
+    with the latest weights and report their mean return.
+
+    With ``run_dir``, the weights with the best mean return so far (the latest among
+    equals) are kept in ``run_dir/best.pt``: DQN often learns and then collapses, and
+    ``--evaluate --checkpoint best.pt`` judges the best agent a run produced."""
     from .weights import WeightStore
 
     name = "evaluator"
@@ -255,15 +280,21 @@ def run_evaluator(config: Config, weight_handle, observation_shape, num_actions:
             return
         count = config.runtime.evaluation_episodes
         envs = [make_env(config.env) for _ in range(count)]
-        round_ = 0
+        round_, best = 0, -np.inf
         while not stop.is_set():
             started = time.monotonic()
             weights.refresh()
             episodes = play_greedy(config, envs, weights.network, seed + 10_000 * round_, stop)
             if episodes is not None:
                 values = [ep.total_reward for ep in episodes]
-                reports.put(("eval", name, {"training_step": weights.training_step, "mean_return": float(np.mean(values)),
-                                            "returns": values, "weights_version": weights.version}))  # fmt: skip
+                mean = float(np.mean(values))
+                if run_dir is not None and mean >= best:
+                    best = mean
+                    save_network_checkpoint(Path(run_dir) / "best.pt", weights.network, weights.training_step,
+                                            {"mean_return": mean, "returns": values})  # fmt: skip
+                reports.put(("eval", name, {"training_step": weights.training_step, "mean_return": mean,
+                                            "best_mean_return": best, "returns": values,
+                                            "weights_version": weights.version}))  # fmt: skip
             round_ += 1
             stop.wait(max(0.0, config.runtime.evaluation_interval_s - (time.monotonic() - started)))
     except BaseException:

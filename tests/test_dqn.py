@@ -1,0 +1,297 @@
+"""DQN pieces alone: Q-network, exploration, TD errors, the trainer, the player.
+
+The end-to-end runs (processes, snapshots, checkpoints) are in test_train_e2e.py.
+"""
+
+from __future__ import annotations
+
+import math
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from mpper import ReplayBuffer, dqn_schema
+from mpper.config import EnvConfig, config_from_dict
+from mpper.dqn import DQNTrainer, EpsilonGreedyPlayer, QNetwork, apex_epsilons, decayed_epsilon, td_errors
+from mpper.learner import load_checkpoint, make_targets, save_checkpoint
+from mpper.targets import NStepTargets
+
+
+def dqn_config(**dqn):
+    return config_from_dict({
+        "algorithm": "dqn", "network": {"hidden": [32, 32]},
+        "dqn": {"n_step": 3, "gamma": 0.9, **dqn},
+        "training": {"batch_size": 16, "min_buffer_steps": 16, "lr_init": 1e-2, "weight_decay": 0.0},
+        "runtime": {"workers": 2, "envs_per_worker": 3},
+    }, check_env=False)  # fmt: skip
+
+
+def plain_td(q_online, q_target, ep, t, n, gamma, terminated, double):
+    """One TD error by the textbook, with loops: Q(s_t, a_t) - (R + gamma^m * bootstrap)."""
+    T = len(ep["observation"]) - 1
+    m = min(n, T - t)
+    ret = sum(gamma**i * float(ep["reward"][t + 1 + i]) for i in range(m))
+    done = terminated and t + m == T
+    if done:
+        bootstrap = 0.0
+    elif double:
+        bootstrap = q_target[t + m][int(np.argmax(q_online[t + m]))]
+    else:
+        bootstrap = max(q_target[t + m])
+    return q_online[t][int(ep["action"][t + 1])] - (ret + gamma**m * bootstrap)
+
+
+def cartpole_episodes(truncate_at: int):
+    """Real CartPole episodes from the epsilon-greedy player: random play terminates
+    early, and a time limit of ``truncate_at`` cuts the lucky ones (truncated)."""
+    config = dqn_config(exploration="decay", epsilon_start=1.0, epsilon_end=1.0)
+    envs = [gym.make("CartPole-v1", max_episode_steps=truncate_at) for _ in range(4)]
+    net = QNetwork((4,), 2, [32, 32]).eval()
+    player = EpsilonGreedyPlayer(config, envs, net, explore=True, seed=0)
+    done = []
+    while not (any(ep.terminated for ep in done) and any(not ep.terminated for ep in done)):
+        done += player.step()
+    return config, net, done
+
+
+# ---- exploration ------------------------------------------------------------------------------
+
+
+def test_apex_epsilons_follow_the_paper_formula():
+    eps = apex_epsilons(0.4, 7.0, 8)
+    expected = [0.4 ** (1 + i * 7 / 7) for i in range(8)]
+    np.testing.assert_allclose(eps, expected)
+    assert eps[0] == pytest.approx(0.4) and eps[-1] == pytest.approx(0.4**8)
+    np.testing.assert_allclose(apex_epsilons(0.4, 7.0, 1), [0.4])
+
+
+def test_decayed_epsilon_is_the_seed_schedule():
+    assert decayed_epsilon(0.95, 0.01, 500, 0) == pytest.approx(0.95)
+    assert decayed_epsilon(0.95, 0.01, 500, 500) == pytest.approx(0.01 + 0.94 * math.exp(-1))
+    assert decayed_epsilon(0.95, 0.01, 500, 10**6) == pytest.approx(0.01)
+
+
+def test_each_env_of_each_worker_is_one_apex_actor():
+    config = dqn_config()  # 2 workers x 3 envs = 6 actors
+    all_eps = apex_epsilons(0.4, 7.0, 6)
+    for worker in range(2):
+        envs = [gym.make("CartPole-v1") for _ in range(3)]
+        from mpper.selfplay import make_player
+
+        player = make_player(config, envs, QNetwork((4,), 2, [8]).eval(), explore=True, seed=1, worker_id=worker)
+        np.testing.assert_allclose(player.current_epsilons(), all_eps[3 * worker : 3 * worker + 3])
+        greedy = make_player(config, envs, QNetwork((4,), 2, [8]).eval(), explore=False, seed=1)
+        assert (greedy.current_epsilons() == 0).all()
+
+
+def test_greedy_player_takes_the_argmax_action():
+    config = dqn_config()
+    net = QNetwork((4,), 2, [8]).eval()
+    with torch.no_grad():  # a network that always prefers action 1
+        net.advantage.weight.zero_()
+        net.advantage.bias.copy_(torch.tensor([0.0, 1.0]))
+    player = EpsilonGreedyPlayer(config, [gym.make("CartPole-v1")], net, explore=False, seed=3)
+    episodes = []
+    while not episodes:
+        episodes = player.step()
+    assert set(episodes[0].action[1:]) == {1}
+
+
+# ---- terminated vs truncated, TD errors ---------------------------------------------------
+
+
+def test_player_keeps_terminated_and_truncated_apart_and_rows_follow_the_layout():
+    _, _, episodes = cartpole_episodes(truncate_at=20)
+    for ep in episodes:
+        a = ep.arrays()
+        T = ep.moves
+        assert a["observation"].shape == (T + 1, 4) and a["action"].shape == (T + 1,)
+        assert a["action"][0] == 0 and a["reward"][0] == 0.0
+        assert (a["reward"][1:] == 1.0).all()  # CartPole pays 1 per step, the last included
+        assert ep.terminated == (T < 20)  # cut at 20 moves: truncated, not terminated
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_initial_td_errors_match_a_plain_loop_at_termination_and_truncation(n):
+    config, net, episodes = cartpole_episodes(truncate_at=12)
+    for ep in episodes:
+        arrays = ep.arrays()
+        with torch.no_grad():
+            q = net(torch.from_numpy(arrays["observation"])).double().numpy()
+        got = td_errors(net, arrays, ep.terminated, n, 0.9)
+        want = [abs(plain_td(q, q, arrays, t, n, 0.9, ep.terminated, double=True)) for t in range(ep.moves)]
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+        if not ep.terminated:  # a truncated end bootstraps: the last error includes gamma * max Q(o_T)
+            last = abs(1.0 + 0.9 * q[-1].max() - q[-2][arrays["action"][-1]])
+            assert got[-1] == pytest.approx(last, rel=1e-6)
+        else:  # a terminated end does not
+            assert got[-1] == pytest.approx(abs(1.0 - q[-2][arrays["action"][-1]]), rel=1e-6)
+
+
+def test_actor_priorities_are_clipped_like_the_learners():
+    config = dqn_config(priority_clip=0.05)
+    net = QNetwork((4,), 2, [8]).eval()
+    player = EpsilonGreedyPlayer(config, [gym.make("CartPole-v1")], net, explore=True, seed=0)
+    episodes = []
+    while not episodes:
+        episodes = player.step()
+    arrays, priorities = player.stored(episodes[0])
+    assert priorities.shape == (episodes[0].moves,) and priorities.max() <= 0.05
+    config_max = dqn_config(initial_priority="max")
+    player = EpsilonGreedyPlayer(config_max, [gym.make("CartPole-v1")], net, explore=True, seed=0)
+    while not (done := player.step()):
+        pass
+    assert player.stored(done[0])[1] is None  # the buffer's max-so-far
+
+
+# ---- the trainer -------------------------------------------------------------------------------
+
+
+def trainer_and_batch(tmp_path=None, **dqn):
+    config = dqn_config(**dqn)
+    _, _, episodes = cartpole_episodes(truncate_at=15)
+    buf = ReplayBuffer.create(dqn_schema((4,)), 2000, alpha=0.6)
+    for ep in episodes:
+        buf.add_episode(ep.arrays(), None, ep.terminated)
+    trainer = DQNTrainer(config, QNetwork((4,), 2, [32, 32], dueling=config.dqn.dueling), torch.device("cpu"))
+    targets = make_targets(config, 2)
+    assert isinstance(targets, NStepTargets) and targets.n == 3
+    return config, buf, trainer, targets
+
+
+@pytest.mark.parametrize("double", [True, False])
+@pytest.mark.parametrize("loss", ["huber", "mse"])
+def test_train_step_loss_and_priorities_match_the_formulas(double, loss):
+    config, buf, trainer, targets = trainer_and_batch(double=double, loss=loss, target_update_interval=1000)
+    try:
+        for i in range(3):  # move the online net away from the target net, priorities apart
+            batch = buf.sample(16, 0.4, targets=targets, rng=np.random.default_rng(i))
+            buf.update_priorities(batch.indices, batch.generations, trainer.train_step(batch)[1])
+        batch = buf.sample(16, 0.4, targets=targets, rng=np.random.default_rng(7))
+        d = batch.data
+        with torch.no_grad():
+            q = trainer.network(torch.from_numpy(d["observation"])).double()
+            q_next_online = trainer.network(torch.from_numpy(d["next_observation"])).double()
+            q_next_target = trainer.target_network(torch.from_numpy(d["next_observation"])).double()
+        td = []
+        for b in range(16):
+            if d["done"][b]:
+                boot = 0.0
+            elif double:
+                boot = float(q_next_target[b, int(q_next_online[b].argmax())])
+            else:
+                boot = float(q_next_target[b].max())
+            td.append(float(q[b, int(d["action"][b])]) - (float(d["reward"][b]) + float(d["discount"][b]) * boot))
+        td = np.array(td)
+        per = np.where(np.abs(td) < 1, 0.5 * td**2, np.abs(td) - 0.5) if loss == "huber" else td**2
+        want_loss = float(np.mean(per * batch.weights))
+        metrics, priorities = trainer.train_step(batch)
+        assert metrics["total_loss"] == pytest.approx(want_loss, rel=1e-4)
+        np.testing.assert_allclose(priorities, np.abs(td), rtol=1e-4, atol=1e-5)
+        assert (batch.weights < 1).any()  # the importance weights were not all 1: they mattered
+    finally:
+        buf.close()
+
+
+def test_target_network_is_a_copy_that_lags_and_hard_sync_makes_it_equal():
+    config, buf, trainer, targets = trainer_and_batch(target_update_interval=3)
+    try:
+        online, target = trainer.network, trainer.target_network
+        assert online is not target
+        for a, b in zip(online.parameters(), target.parameters()):
+            assert a.data_ptr() != b.data_ptr() and torch.equal(a, b)  # a copy, equal at the start
+        rng = np.random.default_rng(0)
+        trainer.train_step(buf.sample(16, 0.4, targets=targets, rng=rng))
+        assert any(not torch.equal(a, b) for a, b in zip(online.parameters(), target.parameters()))
+        trainer.train_step(buf.sample(16, 0.4, targets=targets, rng=rng))
+        assert any(not torch.equal(a, b) for a, b in zip(online.parameters(), target.parameters()))
+        trainer.train_step(buf.sample(16, 0.4, targets=targets, rng=rng))  # step 3: hard sync
+        assert all(torch.equal(a, b) for a, b in zip(online.parameters(), target.parameters()))
+        assert not any(p.requires_grad for p in target.parameters())
+    finally:
+        buf.close()
+
+
+def test_soft_update_moves_the_target_by_tau():
+    config, buf, trainer, targets = trainer_and_batch(target_update="soft", tau=0.25)
+    try:
+        before = [p.detach().clone() for p in trainer.target_network.parameters()]
+        trainer.train_step(buf.sample(16, 0.4, targets=targets, rng=np.random.default_rng(0)))
+        for old, new, online in zip(before, trainer.target_network.parameters(), trainer.network.parameters()):
+            torch.testing.assert_close(new, 0.75 * old + 0.25 * online.detach())
+    finally:
+        buf.close()
+
+
+def test_gradient_value_clipping_and_priority_clip():
+    config, buf, trainer, targets = trainer_and_batch(grad_clip_value=1e-3, priority_clip=0.01)
+    try:
+        before = [p.detach().clone() for p in trainer.network.parameters()]
+        _, priorities = trainer.train_step(buf.sample(16, 0.4, targets=targets, rng=np.random.default_rng(0)))
+        assert priorities.max() <= 0.01
+        for p in trainer.network.parameters():
+            assert p.grad.abs().max() <= 1e-3 + 1e-12
+        assert any(not torch.equal(a, b) for a, b in zip(before, trainer.network.parameters()))
+    finally:
+        buf.close()
+
+
+def test_dueling_head_combines_value_and_centred_advantage():
+    net = QNetwork((4,), 3, [8], dueling=True)
+    x = torch.randn(5, 4)
+    h = net.body(x)
+    adv = net.advantage(h)
+    torch.testing.assert_close(net(x), net.value(h) + adv - adv.mean(1, keepdim=True))
+    flat = net.get_flat_weights()
+    other = QNetwork((4,), 3, [8], dueling=True)
+    other.set_flat_weights(flat)
+    torch.testing.assert_close(other(x), net(x))
+
+
+def test_trainer_checkpoint_round_trip_keeps_the_target_network(tmp_path):
+    config, buf, trainer, targets = trainer_and_batch(target_update_interval=1000)
+    try:
+        rng = np.random.default_rng(0)
+        for _ in range(4):
+            trainer.train_step(buf.sample(16, 0.4, targets=targets, rng=rng))
+        save_checkpoint(tmp_path / "c.pt", trainer)
+        fresh = DQNTrainer(config, QNetwork((4,), 2, [32, 32]), torch.device("cpu"))
+        fresh.load_state_dict(load_checkpoint(tmp_path / "c.pt"))
+        assert fresh.training_step == 4
+        for a, b in zip(fresh.target_network.parameters(), trainer.target_network.parameters()):
+            assert torch.equal(a, b)
+        for a, b in zip(fresh.network.parameters(), trainer.network.parameters()):
+            assert torch.equal(a, b)
+        batch = buf.sample(16, 0.4, targets=targets, rng=np.random.default_rng(9))
+        m1, p1 = trainer.train_step(batch)
+        m2, p2 = fresh.train_step(batch)
+        assert m1["total_loss"] == m2["total_loss"]
+        np.testing.assert_array_equal(p1, p2)
+    finally:
+        buf.close()
+
+
+def test_non_finite_loss_raises_before_the_step():
+    config, buf, trainer, targets = trainer_and_batch()
+    try:
+        batch = buf.sample(16, 0.4, targets=targets, rng=np.random.default_rng(0))
+        batch.data["reward"][0] = np.nan
+        before = [p.detach().clone() for p in trainer.network.parameters()]
+        with pytest.raises(FloatingPointError, match="training step 0"):
+            trainer.train_step(batch)
+        assert trainer.training_step == 0
+        assert all(torch.equal(a, b) for a, b in zip(before, trainer.network.parameters()))
+    finally:
+        buf.close()
+
+
+def test_dqn_config_rejects_muzero_only_network_options():
+    from mpper.config import ConfigError
+
+    with pytest.raises(ConfigError, match='network.kind: algorithm "dqn".*"fc"'):
+        config_from_dict({"algorithm": "dqn", "network": {"kind": "residual"}}, check_env=False)
+    with pytest.raises(ConfigError, match="training.stacked_observations"):
+        config_from_dict({"algorithm": "dqn", "training": {"stacked_observations": 2}}, check_env=False)
+    assert EnvConfig().id == "CartPole-v1"
