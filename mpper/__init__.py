@@ -8,6 +8,7 @@ from .shm import SharedMemoryRoomError
 from .snapshot import SnapshotError
 from .sum_tree import SumTree
 from .targets import MuZeroTargets, NStepTargets
+from .tictactoe import TicTacToeEnv  # importing it registers the gymnasium id "mpper/TicTacToe-v0"
 
 __version__ = "0.1.0"
 
@@ -23,6 +24,7 @@ __all__ = [
     "SharedMemoryRoomError",
     "SnapshotError",
     "SumTree",
+    "TicTacToeEnv",
     "dqn_schema",
     "load_snapshot",
     "muzero_schema",

@@ -9,6 +9,7 @@ import gymnasium as gym
 import numpy as np
 
 from .config import EnvConfig
+from .two_player import check_two_player_env, is_two_player
 
 __all__ = ["make_env", "EnvSpec", "env_spec"]
 
@@ -35,7 +36,12 @@ class EnvSpec:
 
 
 def env_spec(config: EnvConfig) -> EnvSpec:
-    """Observation shape/dtype and action count, from one env instance (then closed)."""
+    """Observation shape/dtype and action count, from one env instance (then closed).
+
+    A two-player env (``env.unwrapped.two_player``) is also checked against the contract
+    of :mod:`mpper.two_player` (one reset and one step), so that a broken one stops the
+    run here, with a message naming it, rather than in a worker later.
+    """
     env = make_env(config)
     try:
         space = env.observation_space
@@ -43,6 +49,8 @@ def env_spec(config: EnvConfig) -> EnvSpec:
             raise ValueError(f"env {config.id!r}: mpper needs a Discrete action space, got {env.action_space}")
         if not isinstance(space, gym.spaces.Box):
             raise ValueError(f"env {config.id!r}: mpper needs a Box observation space, got {space}")
+        if is_two_player(env):
+            check_two_player_env(env, config.id)
         dtype = np.dtype(np.float32) if space.dtype.kind == "f" else space.dtype
         return EnvSpec(tuple(space.shape), dtype, int(env.action_space.n))
     finally:
