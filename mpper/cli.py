@@ -72,6 +72,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--episodes", type=int, default=10, metavar="N", help="with --evaluate: episodes to play (10)")
     p.add_argument("--checkpoint", metavar="FILE",
                    help="with --evaluate: checkpoint to load (default RUN_DIR/checkpoint.pt)")
+    p.add_argument("--render", nargs=2, metavar=("FORMAT", "PATH"),
+                   help="with --evaluate: also record the first greedy episode from the env's rgb_array frames "
+                        "and write it to PATH; FORMAT: gif (needs the render extra: pip install -e .[render])")
+    p.add_argument("--on-snapshot", metavar="SNAPSHOT_DIR",
+                   help="with --evaluate: instead of playing, run the checkpoint over every stored position of a "
+                        "buffer snapshot, print its errors against the stored targets and write "
+                        "RUN_DIR/snapshot_evaluation.json")
+    p.add_argument("--plot", metavar="RUN_DIR",
+                   help="plot a run's metrics.jsonl (return, losses, throughput against env steps and wall time) "
+                        "into RUN_DIR/plots/*.png and exit (needs the plot extra: pip install -e .[plot])")
     p.add_argument("--inspect", metavar="SNAPSHOT_DIR",
                    help="report what a buffer snapshot holds (opened memory-mapped, read-only) and exit")
     p.add_argument("--json", action="store_true", help="with --inspect: print the statistics as JSON")
@@ -107,12 +117,31 @@ def main(argv: list[str] | None = None) -> int:
     if args.help_config:
         print(describe_config())
         return 0
+    if args.evaluate is None:
+        for flag, value in (("--render", args.render), ("--on-snapshot", args.on_snapshot)):
+            if value is not None:
+                return _fail(f"{flag} needs --evaluate RUN_DIR (see --help)")
     if args.evaluate is not None:
         if args.episodes < 1:
             return _fail(f"--episodes: expected an integer >= 1, got {args.episodes}")
+        if args.on_snapshot is not None:
+            if args.render is not None:
+                return _fail("--render and --on-snapshot: choose one (--on-snapshot plays no episode to render)")
+            from .evaluate_snapshot import evaluate_snapshot_main
+
+            return evaluate_snapshot_main(args.evaluate, args.on_snapshot, args.checkpoint)
+        render = None
+        if args.render is not None:
+            fmt, render = args.render
+            if fmt != "gif":
+                return _fail(f"--render {fmt} {render}: unknown format {fmt!r}; expected: gif")
         from .evaluate import evaluate_main
 
-        return evaluate_main(args.evaluate, args.episodes, args.checkpoint, args.seed or 0)
+        return evaluate_main(args.evaluate, args.episodes, args.checkpoint, args.seed or 0, render)
+    if args.plot is not None:
+        from .plot import plot_main
+
+        return plot_main(args.plot)
     if args.inspect is not None:
         from .inspect_snapshot import inspect_main
 

@@ -1,4 +1,5 @@
-"""Shared test fixtures: the /dev/shm leak guard, ``make_episode`` and ``small_buffer``.
+"""Shared test fixtures: the /dev/shm leak guard, ``make_episode``, ``small_buffer`` and
+``trained_run`` (one real run for the tests of --evaluate, --render, --on-snapshot, --plot).
 
 Leak guard: after every test, any ``mpper_*`` segment that appeared during the test and
 is still in /dev/shm fails that test (and is unlinked, so one leak does not fail every
@@ -11,6 +12,8 @@ owner's segment is left alone.
 from __future__ import annotations
 
 import os
+import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -89,3 +92,20 @@ def small_buffer():
         yield buf
     finally:
         buf.close()
+
+
+@pytest.fixture(scope="session")
+def trained_run(tmp_path_factory) -> Path:
+    """A real finished run directory, shared by the tests that only read it (copy it with
+    ``shutil.copytree`` before changing anything): ``python run.py --workers 0`` on
+    CartPole, 40 training steps of the small e2e settings, seed 3 (about 10 s). Records
+    and evaluations every 0.1 s, so that even a fast machine leaves a few of each."""
+    from test_train_e2e import ROOT, run_args
+
+    run_dir = tmp_path_factory.mktemp("trained") / "run"
+    args = run_args(run_dir, "--workers", "0", "--max-train-steps", "40", "--seed", "3",
+                    "--set", "training.samples_per_insert=4", "--set", "runtime.log_interval_s=0.1",
+                    "--set", "runtime.evaluation_interval_s=0.1")  # fmt: skip
+    proc = subprocess.run(args, check=False, cwd=ROOT, capture_output=True, text=True, timeout=200)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return run_dir
