@@ -12,8 +12,8 @@ The comparison depends on the algorithm, so it is a table of per-algorithm funct
 (config, env facts, checkpoint, buffer, every position) and returns a dict with a
 ``"table"`` entry (a list of rows, each a dict of column -> value, printed as a table)
 and whatever else it wants in ``snapshot_evaluation.json``. Adding an algorithm is one
-function and one entry in that dict (and, if its buffer stores other fields, one in
-:data:`SCHEMAS`).
+function and one entry in that dict. The snapshot must hold the fields the run's buffer
+stores (``mpper.schema.schema_for``), with the same shapes and dtypes.
 """
 
 from __future__ import annotations
@@ -37,13 +37,12 @@ from .inspect_snapshot import load_snapshot
 from .learner import CheckpointError, load_checkpoint
 from .networks import make_network, support_to_scalar
 from .replay_buffer import ReplayBuffer
-from .schema import Field, dqn_schema, muzero_schema, normalize_schema
+from .schema import Field, normalize_schema, schema_for
 from .snapshot import SnapshotError
 from .targets import MuZeroTargets
 
 __all__ = [
     "EVALUATORS",
-    "SCHEMAS",
     "Positions",
     "SnapshotMismatchError",
     "SnapshotRun",
@@ -127,18 +126,6 @@ class SnapshotRun:
             raise CheckpointError(f"checkpoint {self.checkpoint_path}: does not fit the network of the run's "
                                   f"config ({first})") from None  # fmt: skip
         return network.eval()
-
-
-def _muzero_schema(spec: EnvSpec) -> dict:
-    return muzero_schema(spec.observation_shape, spec.num_actions, spec.observation_dtype)
-
-
-def _dqn_schema(spec: EnvSpec) -> dict:
-    return dqn_schema(spec.observation_shape, spec.observation_dtype)
-
-
-# The fields each algorithm's buffer stores, from the run's env.
-SCHEMAS: dict[str, Callable[[EnvSpec], dict]] = {"muzero": _muzero_schema, "dqn": _dqn_schema}
 
 
 def evaluate_muzero(run: SnapshotRun) -> dict:
@@ -259,7 +246,8 @@ def evaluate_on_snapshot(run_dir: Path, snapshot_dir: Path, checkpoint: Path | N
     spec = env_spec(config.env)
     started = time.monotonic()
     with load_snapshot(snapshot_dir) as buf:
-        check_schema(snapshot_dir, run_dir, buf.schema, normalize_schema(SCHEMAS[config.algorithm](spec)))
+        expected = schema_for(config.algorithm, spec.observation_shape, spec.num_actions, spec.observation_dtype)
+        check_schema(snapshot_dir, run_dir, buf.schema, normalize_schema(expected))
         positions = all_positions(buf)
         if len(positions) == 0:
             raise SnapshotMismatchError(f"snapshot {snapshot_dir} holds no sampleable position")
