@@ -1,0 +1,147 @@
+"""`python run.py --resume RUN_DIR` end to end, in-process (--workers 0) and with worker
+processes (--workers 2): train 20 steps and stop; what resuming loads equals what was
+saved, array by array (every buffer array, the optimizer's every tensor, the training
+step and learning rate); the resumed run goes on from there to 40 steps."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from test_train_e2e import ROOT, SMALL, complete_lines
+
+from mpper import COUNTERS, ReplayBuffer
+from mpper.config import load_config
+from mpper.envs import env_spec
+from mpper.learner import load_checkpoint, make_trainer
+from mpper.networks import make_model
+
+FIRST, SECOND, BATCH = 20, 40, 32  # training steps before and after the resume; SMALL's batch size
+INTERNAL = ("generation", "info", "episodes", "ring", "counters", "max_priority")  # snapshot files besides fields
+
+
+def run(args: list[str]) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "run.py", "--device", "cpu", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=150, check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return proc
+
+
+def saved_snapshot(path: Path) -> tuple[dict, dict[str, np.ndarray]]:
+    """The manifest and every array of a snapshot, read with plain numpy (not mpper's loader)."""
+    manifest = json.loads((path / "manifest.json").read_text())
+    arrays = {name: np.load(path / name, allow_pickle=False) for name in manifest["files"]}
+    assert len(arrays) == len(manifest["schema"]) + 1 + len(INTERNAL)  # fields, tree_leaves, internal
+    return manifest, arrays
+
+
+def assert_buffer_is_the_snapshot(buf: ReplayBuffer, manifest: dict, saved: dict[str, np.ndarray]) -> None:
+    """Every field, the priorities (leaves and the whole sum tree), generations, packed
+    slot info, the episode table, the ring state, the counters and the max priority."""
+    assert [f.name for f in buf.schema] == [f["name"] for f in manifest["schema"]]
+    for f in buf.schema:  # NaN (not reanalysed) equals NaN here
+        np.testing.assert_array_equal(buf.fields[f.name], saved[f"field.{f.name}.npy"], err_msg=f.name)
+        assert buf.fields[f.name].dtype == saved[f"field.{f.name}.npy"].dtype
+    for name in INTERNAL:
+        np.testing.assert_array_equal(buf._arrays["_" + name], saved[f"{name}.npy"], err_msg=name)
+    leaves = saved["tree_leaves.npy"]
+    np.testing.assert_array_equal(buf.priorities(np.arange(buf.capacity)), leaves)
+    # the internal nodes: each is exactly left + right, level by level up to the root, as
+    # the live tree keeps them (a snapshot stores only the leaves)
+    tree, base = buf._tree.tree, buf._tree._leaf_base
+    level = np.zeros(base)
+    level[: leaves.size] = leaves
+    while level.size > 1:
+        level = level[0::2] + level[1::2]
+        np.testing.assert_array_equal(tree[level.size : 2 * level.size], level)
+    assert buf.counters == {**manifest["counters"], "positions": manifest["positions"]} and len(buf) > 0
+    assert (buf.capacity, buf.alpha, buf.priority_eps) == (manifest["capacity"], manifest["alpha"],
+                                                           manifest["priority_eps"])  # fmt: skip
+
+
+def assert_trainer_is_the_checkpoint(run_dir: Path, step: int) -> dict:
+    """The learner's state after ``load_state_dict(load_checkpoint(...))`` (what both
+    resume paths run) against the file read back with plain ``torch.load``."""
+    config = load_config(run_dir / "config.json")
+    saved = torch.load(run_dir / "checkpoint.pt", weights_only=True)
+    spec = env_spec(config.env)
+    trainer = make_trainer(config, make_model(config, spec.observation_shape, spec.num_actions), torch.device("cpu"))
+    trainer.load_state_dict(load_checkpoint(run_dir / "checkpoint.pt"))
+    assert saved["training_step"] == trainer.training_step == step
+    network = trainer.network.state_dict()
+    assert network.keys() == saved["network"].keys()
+    for key, tensor in network.items():
+        assert torch.equal(tensor, saved["network"][key]), key
+    optimizer = trainer.optimizer.state_dict()
+    assert optimizer["state"].keys() == saved["optimizer"]["state"].keys()
+    assert len(optimizer["state"]) == len(network) and optimizer["param_groups"] == saved["optimizer"]["param_groups"]
+    for pid, state in optimizer["state"].items():
+        assert state.keys() == saved["optimizer"]["state"][pid].keys() == {"step", "exp_avg", "exp_avg_sq"}
+        for name, tensor in state.items():
+            assert torch.equal(tensor, saved["optimizer"]["state"][pid][name]), (pid, name)
+        assert float(state["step"]) == step  # Adam counted every update (bias correction goes on from here)
+    t = config.training
+    assert trainer.learning_rate() == pytest.approx(t.lr_init * t.lr_decay_rate ** (step / t.lr_decay_steps))
+    # the lr the last update used, kept in the optimizer; the next update uses learning_rate()
+    assert optimizer["param_groups"][0]["lr"] == pytest.approx(trainer.learning_rate(step - 1))
+    return saved
+
+
+def episode_rows(buf: ReplayBuffer) -> dict[int, dict[str, np.ndarray]]:
+    """{episode id: its rows} of the fields self-play wrote (not the reanalysed values)."""
+    names = ["observation", "action", "reward", "to_play", "root_value", "child_visits"]
+    return {ref.episode_id: buf.read_episode(ref, names) for ref in buf.episodes()}
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("workers", [0, 2])
+def test_resume_loads_what_was_saved_and_training_goes_on_from_there(tmp_path, workers):
+    run_dir = tmp_path / "run"
+    run(["--config", "configs/cartpole.json", "--run-dir", str(run_dir), *SMALL, "--workers", str(workers),
+         "--seed", "3", "--max-train-steps", str(FIRST), "--set", "training.samples_per_insert=4"])  # fmt: skip
+
+    # 1. What a resume loads is what the first run saved, array by array.
+    manifest, saved = saved_snapshot(run_dir / "buffer")
+    with ReplayBuffer.load(run_dir / "buffer") as buf:  # into shared memory, as --resume does
+        assert_buffer_is_the_snapshot(buf, manifest, saved)
+        before = episode_rows(buf)
+    with ReplayBuffer.load(run_dir / "buffer", mmap=True) as buf:  # and read-only, as the tools do
+        assert_buffer_is_the_snapshot(buf, manifest, saved)
+    assert_trainer_is_the_checkpoint(run_dir, FIRST)
+    c0 = manifest["counters"]
+    assert c0["games"] > 0 and c0["samples"] >= FIRST * BATCH and c0["priority_updates_applied"] > 0
+    records_before = len(complete_lines(run_dir / "metrics.jsonl"))
+
+    # 2. Resume (config.json of the run, with a new step limit) and train to SECOND.
+    proc = run(["--resume", str(run_dir), "--max-train-steps", str(SECOND)])
+    assert f"training finished ({SECOND} steps)" in proc.stdout
+    resumed = [json.loads(line) for line in complete_lines(run_dir / "metrics.jsonl")[records_before:]]
+    assert resumed and resumed[-1]["event"] == "end"
+    for r in resumed:  # counters and training step grow from the saved values, never from 0
+        assert all(r["counters"][k] >= c0[k] for k in COUNTERS), r["counters"]
+        step = r["learner"].get("training_step")
+        assert step is None or FIRST <= step <= SECOND
+    assert resumed[-1]["learner"]["training_step"] == SECOND
+
+    manifest2, _ = saved_snapshot(run_dir / "buffer")
+    c1 = manifest2["counters"]
+    assert c1["games"] > c0["games"] and c1["steps"] > c0["steps"]
+    assert c1["priority_updates_applied"] >= c0["priority_updates_applied"] + (SECOND - FIRST) * BATCH
+    if workers == 0:  # one process, no batch drawn ahead: exactly one batch per step
+        assert c1["samples"] == SECOND * BATCH
+    else:  # the learner process may have drawn one batch ahead in each run
+        assert SECOND * BATCH <= c1["samples"] <= (SECOND + 2) * BATCH
+    with ReplayBuffer.load(run_dir / "buffer", mmap=True) as buf:
+        after = episode_rows(buf)
+    # the first run's episodes are still there, unchanged, and new ones follow their ids
+    assert set(before) < set(after) and min(set(after) - set(before)) > max(before)
+    for episode_id, rows in before.items():
+        for name, values in rows.items():
+            np.testing.assert_array_equal(after[episode_id][name], values, err_msg=f"{episode_id} {name}")
+    # the optimizer went on counting (Adam's step 40, not 20 from a fresh one) at the decayed lr
+    assert_trainer_is_the_checkpoint(run_dir, SECOND)
