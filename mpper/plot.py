@@ -311,7 +311,8 @@ def _throughput_figure(s: RunSeries, ax_: _Axes, title: str):
         for col, ax in enumerate(axes[row]):
             if len(points):
                 ax_.plot(ax, points, col, ".-", color=color, markersize=3, linewidth=1)
-            ax.set_ylim(bottom=0)
+                # from 0, so that a flat rate looks flat, with room above the highest point
+                ax.set_ylim(0, max(max(points.y), 1e-9) * 1.1)
             ax_.style(ax, col, label, not len(points), empty_text)
     _legend(fig, axes[0][0])  # only the resume marker, when there is one
     return fig
