@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ctypes
-import os
 import signal
 import time
 import traceback
@@ -19,19 +18,30 @@ class StopSignal:
     plain shared byte, not a ``multiprocessing.Event``: an Event's ``set`` waits for
     every sleeping waiter to wake up, so one child killed while waiting would hang the
     supervisor's ``set`` for ever.
+
+    The supervisor's death is seen through a pipe whose write end only the supervisor
+    holds (it is never sent to a child): when the supervisor dies, the kernel closes it
+    and the children's read ends report end-of-file. (The parent pid cannot tell: a
+    forkserver child's parent is the forkserver, which outlives the supervisor while
+    any of its children lives.)
     """
 
     _SLICE_S = 0.02  # how often a waiting child looks at the flag
 
     def __init__(self, ctx) -> None:
         self.flag = ctx.RawValue(ctypes.c_bool, False)
-        self.parent_pid = os.getpid()  # taken in the supervisor, where it is created
+        self._alive, self._alive_writer = ctx.Pipe(duplex=False)  # nothing is ever written
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        del state["_alive_writer"]  # only the supervisor may hold it
+        return state
 
     def set(self) -> None:
         self.flag.value = True
 
     def is_set(self) -> bool:
-        return self.flag.value or os.getppid() != self.parent_pid
+        return self.flag.value or self._alive.poll()  # poll: end-of-file once the supervisor is gone
 
     def wait(self, timeout: float) -> bool:
         """Sleep up to ``timeout`` seconds, or less if the run stops; returns is_set()."""

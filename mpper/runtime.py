@@ -37,7 +37,7 @@ from tqdm import tqdm
 
 from . import shm
 from .config import Config, config_to_dict
-from .envs import env_spec
+from .envs import run_env_spec
 from .networks import make_model
 from .procs import StopSignal
 from .replay_buffer import ReplayBuffer
@@ -55,6 +55,11 @@ def train(config: Config, run_dir: Path, resume: Path | None = None) -> int:
         # A shell starts background jobs with SIGINT ignored, and Python keeps it so;
         # `kill -INT` must still stop a run cleanly, as Ctrl-C does.
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    # Segments of runs that were SIGKILLed (their owner could not unlink them); a live
+    # run's segments are told apart by their owner's pid, which is in the name.
+    removed = shm.remove_stale_segments()
+    if removed:
+        print(f"mpper: removed {len(removed)} shared-memory segment(s) left by dead runs", file=sys.stderr)
     if config.runtime.workers == 0:
         from .inline import train_inline
 
@@ -79,7 +84,7 @@ class Supervisor:
         self.config = config
         self.run_dir = run_dir
         self.resume = resume
-        self.ctx = mp.get_context("spawn")
+        self.ctx = process_context()
         self.children: dict[str, Child] = {}
         self.buffer: ReplayBuffer | None = None
         self.store: WeightStore | None = None
@@ -117,10 +122,7 @@ class Supervisor:
         cfg = self.config
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.json").write_text(json.dumps(config_to_dict(cfg), indent=2) + "\n")
-        removed = shm.remove_stale_segments()
-        if removed:
-            print(f"mpper: removed {len(removed)} shared-memory segment(s) left by dead runs", file=sys.stderr)
-        spec = env_spec(cfg.env)
+        spec = run_env_spec(cfg)
         self.spec = spec
         snapshot = self.run_dir / "buffer"
         if self.resume is not None and snapshot.exists():
@@ -217,8 +219,8 @@ class Supervisor:
                     return 0
                 solve = cfg.solve_return
                 if solve is not None and self.evaluation.get("mean_return", -np.inf) >= solve:
-                    self.finished_reason = (f"solved: mean greedy return {self.evaluation['mean_return']:.1f} "
-                                            f">= {solve:g} at training step {self.evaluation['training_step']}")  # fmt: skip
+                    self.finished_reason = (f"solved: {solved_text(self.evaluation)} >= {solve:g} "
+                                            f"at training step {self.evaluation['training_step']}")  # fmt: skip
                     return 0
         finally:
             self._write_metrics()
@@ -291,7 +293,7 @@ class Supervisor:
             f"env {c['steps'] / elapsed:.0f}/s",
             f"train {self.learner.get('steps_per_s', 0.0):.1f}/s",
             f"buffer {len(self.buffer) / self.buffer.capacity:.0%}",
-            f"eval {self.evaluation.get('mean_return', float('nan')):.1f}",
+            _eval_status(self.evaluation),
             f"loss {self.learner.get('total_loss', float('nan')):.3f}",
         ]
         if self.config.algorithm == "muzero":
@@ -380,6 +382,49 @@ class Supervisor:
             self.reports.join_thread()
 
 
+# What every child imports anyway; the forkserver imports it once for all of them.
+_PRELOAD = ["mpper.learner", "mpper.selfplay", "mpper.reanalyse", "mpper.dqn"]
+
+
+def process_context():
+    """The multiprocessing context children start from: ``forkserver`` with torch, numba
+    and mpper preloaded, else ``spawn``.
+
+    A spawned child spends 1-2 CPU seconds importing torch, numba and mpper before it
+    does anything; on a 2-core machine, 8 workers + learner + evaluator took ~20 s to
+    start. The forkserver is a fresh interpreter (not a fork of the supervisor, so no
+    threads, locks or CUDA state are inherited) that imports those modules once; each
+    child is a fork of it and starts in milliseconds. The server exits when the
+    supervisor's process does.
+    """
+    if "forkserver" not in mp.get_all_start_methods():  # pragma: no cover - Windows
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(_PRELOAD)
+    return ctx
+
+
+def solved_text(evaluation: dict) -> str:
+    """What reached ``runtime.solve_return``: the mean greedy return, or for a two-player
+    env the mean score against the strongest opponent."""
+    if "against" in evaluation:
+        return f"mean score {evaluation['mean_return']:+.2f} against {evaluation['against']}"
+    return f"mean greedy return {evaluation['mean_return']:.1f}"
+
+
+def _eval_status(evaluation: dict) -> str:
+    """The progress bar's evaluation: the mean return, or per opponent of a two-player
+    env wins/draws/losses (first and second player together)."""
+    opponents = evaluation.get("opponents")
+    if not opponents:
+        return f"eval {evaluation.get('mean_return', float('nan')):.1f}"
+    parts = []
+    for name, r in opponents.items():
+        w, d, l = (r["first"][k] + r["second"][k] for k in ("wins", "draws", "losses"))
+        parts.append(f"{name} {w}/{d}/{l}")
+    return "eval W/D/L " + " ".join(parts)
+
+
 def write_json_atomic(path: Path, data) -> None:
     """Write JSON that a reader polling the file never sees half-written (temp + rename)."""
     tmp = path.with_name(f".{path.name}.tmp")
@@ -400,12 +445,21 @@ def _log_scalars(writer, record: dict) -> None:
     """The numbers of one metrics.jsonl record, against env steps."""
     step = record["env_steps"]
     for group in ("learner", "evaluation", "reanalyse"):
-        for key, value in record.get(group, {}).items():
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
-                writer.add_scalar(f"{group}/{key}", value, step)
+        for key, value in _numbers(record.get(group, {})):
+            writer.add_scalar(f"{group}/{key}", value, step)
     if record.get("mean_selfplay_return") is not None:
         writer.add_scalar("selfplay/mean_return", record["mean_selfplay_return"], step)
     writer.add_scalar("buffer/positions", record["buffer_positions"], step)
+
+
+def _numbers(group: dict, prefix: str = ""):
+    """(key, number) pairs of a metrics group, nested dicts as ``a/b/c`` (the per-opponent
+    results of a two-player evaluation)."""
+    for key, value in group.items():
+        if isinstance(value, dict):
+            yield from _numbers(value, f"{prefix}{key}/")
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            yield f"{prefix}{key}", value
 
 
 def _describe_exit(code: int | None) -> str:
