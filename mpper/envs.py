@@ -8,10 +8,10 @@ from dataclasses import dataclass
 import gymnasium as gym
 import numpy as np
 
-from .config import EnvConfig
+from .config import Config, EnvConfig
 from .two_player import check_two_player_env, is_two_player
 
-__all__ = ["make_env", "EnvSpec", "env_spec"]
+__all__ = ["make_env", "EnvSpec", "env_spec", "run_env_spec"]
 
 
 def make_env(config: EnvConfig) -> gym.Env:
@@ -33,6 +33,7 @@ class EnvSpec:
     observation_shape: tuple[int, ...]
     observation_dtype: np.dtype
     num_actions: int
+    two_player: bool = False  # env.unwrapped.two_player (checked against the contract)
 
 
 def env_spec(config: EnvConfig) -> EnvSpec:
@@ -52,6 +53,25 @@ def env_spec(config: EnvConfig) -> EnvSpec:
         if is_two_player(env):
             check_two_player_env(env, config.id)
         dtype = np.dtype(np.float32) if space.dtype.kind == "f" else space.dtype
-        return EnvSpec(tuple(space.shape), dtype, int(env.action_space.n))
+        return EnvSpec(tuple(space.shape), dtype, int(env.action_space.n), is_two_player(env))
     finally:
         env.close()
+
+
+def run_env_spec(config: Config) -> EnvSpec:
+    """:func:`env_spec` of ``config.env``, and whether ``config.algorithm`` can train on
+    it: what a run checks before it starts anything (``run.py`` turns the ``ValueError``
+    into one line ``error: ...`` and exit code 2).
+
+    Raises ``ValueError`` when the env breaks the two-player contract, or when it is a
+    two-player env and the algorithm is ``"dqn"`` (DQN reads neither ``to_play`` nor the
+    legal-action mask: it would learn one Q-function for both players and play
+    illegal moves).
+    """
+    spec = env_spec(config.env)
+    if spec.two_player and config.algorithm != "muzero":
+        raise ValueError(
+            f'algorithm: "{config.algorithm}" cannot train the two-player env {config.env.id!r}: it ignores '
+            "to_play and the legal-action mask; use \"muzero\""
+        )
+    return spec
