@@ -177,6 +177,12 @@ def main(argv: list[str] | None = None) -> int:
     else:
         run_dir = default_run_dir(config_path)
 
+    from .envs import run_env_spec
+
+    try:  # the env itself: a broken two-player contract, or an algorithm that cannot train it
+        run_env_spec(config)
+    except ValueError as e:
+        return _fail(str(e))
     runtime = importlib.import_module("mpper.runtime")  # only now: config errors never need it
     rc = runtime.train(config, run_dir=run_dir, resume=resume)
     return rc if isinstance(rc, int) else 0

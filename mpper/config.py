@@ -222,6 +222,12 @@ class MCTSConfig:
         _SCHEDULE,
         "visit-count temperature by training progress: [[fraction_of_training_steps, T], ...]; T = 0: greedy",
     )
+    temperature_threshold_moves: int | None = _opt(
+        None,
+        ">= 1",
+        "self-play: the first N moves of each episode use temperature_schedule, later moves the most visited "
+        "action (T = 0; muzero-general's temperature_threshold); null: the schedule for every move",
+    )
 
 
 @dataclass
@@ -271,8 +277,11 @@ class RuntimeConfig:
     reanalyse: bool = _opt(True, None, "run the reanalyse process (use_last_model_value)")
     reanalyse_batch_episodes: int = _opt(8, ">= 1", "episodes refreshed per reanalyse batch")
     evaluation_interval_s: float = _opt(10.0, "> 0", "seconds between greedy evaluations")
-    evaluation_episodes: int = _opt(10, ">= 1", "greedy episodes whose mean return is reported")
-    solve_return: float | None = _opt(None, None, "stop when the mean greedy return reaches this; null: never")
+    evaluation_episodes: int = _opt(10, ">= 1", "greedy episodes whose mean return is reported; two-player envs: "
+                                    "games against each opponent of the env, half as first player, half as second")
+    solve_return: float | None = _opt(None, None, "stop when the mean greedy return reaches this (two-player envs: "
+                                      "the mean score against the last, strongest opponent, win +1 / draw 0 / "
+                                      "loss -1); null: never")
     checkpoint_interval_s: float = _opt(60.0, "> 0", "seconds between checkpoint.pt writes")
     max_worker_restarts: int = _opt(3, ">= 0", "restarts of a failing worker before the run stops")
     time_limit_s: float | None = _opt(None, "> 0", "stop cleanly after this many seconds; null: no limit")

@@ -24,16 +24,16 @@ import torch
 from tqdm import tqdm
 
 from .config import Config, config_to_dict
-from .envs import env_spec, make_env
+from .envs import make_env, run_env_spec
 from .learner import (beta_schedule, load_checkpoint, make_targets, make_trainer, pick_device, save_checkpoint,
                       save_network_checkpoint)  # fmt: skip
 from .networks import make_model
 from .rate import can_sample
 from .reanalyse import Reanalyser
 from .replay_buffer import ReplayBuffer
-from .runtime import write_json_atomic
+from .runtime import solved_text, write_json_atomic
 from .schema import schema_for
-from .selfplay import make_player, play_greedy
+from .selfplay import best_checkpoint_extra, evaluate, make_player
 from .weights import WeightStore
 
 __all__ = ["train_inline"]
@@ -47,7 +47,7 @@ def train_inline(config: Config, run_dir: Path, resume: Path | None = None) -> i
     write_json_atomic(run_dir / "processes.json", {"supervisor": os.getpid()})
     torch.manual_seed(cfg.runtime.seed)
     torch.set_num_threads(max(1, cfg.runtime.torch_threads))
-    spec = env_spec(cfg.env)
+    spec = run_env_spec(cfg)
     snapshot = run_dir / "buffer"
     buf = store = None
     code, reason = 0, ""
@@ -109,10 +109,10 @@ def train_inline(config: Config, run_dir: Path, resume: Path | None = None) -> i
                     if evaluation["mean_return"] >= best:  # as the evaluator process: keep the best weights
                         best = evaluation["mean_return"]
                         save_network_checkpoint(run_dir / "best.pt", acting, trainer.training_step,
-                                                {"mean_return": best, "returns": evaluation["returns"]})  # fmt: skip
+                                                best_checkpoint_extra(evaluation))  # fmt: skip
                     solve = cfg.runtime.solve_return
                     if solve is not None and evaluation["mean_return"] >= solve:
-                        reason = f"solved: mean greedy return {evaluation['mean_return']:.1f} >= {solve:g}"
+                        reason = f"solved: {solved_text(evaluation)} >= {solve:g}"
                         break
                 if now - last_log >= cfg.runtime.log_interval_s:
                     last_log = now
@@ -155,7 +155,6 @@ def _may_train(buf: ReplayBuffer, cfg: Config) -> bool:
 
 
 def _evaluate(cfg: Config, network, seed: int, training_step: int) -> dict:
-    """Greedy episodes, one per env, as the evaluator process plays them."""
-    envs = [make_env(cfg.env) for _ in range(cfg.runtime.evaluation_episodes)]
-    values = [ep.total_reward for ep in play_greedy(cfg, envs, network, seed)]
-    return {"training_step": training_step, "mean_return": float(np.mean(values)), "returns": values}
+    """One evaluation as the evaluator process runs it (``mpper.selfplay.evaluate``:
+    greedy episodes, or games against the opponents of a two-player env)."""
+    return {"training_step": training_step, **evaluate(cfg, network, seed)}

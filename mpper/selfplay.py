@@ -27,7 +27,17 @@ from .networks import make_model
 from .procs import child_init, report_error
 from .targets import MuZeroTargets, stacked_observations
 
-__all__ = ["BatchedPlayer", "Episode", "initial_priorities", "make_player", "play_greedy", "run_selfplay", "run_evaluator"]
+__all__ = [
+    "BatchedPlayer",
+    "Episode",
+    "best_checkpoint_extra",
+    "evaluate",
+    "initial_priorities",
+    "make_player",
+    "play_greedy",
+    "run_evaluator",
+    "run_selfplay",
+]
 
 
 @dataclass
@@ -122,13 +132,20 @@ class BatchedPlayer:
     def step(self, progress: float = 0.0) -> list[Episode]:
         """Search, act and step every env once; returns the episodes that just ended
         (their envs are reset and play on). ``progress``: the share of training done,
-        which sets the visit-count temperature while exploring."""
+        which sets the visit-count temperature while exploring; an episode that has
+        played ``mcts.temperature_threshold_moves`` moves or more takes the most visited
+        action instead (T = 0)."""
         temperature = temperature_at(self.config.mcts.temperature_schedule, progress) if self.explore else 0.0
         observations = np.stack([self._network_input(ep) for ep in self.episodes])
         legal = np.stack(self.legal)
         to_play = np.array([ep.to_play[-1] for ep in self.episodes])
         result = self.mcts.run(self.network, observations, legal, to_play, self.explore, self.rng)
         actions = select_action(result.visit_counts, temperature, self.rng)
+        threshold = self.config.mcts.temperature_threshold_moves
+        if threshold is not None and temperature != 0:
+            greedy = np.array([ep.moves >= threshold for ep in self.episodes])
+            if greedy.any():  # only then: without a threshold the draws stay as they were
+                actions[greedy] = select_action(result.visit_counts[greedy], 0.0, self.rng)
         finished = []
         for k, (env, ep) in enumerate(zip(self.envs, self.episodes)):
             ep.root_value.append(float(result.root_values[k]))
@@ -259,11 +276,43 @@ def play_greedy(config: Config, envs: list, network, seed: int, stop=None, on_ep
     return [done[k] for k in range(len(envs))]
 
 
+def evaluate(config: Config, network, seed: int, stop=None, envs: list | None = None) -> dict | None:
+    """One evaluation with ``network``; None if ``stop`` was set first.
+
+    One-player env: ``runtime.evaluation_episodes`` greedy episodes (MuZero: search
+    without noise, most visited action; DQN: argmax Q), one per env of ``envs`` (made
+    from ``config.env`` when None): ``{"mean_return": mean, "returns": [...]}``.
+
+    Two-player env (MuZero): games against the opponents the env provides, half as first
+    player, half as second (:func:`mpper.arena.evaluate_two_player`); ``mean_return`` is
+    the mean score (win +1, draw 0, loss -1) against the last, strongest one, and
+    ``opponents`` holds wins / draws / losses per opponent and side.
+    """
+    if envs is None:
+        envs = [make_env(config.env) for _ in range(config.runtime.evaluation_episodes)]
+    if config.algorithm == "muzero" and _two_player(envs[0]):
+        from .arena import evaluate_two_player
+
+        return evaluate_two_player(config, network, seed, stop)
+    episodes = play_greedy(config, envs, network, seed, stop)
+    if episodes is None:
+        return None
+    values = [ep.total_reward for ep in episodes]
+    return {"mean_return": float(np.mean(values)), "returns": values}
+
+
+def best_checkpoint_extra(evaluation: dict) -> dict:
+    """What ``best.pt`` records about the evaluation that put it there."""
+    keys = ("mean_return", "returns", "against", "opponents")
+    return {k: evaluation[k] for k in keys if k in evaluation}
+
+
 def run_evaluator(config: Config, weight_handle, observation_shape, num_actions: int, stop, reports,
                   seed: int, run_dir: str | None = None) -> None:  # fmt: skip
-    """Evaluator process: every ``evaluation_interval_s``, play ``evaluation_episodes``
-    greedy episodes (MuZero: search without noise, most visited action; DQN: argmax Q)
-    with the latest weights and report their mean return.
+    """Evaluator process: every ``evaluation_interval_s``, run :func:`evaluate` with the
+    latest weights (one-player env: the mean return of ``evaluation_episodes`` greedy
+    episodes; two-player env: results against the env's opponents, ``mean_return`` the
+    score against the strongest) and report it.
 
     With ``run_dir``, the weights with the best mean return so far (the latest among
     equals) are kept in ``run_dir/best.pt``: DQN often learns and then collapses, and
@@ -278,23 +327,20 @@ def run_evaluator(config: Config, weight_handle, observation_shape, num_actions:
         weights = _Weights(config, store, observation_shape, num_actions)
         if not weights.wait_first(stop):
             return
-        count = config.runtime.evaluation_episodes
-        envs = [make_env(config.env) for _ in range(count)]
+        envs = [make_env(config.env) for _ in range(config.runtime.evaluation_episodes)]
         round_, best = 0, -np.inf
         while not stop.is_set():
             started = time.monotonic()
             weights.refresh()
-            episodes = play_greedy(config, envs, weights.network, seed + 10_000 * round_, stop)
-            if episodes is not None:
-                values = [ep.total_reward for ep in episodes]
-                mean = float(np.mean(values))
+            evaluation = evaluate(config, weights.network, seed + 10_000 * round_, stop, envs)
+            if evaluation is not None:
+                mean = evaluation["mean_return"]
                 if run_dir is not None and mean >= best:
                     best = mean
                     save_network_checkpoint(Path(run_dir) / "best.pt", weights.network, weights.training_step,
-                                            {"mean_return": mean, "returns": values})  # fmt: skip
-                reports.put(("eval", name, {"training_step": weights.training_step, "mean_return": mean,
-                                            "best_mean_return": best, "returns": values,
-                                            "weights_version": weights.version}))  # fmt: skip
+                                            best_checkpoint_extra(evaluation))  # fmt: skip
+                reports.put(("eval", name, {"training_step": weights.training_step, **evaluation,
+                                            "best_mean_return": best, "weights_version": weights.version}))  # fmt: skip
             round_ += 1
             stop.wait(max(0.0, config.runtime.evaluation_interval_s - (time.monotonic() - started)))
     except BaseException:

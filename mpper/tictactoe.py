@@ -23,6 +23,8 @@ Opponents, for judging a trained agent (:mod:`mpper.arena`):
 
 Both read the board from an observation (planes 0 and 1: the mover's and the opponent's
 stones), so they play either side without being told which.
+``TicTacToeEnv.evaluation_opponents(seed)`` hands both to the evaluator, which reports
+wins, draws and losses against each (:func:`mpper.arena.evaluate_two_player`).
 """
 
 from __future__ import annotations
@@ -194,6 +196,13 @@ class TicTacToeEnv(gym.Env):
             self._winner = -1
         self._to_play = 1 - mover
         return self._observation(), reward, self._winner is not None, False, self._info()
+
+    @staticmethod
+    def evaluation_opponents(seed: int = 0) -> dict[str, AgentFn]:
+        """The evaluator's opponents (the hook of :mod:`mpper.two_player`), weakest
+        first: ``"random"`` (:func:`random_agent`) and ``"perfect"`` (:func:`perfect_agent`,
+        a random choice among the optimal moves), generators seeded from ``seed``."""
+        return {"random": random_agent(seed), "perfect": perfect_agent(seed + 1)}
 
     def render(self) -> str | np.ndarray | None:
         """``"ansi"``: the board as text; ``"rgb_array"``: uint8 (96, 96, 3); None: nothing."""

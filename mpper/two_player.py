@@ -12,7 +12,12 @@ A two-player environment is a gymnasium ``Env`` with a ``Discrete(A)`` action sp
 * gives each reward from the point of view of the player who just moved (the one who
   was ``to_play`` before the step): +1 to the mover for a win, for example;
 * has ``env.unwrapped.two_player = True`` (what :mod:`mpper.selfplay` reads to run the
-  search with alternating players and sign flips).
+  search with alternating players and sign flips);
+* optionally, ``env.unwrapped.evaluation_opponents(seed) -> {name: agent}`` (a method,
+  staticmethod or classmethod): the opponents the evaluator plays the trained agent
+  against, weakest first, each an :data:`AgentFn` with its own generator seeded from
+  ``seed``. Without it the evaluator plays a uniformly random legal-move player
+  (:func:`random_legal_agent`). See :func:`evaluation_opponents`.
 
 The search assumes the players alternate inside its tree (as muzero-general's
 ``virtual_to_play`` does); the value targets (:mod:`mpper.targets`) follow whatever
@@ -33,7 +38,14 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-__all__ = ["AgentFn", "check_two_player_env", "check_two_player_info", "is_two_player"]
+__all__ = [
+    "AgentFn",
+    "check_two_player_env",
+    "check_two_player_info",
+    "evaluation_opponents",
+    "is_two_player",
+    "random_legal_agent",
+]
 
 # A player for an arena (mpper.arena.play_match): (observation of the player to move,
 # bool legal-action mask (A,), that player's number 0 or 1) -> action.
@@ -43,6 +55,42 @@ AgentFn = Callable[[np.ndarray, np.ndarray, int], int]
 def is_two_player(env: gym.Env) -> bool:
     """Whether ``env`` declares itself a two-player env (``env.unwrapped.two_player``)."""
     return bool(getattr(env.unwrapped, "two_player", False))
+
+
+def random_legal_agent(seed: int | None = None) -> AgentFn:
+    """An agent that plays a uniformly random legal move (from the mask; the observation
+    is not read), with its own generator seeded by ``seed``: the default opponent."""
+    rng = np.random.default_rng(seed)
+
+    def act(observation: np.ndarray, mask: np.ndarray, to_play: int) -> int:
+        legal = np.flatnonzero(np.asarray(mask, bool))
+        if legal.size == 0:
+            raise ValueError("random_legal_agent: no legal move in the mask")
+        return int(rng.choice(legal))
+
+    return act
+
+
+def evaluation_opponents(env: gym.Env, seed: int = 0) -> dict[str, AgentFn]:
+    """The opponents a two-player ``env`` is evaluated against: name -> agent, weakest
+    first (the evaluator reports its headline score against the LAST one).
+
+    ``env.unwrapped.evaluation_opponents(seed)`` when the env provides it (TicTacToe:
+    ``{"random": ..., "perfect": ...}``), else ``{"random": random_legal_agent(seed)}``.
+    Raises ``ValueError`` when the hook returns no opponent or something not callable.
+    """
+    hook = getattr(env.unwrapped, "evaluation_opponents", None)
+    if hook is None:
+        return {"random": random_legal_agent(seed)}
+    opponents = dict(hook(seed))
+    name = _env_name(env)
+    if not opponents:
+        raise ValueError(f"two-player env {name!r}: evaluation_opponents({seed}) returned no opponent")
+    for key, agent in opponents.items():
+        if not isinstance(key, str) or not callable(agent):
+            raise ValueError(f"two-player env {name!r}: evaluation_opponents({seed}) must map names (str) to agents "
+                             f"(observation, mask, to_play) -> action; got {key!r}: {agent!r}")  # fmt: skip
+    return opponents
 
 
 def _env_name(env: gym.Env) -> str:
