@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import Config
+from .learner import Trainer
 from .networks import FlatWeights
 from .replay_buffer import Batch
 from .targets import NStepTargets
@@ -246,8 +247,9 @@ class EpsilonGreedyPlayer:
 # --------------------------------------------------------------------------------------
 
 
-class DQNTrainer:
-    """The online network, its target copy, the optimizer and the step counter.
+class DQNTrainer(Trainer):
+    """The online network (with its optimizer, step counter and learning-rate schedule:
+    ``mpper.learner.Trainer``) and its target copy.
 
     ``train_step(batch)`` is one update on a batch sampled with ``NStepTargets``; it
     returns the metrics and the new raw priorities ``|TD|`` of the sampled transitions
@@ -256,29 +258,11 @@ class DQNTrainer:
     """
 
     def __init__(self, config: Config, network: QNetwork, device: torch.device):
-        self.config = config
-        self.train_config = t = config.training
+        super().__init__(config, network, device)
         self.dqn = config.dqn
-        self.device = torch.device(device)
-        self.network = network.to(self.device)
-        self.network.train()
         # A real copy (the seed's target_net is the very same object as policy_net, so it
         # has no target network at all); it never receives gradients.
         self.target_network = copy.deepcopy(self.network).requires_grad_(False)
-        self.training_step = 0
-        params = list(self.network.parameters())
-        if t.optimizer == "adam":
-            self.optimizer = torch.optim.Adam(params, lr=t.lr_init, weight_decay=t.weight_decay)
-        elif t.optimizer == "sgd":
-            self.optimizer = torch.optim.SGD(params, lr=t.lr_init, momentum=t.momentum, weight_decay=t.weight_decay)
-        else:
-            raise ValueError(f'training.optimizer must be "adam" or "sgd", got {t.optimizer!r}')
-
-    def learning_rate(self, step: int | None = None) -> float:
-        """``lr_init * lr_decay_rate ** (step / lr_decay_steps)`` (1: constant)."""
-        t = self.train_config
-        step = self.training_step if step is None else step
-        return t.lr_init * t.lr_decay_rate ** (step / t.lr_decay_steps)
 
     @torch.no_grad()
     def sync_target(self) -> None:
@@ -303,8 +287,7 @@ class DQNTrainer:
         t, d = self.train_config, self.dqn
         for group in self.optimizer.param_groups:
             group["lr"] = lr = self.learning_rate()
-        data = {**batch.data, "weights": batch.weights}
-        x = {k: torch.from_numpy(np.ascontiguousarray(v)).to(self.device, non_blocking=True) for k, v in data.items()}
+        x = self._to_device({**batch.data, "weights": batch.weights})
         b = x["action"].shape[0]
 
         # One forward pass of the online net over s_t and s_{t+m} together; the second
@@ -371,18 +354,10 @@ class DQNTrainer:
     # ---- state ---------------------------------------------------------------------------
     def state_dict(self) -> dict:
         """Online and target networks, optimizer and step counter (weights_only-safe)."""
-        return {
-            "network": self.network.state_dict(),
-            "target_network": self.target_network.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "training_step": int(self.training_step),
-        }
+        return {**super().state_dict(), "target_network": self.target_network.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
-        missing = [k for k in ("network", "target_network", "optimizer", "training_step") if k not in state]
-        if missing:
-            raise ValueError(f"DQN trainer state is missing {missing}; has {sorted(state)}")
-        self.network.load_state_dict(state["network"])
+        if "target_network" not in state:
+            raise ValueError(f"DQN trainer state is missing ['target_network']; has {sorted(state)}")
+        super().load_state_dict(state)
         self.target_network.load_state_dict(state["target_network"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.training_step = int(state["training_step"])

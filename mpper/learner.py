@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from .config import Config, config_to_dict
-from .networks import MuZeroNetwork, make_model, scalar_to_support, support_to_scalar
+from .networks import make_model, scalar_to_support, support_to_scalar
 from .procs import child_init, report_error
 from .replay_buffer import Batch, ReplayBuffer
 from .targets import MuZeroTargets, NStepTargets
@@ -38,6 +38,7 @@ from .weights import WeightStore
 __all__ = [
     "CheckpointError",
     "MuZeroTrainer",
+    "Trainer",
     "cross_entropy",
     "beta_schedule",
     "load_checkpoint",
@@ -81,15 +82,14 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 # --------------------------------------------------------------------------------------
 
 
-class MuZeroTrainer:
-    """The network, its optimizer and the training-step counter.
-
-    ``train_step(batch)`` is one update on a batch sampled with ``MuZeroTargets``; it
-    returns the metrics and the new raw priorities of the sampled positions (the buffer
-    applies ``alpha`` itself).
+class Trainer:
+    """What every algorithm's trainer has: the network on its device, its optimizer, the
+    training-step counter, the learning-rate schedule, host -> device copies of a batch,
+    and the state a checkpoint holds. Subclasses add ``train_step(batch) -> (metrics,
+    raw priorities)``: ``MuZeroTrainer`` below, ``mpper.dqn.DQNTrainer``.
     """
 
-    def __init__(self, config: Config, network: MuZeroNetwork, device: torch.device):
+    def __init__(self, config: Config, network: torch.nn.Module, device: torch.device):
         self.config = config
         self.train_config = t = config.training
         self.device = torch.device(device)
@@ -140,6 +140,32 @@ class MuZeroTrainer:
         self._copied = torch.cuda.Event()
         self._copied.record()
         return out
+
+    # ---- state ---------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """Network, optimizer and step counter: tensors, numbers, strings, lists and
+        dicts only, so that ``torch.load(weights_only=True)`` reads it back."""
+        return {
+            "network": self.network.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "training_step": int(self.training_step),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore what ``state_dict`` returned (or a checkpoint holding it)."""
+        missing = [k for k in ("network", "optimizer", "training_step") if k not in state]
+        if missing:
+            raise ValueError(f"trainer state is missing {missing}; has {sorted(state)}")
+        self.network.load_state_dict(state["network"])  # copies onto the network's device
+        self.optimizer.load_state_dict(state["optimizer"])  # moves the state to the params' device
+        self.training_step = int(state["training_step"])
+
+
+class MuZeroTrainer(Trainer):
+    """``train_step(batch)`` is one update on a batch sampled with ``MuZeroTargets``; it
+    returns the metrics and the new raw priorities of the sampled positions (the buffer
+    applies ``alpha`` itself).
+    """
 
     # ---- one update ---------------------------------------------------------------------
     def train_step(self, batch: Batch) -> tuple[dict[str, float], np.ndarray]:
@@ -246,25 +272,6 @@ class MuZeroTrainer:
         }
         return metrics, priorities
 
-    # ---- state ---------------------------------------------------------------------------
-    def state_dict(self) -> dict:
-        """Network, optimizer and step counter: tensors, numbers, strings, lists and
-        dicts only, so that ``torch.load(weights_only=True)`` reads it back."""
-        return {
-            "network": self.network.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "training_step": int(self.training_step),
-        }
-
-    def load_state_dict(self, state: dict) -> None:
-        """Restore what ``state_dict`` returned (or a checkpoint holding it)."""
-        missing = [k for k in ("network", "optimizer", "training_step") if k not in state]
-        if missing:
-            raise ValueError(f"trainer state is missing {missing}; has {sorted(state)}")
-        self.network.load_state_dict(state["network"])  # copies onto the network's device
-        self.optimizer.load_state_dict(state["optimizer"])  # moves the state to the params' device
-        self.training_step = int(state["training_step"])
-
 
 # --------------------------------------------------------------------------------------
 # 3. Checkpoints
@@ -276,7 +283,7 @@ class CheckpointError(ValueError):
     something other than tensors, numbers, strings, lists and dicts)."""
 
 
-def save_checkpoint(path: str | os.PathLike, trainer: MuZeroTrainer, extra: dict | None = None) -> None:
+def save_checkpoint(path: str | os.PathLike, trainer: Trainer, extra: dict | None = None) -> None:
     """Write ``trainer.state_dict()`` plus ``extra`` (plain values) to ``path`` atomically.
 
     The file is written under a temporary name in the same directory, flushed to disk
