@@ -4,7 +4,9 @@
 only then imports :mod:`mpper.runtime` and calls
 ``mpper.runtime.train(config, run_dir=Path, resume=Path | None)``. Any mistake in the
 flags or the config is one line ``error: ...`` on stderr and exit code 2, with nothing
-started.
+started. So is a run that cannot start on this machine or from this run directory: not
+enough room in /dev/shm for the buffer, or (``--resume``) a checkpoint or snapshot that
+does not load; those are found before any child process starts.
 """
 
 from __future__ import annotations
@@ -183,6 +185,43 @@ def main(argv: list[str] | None = None) -> int:
         run_env_spec(config)
     except ValueError as e:
         return _fail(str(e))
+    if resume is not None:
+        problem = _check_resume(resume)
+        if problem:
+            return _fail(problem)
+    from .learner import CheckpointError
+    from .shm import SharedMemoryRoomError
+    from .snapshot import SnapshotError
+
     runtime = importlib.import_module("mpper.runtime")  # only now: config errors never need it
-    rc = runtime.train(config, run_dir=run_dir, resume=resume)
+    try:
+        rc = runtime.train(config, run_dir=run_dir, resume=resume)
+    except (SharedMemoryRoomError, SnapshotError, CheckpointError) as e:
+        # raised while the run sets up, before any child starts (/dev/shm too small for
+        # the buffer; a resumed snapshot whose checksums do not match)
+        return _fail(str(e))
     return rc if isinstance(rc, int) else 0
+
+
+def _check_resume(run_dir: Path) -> str | None:
+    """What ``--resume`` will load, opened before anything starts: the checkpoint (with
+    ``torch.load(weights_only=True)``) and the snapshot's manifest, array headers and
+    sizes (memory-mapped; its checksums are verified as the run loads it). Returns the
+    problem, or None."""
+    from .learner import CheckpointError, load_checkpoint
+    from .replay_buffer import ReplayBuffer
+    from .snapshot import SnapshotError
+
+    checkpoint = run_dir / "checkpoint.pt"
+    if checkpoint.exists():
+        try:
+            load_checkpoint(checkpoint)
+        except (CheckpointError, OSError) as e:
+            return f"--resume {run_dir}: {e}"
+    snapshot = run_dir / "buffer"
+    if snapshot.exists():
+        try:
+            ReplayBuffer.load(snapshot, mmap=True, verify=False).close()
+        except (SnapshotError, OSError) as e:
+            return f"--resume {run_dir}: {e}"
+    return None

@@ -449,7 +449,7 @@ def _learn(config: Config, buf: ReplayBuffer, store: WeightStore, stop, reports,
             return rate.can_sample(c["steps"], c["samples"])  # samples counts this batch already
         return False  # an unknown rate controller: only draw when it says so
     checkpoint_path = run_dir / CHECKPOINT_NAME
-    meter = _Meter(reports, trainer.training_step, device)
+    meter = _Meter(reports, trainer.training_step, device, buf.lock_wait_stats)
 
     def checkpoint() -> None:
         extra = {"config": config_to_dict(config), "weights_version": store.version, "time": time.time()}
@@ -494,7 +494,13 @@ def _learn(config: Config, buf: ReplayBuffer, store: WeightStore, stop, reports,
             if may_draw_ahead():
                 pending = draw(trainer.training_step + 1)
 
-            metrics, priorities = trainer.train_step(batch)
+            try:
+                metrics, priorities = trainer.train_step(batch)
+            except FloatingPointError:
+                # Diverged. train_step raised before changing anything (no optimizer step,
+                # no priority written back): keep the last finite weights, then stop.
+                checkpoint()
+                raise
             applied, dropped = buf.update_priorities(batch.indices, batch.generations, priorities)
             meter.applied += applied
             meter.dropped += dropped
@@ -578,8 +584,9 @@ class _Meter:
     until ``sample`` returns). ``wait_fraction`` is its share of the interval's wall time.
     """
 
-    def __init__(self, reports, step: int, device: torch.device):
+    def __init__(self, reports, step: int, device: torch.device, lock_stats=None):
         self.reports = reports
+        self.lock_stats = lock_stats  # () -> the buffer's lock waits in this process, reported as they are
         self.device = str(device)
         self.t_last = time.perf_counter()
         self.step_last = step
@@ -605,6 +612,7 @@ class _Meter:
             "buffer_steps": buffer_steps,
             "device": self.device,
             "state": state,
+            **(self.lock_stats() if self.lock_stats is not None else {}),
         }
         self.reports.put(("metrics", "learner", message))
         self.t_last, self.step_last, self.waited = now, step, 0.0

@@ -156,20 +156,37 @@ class _SpinThenBlock:
     semaphore and waking it again costs tens of microseconds to milliseconds on a busy
     machine; so a waiter first retries without blocking (userspace, no system call),
     and only then blocks.
+
+    It also keeps this process's lock waits: ``wait_hist[i]`` counts acquisitions that
+    waited ``[2^(i-1), 2^i)`` microseconds (``wait_hist[0]``: under 1 us, which is every
+    acquisition whose first try succeeded), and ``wait_max_ns`` the longest. A free lock
+    costs one list increment more; only a contended one reads the clock.
     """
 
-    __slots__ = ("lock",)
+    __slots__ = ("lock", "wait_hist", "wait_max_ns")
     SPINS = 200  # about 20-40 us of retries
+    BINS = 40
 
     def __init__(self, lock) -> None:
         self.lock = lock
+        self.wait_hist = [0] * self.BINS
+        self.wait_max_ns = 0
 
     def __enter__(self):
         acquire = self.lock.acquire
+        if acquire(False):
+            self.wait_hist[0] += 1
+            return self
+        t0 = time.perf_counter_ns()
         for _ in range(self.SPINS):
             if acquire(False):
-                return self
-        acquire()
+                break
+        else:
+            acquire()
+        waited = time.perf_counter_ns() - t0
+        self.wait_hist[min(self.BINS - 1, (waited // 1000).bit_length())] += 1
+        if waited > self.wait_max_ns:
+            self.wait_max_ns = waited
         return self
 
     def __exit__(self, *exc) -> None:
@@ -684,6 +701,17 @@ class ReplayBuffer(shm_mod.SharedObject):
     def __len__(self) -> int:
         """Number of sampleable positions (not the total priority, unlike easy-rl)."""
         return int(self._ring_state[NUM_POSITIONS])
+
+    def lock_wait_stats(self) -> dict:
+        """How long this process has waited for the buffer's lock, over all its locked
+        operations so far (in the learner: ``update_priorities``, its only one):
+        ``lock_wait_hist_us`` counts per log2 bin of microseconds (index 0: under 1 us;
+        index i: ``[2^(i-1), 2^i)`` us; trailing empty bins left out) and
+        ``lock_wait_max_us`` the longest wait."""
+        hist = list(self._locked.wait_hist)
+        while len(hist) > 1 and hist[-1] == 0:
+            hist.pop()
+        return {"lock_wait_hist_us": hist, "lock_wait_max_us": self._locked.wait_max_ns / 1000}
 
     @property
     def total_priority(self) -> float:

@@ -27,7 +27,6 @@ import signal
 import sys
 import threading
 import time
-import traceback
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,6 +76,7 @@ class Child:
     process: mp.Process | None = None
     restarts: int = 0
     essential: bool = False  # its death stops the run (the learner)
+    last_error: str = ""  # the last line of the last traceback it reported
 
 
 class Supervisor:
@@ -156,7 +156,8 @@ class Supervisor:
         from .selfplay import run_evaluator, run_selfplay
 
         cfg, buf_h, w_h = self.config, self.buffer.handle, self.store.handle
-        resume_ckpt = str(self.run_dir / "checkpoint.pt") if self.resume is not None else None
+        ckpt = self.run_dir / "checkpoint.pt"  # a run stopped before its first checkpoint has none
+        resume_ckpt = str(ckpt) if self.resume is not None and ckpt.exists() else None
         self._add(Child("learner", run_learner, (cfg, buf_h, w_h, self.stop, self.reports, str(self.run_dir),
                                                  resume_ckpt, self.rate), essential=True))  # fmt: skip
         for i in range(cfg.runtime.workers):
@@ -210,7 +211,10 @@ class Supervisor:
                 interval = self.config.replay.snapshot_interval_s
                 if interval and now - last_snapshot >= interval:
                     last_snapshot = now
-                    self._snapshot()
+                    try:
+                        self._snapshot()
+                    except Exception as exc:  # disk full...: training goes on, the previous snapshot stays
+                        print(f"mpper: {_snapshot_failed(self.run_dir / 'buffer', exc)}", file=sys.stderr)
                 if cfg.time_limit_s is not None and now - self.started >= cfg.time_limit_s:
                     self.finished_reason = f"time limit of {cfg.time_limit_s:g} s reached"
                     return 0
@@ -250,8 +254,10 @@ class Supervisor:
     def _on_child_error(self, name: str, tb: str) -> None:
         print(f"mpper: {name} failed:\n{tb}", file=sys.stderr)
         child = self.children.get(name)
-        if child is not None and child.essential:
-            self.error = f"{name} failed: {tb.strip().splitlines()[-1]}"
+        if child is not None:
+            child.last_error = tb.strip().splitlines()[-1] if tb.strip() else ""
+            if child.essential:
+                self.error = f"{name} failed: {child.last_error}"
 
     def _check_children(self) -> int | None:
         """Restart dead workers (up to the limit); an exited learner ends the run."""
@@ -271,9 +277,13 @@ class Supervisor:
                 continue
             print(f"mpper: {child.name} died ({_describe_exit(code)})", file=sys.stderr)
             if child.restarts >= self.config.runtime.max_worker_restarts:
+                self._drain_reports()  # its last traceback may still be in the queue
                 self.error = (f"{child.name} died {child.restarts + 1} times "
                               f"(max_worker_restarts={self.config.runtime.max_worker_restarts})")  # fmt: skip
+                if child.last_error:
+                    self.error += f"; last error: {child.last_error}"
                 return 1
+            child.last_error = ""
             child.restarts += 1
             if child.name.startswith("worker-"):  # a fresh seed, so it does not replay the crash
                 i = int(child.name.split("-")[1])
@@ -366,8 +376,8 @@ class Supervisor:
         if self.buffer is not None:
             try:
                 self._snapshot()
-            except BaseException:  # a second Ctrl-C cuts the snapshot short; the previous one stays whole
-                print(f"mpper: final snapshot not written:\n{traceback.format_exc()}", file=sys.stderr)
+            except BaseException as exc:  # a second Ctrl-C cuts the snapshot short; the previous one stays whole
+                print(f"mpper: final {_snapshot_failed(self.run_dir / 'buffer', exc)}", file=sys.stderr)
         if hasattr(self, "metrics_file"):
             self._write_metrics(event="end")
             self.metrics_file.close()
@@ -460,6 +470,14 @@ def _numbers(group: dict, prefix: str = ""):
             yield from _numbers(value, f"{prefix}{key}/")
         elif isinstance(value, (int, float)) and not isinstance(value, bool):
             yield f"{prefix}{key}", value
+
+
+def _snapshot_failed(path: Path, exc: BaseException) -> str:
+    """One line for a snapshot that could not be written (the save is atomic, so the
+    previous snapshot at ``path``, if any, is still whole)."""
+    what = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    kept = "the previous snapshot there is unchanged" if path.exists() else "there is no earlier snapshot"
+    return f"buffer snapshot not written to {path} ({' '.join(what.splitlines())}); {kept}"
 
 
 def _describe_exit(code: int | None) -> str:

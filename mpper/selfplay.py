@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import gymnasium as gym
 import numpy as np
 import torch
 
@@ -29,7 +30,9 @@ from .targets import MuZeroTargets, stacked_observations
 
 __all__ = [
     "BatchedPlayer",
+    "EnvError",
     "Episode",
+    "LabelledEnv",
     "best_checkpoint_extra",
     "evaluate",
     "initial_priorities",
@@ -188,6 +191,38 @@ def _legal(info: dict, num_actions: int) -> np.ndarray:
     return np.ones(num_actions, bool) if mask is None else np.asarray(mask, bool)
 
 
+class EnvError(RuntimeError):
+    """An env's ``reset`` or ``step`` raised; the message says where (see ``LabelledEnv``)."""
+
+
+class LabelledEnv(gym.Wrapper):
+    """An env that names itself when it fails: whatever its ``step`` or ``reset`` raises
+    comes out as ``EnvError("worker-3 env 1 (CartPole-v1): step raised ValueError: ...")``
+    (process, index of the env in that process, env id), the original exception chained
+    to it, so the traceback the supervisor prints and its one-line summary say which
+    env of which worker broke."""
+
+    def __init__(self, env: gym.Env, where: str) -> None:
+        super().__init__(env)
+        self.where = where
+
+    def step(self, action):
+        try:
+            return self.env.step(action)
+        except Exception as exc:
+            raise EnvError(f"{self.where}: step raised {type(exc).__name__}: {exc}") from exc
+
+    def reset(self, **kwargs):
+        try:
+            return self.env.reset(**kwargs)
+        except Exception as exc:
+            raise EnvError(f"{self.where}: reset raised {type(exc).__name__}: {exc}") from exc
+
+
+def _labelled_envs(config: Config, process: str, count: int) -> list[gym.Env]:
+    return [LabelledEnv(make_env(config.env), f"{process} env {k} ({config.env.id})") for k in range(count)]
+
+
 def _two_player(env) -> bool:
     return bool(getattr(env.unwrapped, "two_player", False))
 
@@ -230,7 +265,7 @@ def run_selfplay(worker_id: int, config: Config, buffer_handle, weight_handle, s
         buf = ReplayBuffer.attach(buffer_handle)
         store = WeightStore.attach(weight_handle)
         torch.manual_seed(seed)
-        envs = [make_env(config.env) for _ in range(config.runtime.envs_per_worker)]
+        envs = _labelled_envs(config, name, config.runtime.envs_per_worker)
         obs_shape = buf.fields["observation"].shape[1:]
         weights = _Weights(config, store, obs_shape, int(envs[0].action_space.n))
         if not weights.wait_first(stop):
@@ -327,7 +362,7 @@ def run_evaluator(config: Config, weight_handle, observation_shape, num_actions:
         weights = _Weights(config, store, observation_shape, num_actions)
         if not weights.wait_first(stop):
             return
-        envs = [make_env(config.env) for _ in range(config.runtime.evaluation_episodes)]
+        envs = _labelled_envs(config, name, config.runtime.evaluation_episodes)
         round_, best = 0, -np.inf
         while not stop.is_set():
             started = time.monotonic()

@@ -297,3 +297,55 @@ def test_zombie_owner_counts_as_dead():
         proc.wait()
         if _segment_exists(fake):
             os.unlink(os.path.join(mpper_shm.SHM_DIR, fake))
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(x) for x in f.read().split()]
+    except FileNotFoundError:
+        return []
+
+
+def test_a_start_removes_a_dead_owners_segments_and_keeps_a_live_owners():
+    """Two real owners: one alive, one SIGKILLed together with its resource tracker (as
+    `kill -9` of its process group would), so nobody unlinked its segment. What every
+    start runs first (``remove_stale_segments``, called by ``mpper.runtime.train``), run
+    in a third process, removes the dead owner's segment and leaves the live one's,
+    which its owner then still uses and unlinks itself."""
+    live = subprocess.Popen([sys.executable, "-c", _OWNER_SCRIPT], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=_ENV)  # fmt: skip
+    dead = subprocess.Popen([sys.executable, "-c", _OWNER_SCRIPT], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=_ENV)  # fmt: skip
+    dead_name = ""
+    try:
+        live_name, dead_name = live.stdout.readline().strip(), dead.stdout.readline().strip()
+        assert live_name.startswith(f"mpper_{live.pid}_") and dead_name.startswith(f"mpper_{dead.pid}_")
+        tracker = [p for p in _children(dead.pid) if b"resource_tracker" in open(f"/proc/{p}/cmdline", "rb").read()]
+        assert len(tracker) == 1, "the owner's resource tracker (the last net) was not found"
+        os.kill(tracker[0], signal.SIGKILL)
+        dead.kill()
+        dead.communicate(timeout=30)
+        assert _segment_exists(dead_name), "nobody was left to unlink the dead owner's segment"
+        assert dead_name in mpper_shm.stale_segments() and live_name not in mpper_shm.stale_segments()
+
+        start = subprocess.run([sys.executable, "-c", "from mpper import shm; print(' '.join(shm.remove_stale_segments()))"],
+                               capture_output=True, text=True, timeout=60, env=_ENV, check=False)  # fmt: skip
+        assert start.returncode == 0, start.stderr
+        assert dead_name in start.stdout.split() and live_name not in start.stdout.split()
+        assert not _segment_exists(dead_name)
+        assert _segment_exists(live_name)
+        seg = mpper_shm.attach(live_name)  # still there, still mappable; its owner unlinks it
+        assert seg.size > 0
+        mpper_shm.release(seg, unlink=False)
+        live.send_signal(signal.SIGTERM)
+        live.communicate(timeout=30)
+        assert live.returncode == 128 + signal.SIGTERM
+        assert not _segment_exists(live_name)
+    finally:
+        for proc in (live, dead):
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+        if dead_name and _segment_exists(dead_name):
+            os.unlink(os.path.join(mpper_shm.SHM_DIR, dead_name))

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import multiprocessing as mp
 import os
+import signal
+import subprocess
 import sys
 import time
 
@@ -549,3 +552,114 @@ def test_save_while_another_process_writes(tmp_path):
     results = [_check_live_snapshot(p, mmap=(i != 0)) for i, p in enumerate(paths)]
     games = [g for g, _ in results]
     assert games[0] < games[1] < games[2]  # each save caught the writer at a later point
+
+
+# --------------------------------------------------------------------------------------
+# Interrupted and failing saves, for real: SIGINT to the process writing, a full disk
+# --------------------------------------------------------------------------------------
+_SAVING_SCRIPT = r"""
+import sys, time
+import numpy as np
+import mpper.snapshot
+from mpper import ReplayBuffer
+
+path = sys.argv[1]
+buf = ReplayBuffer.create({"observation": ((64,), "float32")}, capacity=4096)
+buf.add_episode({"observation": np.ones((11, 64), np.float32)})
+buf.save(path, extra={"n": 1})
+buf.add_episode({"observation": np.full((21, 64), 2, np.float32)})
+write = mpper.snapshot._write_npy
+
+def slow_write(p, array):  # a slow disk: every file of the second save takes 0.3 s
+    meta = write(p, array)
+    time.sleep(0.3)
+    return meta
+
+mpper.snapshot._write_npy = slow_write
+print("saving", flush=True)
+buf.save(path, extra={"n": 2})
+print("saved", flush=True)
+"""
+
+
+def test_sigint_while_a_snapshot_is_written_leaves_the_previous_one_whole(tmp_path):
+    """A process that owns a buffer gets SIGINT (Ctrl-C) in the middle of its second
+    save: the first snapshot is still there, whole (checksums verified), no temporary
+    directory is left beside it, and the owner still unlinked its segment."""
+    path = tmp_path / "snap"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                                        os.environ.get("PYTHONPATH", "")])}  # fmt: skip
+    proc = subprocess.Popen([sys.executable, "-c", _SAVING_SCRIPT, str(path)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)  # fmt: skip
+    try:
+        assert proc.stdout.readline() == "saving\n"
+        time.sleep(0.5)  # two or three of the ten files written
+        assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".snap.tmp-")], "no save in progress"
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert "saved" not in out and "KeyboardInterrupt" in err and proc.returncode != 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["snap"]  # the half-written temp dir is gone
+    assert _manifest(path)["extra"] == {"n": 1}
+    with ReplayBuffer.load(path) as loaded:  # verify=True: every checksum
+        assert loaded.counters["games"] == 1 and len(loaded) == 10
+        np.testing.assert_array_equal(loaded.fields["observation"][:11], 1)
+    assert not [n for n in mpper_shm.mpper_segments() if mpper_shm.owner_pid(n) == proc.pid]
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 1.5 MiB tmpfs at tmp_path/disk (a real full disk); None where mounting is not
+    allowed (not root), and then the test simulates ENOSPC in the writes instead."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mount = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1536k", "tmpfs", str(disk)],
+                           capture_output=True, text=True, check=False)  # fmt: skip
+    if mount.returncode != 0:
+        print(f"cannot mount a tmpfs ({mount.stderr.strip()}): ENOSPC is simulated")
+        yield None
+        return
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def test_a_full_disk_leaves_the_previous_snapshot_whole(tmp_path, small_disk, monkeypatch):
+    """The first snapshot (about 0.9 MiB) fits on the disk, the second does not (the new
+    files are written beside the old ones before the rename): the save raises ENOSPC,
+    the previous snapshot stays whole and loads, and no partial file is left."""
+    buf = ReplayBuffer.create({"observation": ((48,), "float32")}, capacity=4096)
+    try:
+        buf.add_episode({"observation": np.ones((11, 48), np.float32)})
+        root = small_disk if small_disk is not None else tmp_path / "simulated"
+        path = root / "snap"
+        buf.save(path, extra={"n": 1})
+        size = sum(p.stat().st_size for p in path.iterdir())
+        assert 0.75 * 2**20 < size < 1.5 * 2**20  # one fits, two do not
+        buf.add_episode({"observation": np.full((21, 48), 2, np.float32)})
+        if small_disk is None:  # the same failure, simulated: writes stop fitting after `size` bytes
+            written = {"n": 0}
+            real_write = mpper.snapshot._HashingFile.write
+
+            def write(self, data):
+                written["n"] += memoryview(data).nbytes
+                if written["n"] > 1.5 * 2**20 - size:
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+                return real_write(self, data)
+
+            monkeypatch.setattr(mpper.snapshot._HashingFile, "write", write)
+        with pytest.raises(OSError) as info:
+            buf.save(path, extra={"n": 2})
+        assert info.value.errno == errno.ENOSPC, info.value
+        monkeypatch.undo()
+        assert sorted(p.name for p in root.iterdir()) == ["snap"]  # the partial new snapshot is gone
+        assert _manifest(path)["extra"] == {"n": 1}
+        with ReplayBuffer.load(path) as loaded:
+            assert loaded.counters["games"] == 1
+            np.testing.assert_array_equal(loaded.fields["observation"][:11], 1)
+    finally:
+        buf.close()

@@ -1,0 +1,230 @@
+"""Bad input through the command line a user types, on a real run directory: corrupt
+snapshots (``--inspect``, ``--resume``) and checkpoints (``--evaluate``, ``--resume``),
+and a buffer larger than /dev/shm. Each is one line ``error: ...`` on stderr naming the
+file and what is wrong, exit code 2, nothing started, nothing in the run changed, and a
+pickled object is never unpickled. (Config mistakes: the table in tests/test_cli.py.)"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from test_train_e2e import ROOT, run_args
+
+from mpper import shm
+from mpper.cli import main
+from mpper.replay_buffer import _layout, _offsets
+from mpper.schema import normalize_schema, schema_for
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def listing(root: Path) -> dict[str, tuple[int, int]]:
+    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(root.rglob("*"))}
+
+
+def error_lines(err: str) -> list[str]:
+    # a start may also say that it removed what a dead run (another test session's) left
+    return [line for line in err.splitlines() if "left by dead runs" not in line]
+
+
+def fails_cleanly(argv: list[str], capsys, watched: Path, fragments: list[str]) -> str:
+    before = listing(watched)
+    assert main(argv) == 2, argv
+    out, err = capsys.readouterr()
+    lines = error_lines(err)
+    assert out == "" and len(lines) == 1 and lines[0].startswith("error: "), err
+    for fragment in fragments:
+        assert fragment in lines[0], (fragment, lines[0])
+    assert listing(watched) == before, "the command changed the run directory"
+    return lines[0]
+
+
+@pytest.fixture
+def run(trained_run, tmp_path) -> Path:
+    return shutil.copytree(trained_run, tmp_path / "run")
+
+
+# ---- snapshots ---------------------------------------------------------------------------
+def _manifest(snap: Path) -> dict:
+    return json.loads((snap / "manifest.json").read_text())
+
+
+def _write_manifest(snap: Path, manifest: dict) -> None:
+    (snap / "manifest.json").write_text(json.dumps(manifest))
+
+
+def _data_offset(path: Path) -> int:
+    with open(path, "rb") as f:
+        np.lib.format.read_magic(f)
+        np.lib.format.read_array_header_1_0(f)
+        return f.tell()
+
+
+def truncated_array(snap: Path, marker: Path) -> list[str]:
+    p = snap / "field.observation.npy"
+    p.write_bytes(p.read_bytes()[:-7])
+    return [str(p), "truncated"]
+
+
+def manifest_dtype(snap: Path, marker: Path) -> list[str]:
+    m = _manifest(snap)
+    m["files"]["field.reward.npy"]["dtype"] = "<f8"
+    _write_manifest(snap, m)
+    return ["field.reward.npy is listed as <f8", "the schema needs <f4"]
+
+
+def manifest_shape(snap: Path, marker: Path) -> list[str]:
+    m = _manifest(snap)
+    m["files"]["field.child_visits.npy"]["shape"][1] = 3
+    _write_manifest(snap, m)
+    return ["field.child_visits.npy is listed as", ", 3]"]
+
+
+def checksum_mismatch(snap: Path, marker: Path) -> list[str]:
+    p = snap / "field.root_value.npy"
+    raw = bytearray(p.read_bytes())
+    raw[_data_offset(p) + 9] ^= 0x01  # one bit: still a valid .npy of the right size
+    p.write_bytes(bytes(raw))
+    return [str(p), "sha256 checksum mismatch"]
+
+
+def missing_array(snap: Path, marker: Path) -> list[str]:
+    (snap / "tree_leaves.npy").unlink()
+    return [f"{snap / 'tree_leaves.npy'}: missing"]
+
+
+def future_format_version(snap: Path, marker: Path) -> list[str]:
+    m = _manifest(snap)
+    m["format_version"] = 2
+    _write_manifest(snap, m)
+    return [str(snap / "manifest.json"), "unknown format_version 2; this mpper reads version 1"]
+
+
+def manifest_not_json(snap: Path, marker: Path) -> list[str]:
+    (snap / "manifest.json").write_text('{"format": "mpper-replay-snapshot", "files": {')
+    return [str(snap / "manifest.json"), "not valid JSON"]
+
+
+class _Marker:
+    """Unpickling this creates the file ``path``: proof that the loader ran pickle."""
+
+    def __init__(self, path: Path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def pickled_object_array(snap: Path, marker: Path) -> list[str]:
+    p = snap / "field.observation.npy"
+    evil = np.empty(tuple(_manifest(snap)["files"][p.name]["shape"]), dtype=object)
+    evil[0, 0] = _Marker(marker)
+    np.save(p, evil, allow_pickle=True)
+    return [str(p), "holds Python objects; refused"]
+
+
+SNAPSHOT_CASES = [truncated_array, manifest_dtype, manifest_shape, checksum_mismatch, missing_array,
+                  future_format_version, manifest_not_json, pickled_object_array]  # fmt: skip
+
+
+@pytest.mark.parametrize("command", ["inspect", "resume"])
+@pytest.mark.parametrize("corrupt", SNAPSHOT_CASES, ids=lambda f: f.__name__)
+def test_corrupt_snapshot(run, tmp_path, capsys, corrupt, command):
+    marker = tmp_path / "unpickled"
+    fragments = corrupt(run / "buffer", marker)
+    if command == "inspect":
+        fails_cleanly(["--inspect", str(run / "buffer")], capsys, run, fragments)
+    elif corrupt is checksum_mismatch:
+        # --resume reads headers and sizes up front and leaves the checksums to the
+        # run's own load, which finds the mismatch before any child starts (having
+        # rewritten config.json and processes.json); the data is left as it was
+        watched = run / "buffer"
+        fails_cleanly(["--resume", str(run), "--device", "cpu"], capsys, watched, fragments)
+    else:
+        fails_cleanly(["--resume", str(run), "--device", "cpu"], capsys, run, [f"--resume {run}: ", *fragments])
+    assert not marker.exists(), "the snapshot's pickled object was unpickled"
+    if corrupt is pickled_object_array:  # the file really would have run code
+        np.load(run / "buffer" / "field.observation.npy", allow_pickle=True)
+        assert marker.exists()
+
+
+def test_resume_with_workers_finds_a_checksum_mismatch_before_any_child_starts(run, tmp_path, capsys):
+    fragments = checksum_mismatch(run / "buffer", tmp_path / "unused")
+    os.remove(run / "processes.json")
+    fails_cleanly(["--resume", str(run), "--device", "cpu", "--workers", "2"], capsys, run / "buffer", fragments)
+    assert not (run / "processes.json").exists()  # written as the first child starts: none did
+
+
+# ---- checkpoints -------------------------------------------------------------------------
+def pickled_object(ckpt: Path, marker: Path) -> list[str]:
+    torch.save({"network": {}, "training_step": 1, "x": _Marker(marker)}, ckpt)
+    return [str(ckpt), "cannot be loaded with torch.load(weights_only=True)"]
+
+
+def truncated_checkpoint(ckpt: Path, marker: Path) -> list[str]:
+    ckpt.write_bytes(ckpt.read_bytes()[: ckpt.stat().st_size // 2])
+    return [str(ckpt), "cannot be loaded with torch.load(weights_only=True)"]
+
+
+def not_a_checkpoint(ckpt: Path, marker: Path) -> list[str]:
+    torch.save({"weights": torch.zeros(3)}, ckpt)
+    return [str(ckpt), "not an mpper checkpoint (no 'network' entry)"]
+
+
+def empty_checkpoint(ckpt: Path, marker: Path) -> list[str]:
+    ckpt.write_bytes(b"")
+    return [str(ckpt), "cannot be loaded"]
+
+
+CHECKPOINT_CASES = [pickled_object, truncated_checkpoint, not_a_checkpoint, empty_checkpoint]
+
+
+@pytest.mark.parametrize("command", ["evaluate", "resume"])
+@pytest.mark.parametrize("corrupt", CHECKPOINT_CASES, ids=lambda f: f.__name__)
+def test_corrupt_checkpoint(run, tmp_path, capsys, corrupt, command):
+    marker = tmp_path / "unpickled"
+    fragments = corrupt(run / "checkpoint.pt", marker)
+    argv = ["--evaluate", str(run), "--episodes", "1"] if command == "evaluate" else ["--resume", str(run)]
+    fails_cleanly(argv, capsys, run, fragments)
+    assert not marker.exists(), "the checkpoint's pickled object was unpickled"
+    if corrupt is pickled_object:  # the file really would have run code
+        torch.load(run / "checkpoint.pt", weights_only=False)
+        assert marker.exists()
+
+
+# ---- the machine ---------------------------------------------------------------------------
+def test_a_buffer_larger_than_dev_shm_is_one_line_before_anything_starts(tmp_path):
+    """The largest capacity mpper allows (2^30 steps) of a CartPole MuZero buffer needs
+    about 86 GiB of shared memory: `python run.py` says so in one line, exit code 2,
+    before any child process or segment exists."""
+    capacity = 1 << 30
+    schema = schema_for("muzero", (4,), 2, np.dtype(np.float32))
+    needed = _offsets(_layout(normalize_schema(schema), capacity, capacity // 2))[1]
+    free = shm.free_bytes()
+    if needed + shm._ROOM_MARGIN <= free:
+        pytest.skip(f"/dev/shm has {shm._human(free)} free, room for the largest buffer ({shm._human(needed)})")
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen(run_args(run_dir, "--workers", "2", "--set", f"replay.capacity={capacity}"), cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        out, err = proc.communicate(timeout=100)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    lines = error_lines(err)
+    assert proc.returncode == 2, err[-3000:]
+    assert out == "" and len(lines) == 1, err
+    assert lines[0].startswith(f"error: a replay buffer of {capacity} steps needs {shm._human(needed)} of shared "
+                               f"memory but /dev/shm has only ")  # fmt: skip
+    assert "Lower the capacity" in lines[0]
+    assert not (run_dir / "processes.json").exists()  # written when the first child starts: none did
+    assert not [n for n in shm.mpper_segments() if shm.owner_pid(n) == proc.pid]
