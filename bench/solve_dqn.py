@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
+import os
 import statistics
 import subprocess
 import sys
@@ -44,9 +44,57 @@ RESULTS = ROOT / "bench" / "results"
 THRESHOLD = 475.0
 
 
-def children_cpu() -> float:
-    u = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return u.ru_utime + u.ru_stime
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _proc_tree_cpu(root: int) -> dict[int, float]:
+    """CPU seconds (user + system) so far of ``root`` and all its descendants, by pid."""
+    stats = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            stats[int(entry)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / _TICK)  # ppid, utime + stime
+    tree, frontier = {root}, [root]
+    while frontier:
+        parent = frontier.pop()
+        for pid, (ppid, _) in stats.items():
+            if ppid == parent and pid not in tree:
+                tree.add(pid)
+                frontier.append(pid)
+    return {pid: stats[pid][1] for pid in tree if pid in stats}
+
+
+def run_measured(cmd: list[str]) -> tuple[subprocess.CompletedProcess, float, float]:
+    """Run ``cmd``; returns (result, wall s, CPU s of the whole process tree).
+
+    mpper's children are forked by a forkserver, so ``RUSAGE_CHILDREN`` never sees them;
+    the tree's CPU is sampled from /proc every 0.2 s instead (a process's last 0.2 s may
+    be missed)."""
+    t0 = time.monotonic()
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen: dict[int, float] = {}
+    out_chunks = {}
+
+    import threading
+
+    def drain(name, stream):
+        out_chunks[name] = stream.read()
+
+    threads = [threading.Thread(target=drain, args=(n, s)) for n, s in (("out", proc.stdout), ("err", proc.stderr))]
+    for t in threads:
+        t.start()
+    while proc.poll() is None:
+        for pid, cpu in _proc_tree_cpu(proc.pid).items():
+            seen[pid] = max(seen.get(pid, 0.0), cpu)
+        time.sleep(0.2)
+    for t in threads:
+        t.join()
+    wall = time.monotonic() - t0
+    result = subprocess.CompletedProcess(cmd, proc.returncode, out_chunks.get("out", ""), out_chunks.get("err", ""))
+    return result, wall, sum(seen.values())
 
 
 def greedy_eval(run_dir: Path, checkpoint: str, episodes: int = 20, seed: int = 10_000) -> float:
@@ -67,9 +115,7 @@ def run_mpper(config: str, seed: int, workers: int, time_limit: float, tag: str,
     subprocess.run(["rm", "-rf", str(run_dir)], check=True)
     cmd = [sys.executable, "run.py", "--config", config, "--workers", str(workers), "--seed", str(seed),
            "--run-dir", str(run_dir), "--time-limit", str(time_limit), "--device", "cpu", *extra]  # fmt: skip
-    cpu0, t0 = children_cpu(), time.monotonic()
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-    wall, cpu = time.monotonic() - t0, children_cpu() - cpu0
+    proc, wall, cpu = run_measured(cmd)
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
     evals = [r for r in records if r["event"] == "evaluation"]
     solved = next((r for r in evals if r["evaluation"]["mean_return"] >= THRESHOLD), None)
@@ -161,7 +207,7 @@ def run_sb3(seed: int, eval_every: int) -> dict:
 def solve_experiment(args) -> list[dict]:
     results = []
     for seed in args.seeds:
-        for workers in (2, 8):
+        for workers in args.workers:
             print(f"seed {seed}: mpper --workers {workers} ...", file=sys.stderr, flush=True)
             results.append(run_mpper(args.config, seed, workers, args.time_limit, f"w{workers}"))
         if not args.skip_sb3:
@@ -234,6 +280,7 @@ def main() -> int:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     ap.add_argument("--time-limit", type=float, default=300.0, help="mpper: seconds per run")
     ap.add_argument("--sb3-eval-every", type=int, default=1000, help="SB3: env steps between evaluations")
+    ap.add_argument("--workers", type=int, nargs="+", default=[2, 8], help="mpper: --workers values to run")
     ap.add_argument("--skip-sb3", action="store_true")
     ap.add_argument("--sb3-child", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--out", default=None)
@@ -244,6 +291,7 @@ def main() -> int:
     RESULTS.mkdir(parents=True, exist_ok=True)
     results = solve_experiment(args) if args.experiment == "solve" else seed_experiment(args)
     out = Path(args.out or RESULTS / f"dqn_{args.experiment}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=1))
     return 0
 
