@@ -63,6 +63,25 @@ def test_dqn_with_two_workers_trains_and_everything_is_saved(tmp_path):
     assert main(["--evaluate", str(run_dir), "--episodes", "2", "--checkpoint", str(run_dir / "best.pt")]) == 0
     best = torch.load(run_dir / "best.pt", weights_only=True)
     assert "mean_return" in best["extra"]
+    # --on-snapshot: the TD-error distribution of the checkpoint over every stored transition,
+    # checked against the actors' own per-episode TD errors (same definition, other code path)
+    assert main(["--evaluate", str(run_dir), "--on-snapshot", str(run_dir / "buffer")]) == 0
+    report = json.loads((run_dir / "snapshot_evaluation.json").read_text())
+    rows = {r["transitions"]: r for r in report["table"]}
+    from mpper.dqn import QNetwork, td_errors
+
+    config = load_config(run_dir / "config.json")
+    net = QNetwork((4,), 2, list(config.network.hidden), config.dqn.dueling)
+    net.load_state_dict(ckpt["network"])
+    errors = []
+    with ReplayBuffer.load(run_dir / "buffer", mmap=True) as snap:
+        for ref in snap.episodes():
+            rows_ = {k: np.asarray(v) for k, v in snap.read_episode(ref).items()}
+            errors.append(td_errors(net.eval(), rows_, ref.terminated, config.dqn.n_step, config.dqn.gamma))
+    errors = np.concatenate(errors)
+    assert rows["all"]["count"] == errors.size == rows["done"]["count"] + rows["not done"]["count"]
+    assert rows["all"]["mean_abs_td"] == pytest.approx(errors.mean(), rel=1e-5)
+    assert rows["all"]["max"] == pytest.approx(errors.max(), rel=1e-5)
 
 
 @pytest.mark.timeout(120)
