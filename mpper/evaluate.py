@@ -55,6 +55,10 @@ def evaluate_run(run_dir: Path, episodes: int = 10, checkpoint: Path | None = No
     network = make_model(config, spec.observation_shape, spec.num_actions)
     network.load_state_dict(state["network"])
     network.eval()
+    if spec.two_player and config.algorithm == "muzero":
+        if render is not None:
+            raise RenderError("--render: not available for a two-player run (its evaluation plays opponents)")
+        return _evaluate_two_player(run_dir, config, network, episodes, checkpoint, int(state["training_step"]), seed)
     envs = []
     recorder = None
     try:
@@ -86,6 +90,26 @@ def evaluate_run(run_dir: Path, episodes: int = 10, checkpoint: Path | None = No
         duration_ms = write_gif(render, recorder.frames, recorder.fps)
         stats["render"] = {"path": str(render), "frames": len(recorder.frames), "frame_ms": duration_ms,
                            "episode_return": float(returns[0])}  # fmt: skip
+    (run_dir / "evaluation.json").write_text(json.dumps(stats, indent=1) + "\n")
+    return stats
+
+
+def _evaluate_two_player(run_dir: Path, config, network, games: int, checkpoint: Path, training_step: int,
+                         seed: int) -> dict:  # fmt: skip
+    """A two-player run: ``games`` games against each opponent the env provides (half as
+    the first player), as the run's evaluator plays them (``mpper.arena``)."""
+    from .arena import evaluate_against_opponents
+    from .two_player import evaluation_opponents
+
+    probe = make_env(config.env)
+    try:
+        opponents = evaluation_opponents(probe, seed)
+    finally:
+        probe.close()
+    started = time.monotonic()
+    result = evaluate_against_opponents(config, network, opponents, games, seed)
+    stats = {"checkpoint": str(checkpoint), "training_step": training_step, "games_per_opponent": games,
+             "seed": seed, "seconds": round(time.monotonic() - started, 3), **result}  # fmt: skip
     (run_dir / "evaluation.json").write_text(json.dumps(stats, indent=1) + "\n")
     return stats
 
@@ -208,6 +232,14 @@ def evaluate_main(run_dir: str, episodes: int, checkpoint: str | None, seed: int
     except (ConfigError, CheckpointError, FileNotFoundError, RenderError, MissingExtraError) as exc:
         print(f"error: {' '.join(str(exc).splitlines())}", file=sys.stderr)
         return 2
+    if "opponents" in stats:  # a two-player run
+        print(f"{episodes} games against each opponent, checkpoint at training step {stats['training_step']}:")
+        for name, r in stats["opponents"].items():
+            first, second = r["first"], r["second"]
+            print(f"  vs {name}: as first W/D/L {first['wins']}/{first['draws']}/{first['losses']}, "
+                  f"as second {second['wins']}/{second['draws']}/{second['losses']}, mean score {r['score']:+.2f}")
+        print(f"written: {path / 'evaluation.json'}")
+        return 0
     r, ln = stats["return"], stats["length"]
     print(f"{episodes} greedy episodes, checkpoint at training step {stats['training_step']}:")
     print(f"  return: mean {r['mean']:.2f}, std {r['std']:.2f}, min {r['min']:.2f}, max {r['max']:.2f}")

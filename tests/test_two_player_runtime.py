@@ -185,6 +185,16 @@ def test_inline_run_evaluates_against_the_opponents_and_stops_on_solve_return(tm
         assert sum(r["first"].values()) + sum(r["second"].values()) == r["games"] == 4
     best = torch.load(run_dir / "best.pt", weights_only=True)
     assert best["extra"]["against"] == "perfect" and "opponents" in best["extra"]
+    # --evaluate on a two-player run plays the same opponents, both sides
+    capsys.readouterr()
+    assert cli.main(["--evaluate", str(run_dir), "--episodes", "6", "--seed", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "vs random: as first W/D/L" in out and "vs perfect:" in out
+    ev = json.loads((run_dir / "evaluation.json").read_text())
+    assert ev["games_per_opponent"] == 6 and ev["against"] == "perfect"
+    for r in ev["opponents"].values():
+        assert sum(r["first"].values()) == 3 and sum(r["second"].values()) == 3
+    assert ev["opponents"]["perfect"]["first"]["wins"] == ev["opponents"]["perfect"]["second"]["wins"] == 0
 
 
 @pytest.mark.timeout(120)
