@@ -203,6 +203,25 @@ def main(argv: list[str] | None = None) -> int:
     return rc if isinstance(rc, int) else 0
 
 
+def _live_supervisor(run_dir: Path) -> int | None:
+    """The pid of a live mpper supervisor that ``run_dir/processes.json`` names, if any."""
+    import json
+    import os
+
+    try:
+        pid = int(json.loads((run_dir / "processes.json").read_text())["supervisor"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if pid == os.getpid():
+        return None
+    try:  # alive, not a zombie, and a Python process (not a recycled pid of something else)
+        stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (OSError, IndexError):
+        return None
+    return pid if stat != "Z" and b"python" in cmdline else None
+
+
 def _check_resume(run_dir: Path) -> str | None:
     """What ``--resume`` will load, opened before anything starts: the checkpoint (with
     ``torch.load(weights_only=True)``) and the snapshot's manifest, array headers and
@@ -212,14 +231,22 @@ def _check_resume(run_dir: Path) -> str | None:
     from .replay_buffer import ReplayBuffer
     from .snapshot import SnapshotError
 
+    live = _live_supervisor(run_dir)
+    if live is not None:
+        return f"--resume {run_dir}: a run is still writing there (supervisor pid {live}); stop it first"
     checkpoint = run_dir / "checkpoint.pt"
-    if checkpoint.exists():
-        try:
-            load_checkpoint(checkpoint)
-        except (CheckpointError, OSError) as e:
-            return f"--resume {run_dir}: {e}"
+    if not checkpoint.exists():
+        return f"--resume {run_dir}: no checkpoint.pt to resume from (the run stopped before its first checkpoint)"
+    try:
+        load_checkpoint(checkpoint)
+    except (CheckpointError, OSError) as e:
+        return f"--resume {run_dir}: {e}"
     snapshot = run_dir / "buffer"
-    if snapshot.exists():
+    if not snapshot.exists():
+        # weights without data: the run was killed before its first snapshot; say so and go on
+        print(f"mpper: --resume {run_dir}: no buffer snapshot; resuming the weights with an empty buffer",
+              file=sys.stderr)  # fmt: skip
+    else:
         try:
             ReplayBuffer.load(snapshot, mmap=True, verify=False).close()
         except (SnapshotError, OSError) as e:

@@ -33,7 +33,7 @@ from .reanalyse import Reanalyser
 from .replay_buffer import ReplayBuffer
 from .runtime import solved_text, write_json_atomic
 from .schema import schema_for
-from .selfplay import best_checkpoint_extra, evaluate, make_player
+from .selfplay import best_checkpoint_extra, best_so_far, evaluate, make_player
 from .weights import WeightStore
 
 __all__ = ["train_inline"]
@@ -83,7 +83,7 @@ def train_inline(config: Config, run_dir: Path, resume: Path | None = None) -> i
         bar = tqdm(total=t.training_steps, desc="train (in-process)", unit="step", disable=not sys.stdout.isatty())
         started = last_eval = last_log = time.monotonic()
         evaluation: dict = {}
-        best = -np.inf
+        best = best_so_far(run_dir)
         losses: dict = {}
         try:
             while trainer.training_step < t.training_steps:

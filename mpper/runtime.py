@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
 from tqdm import tqdm
 
 from . import shm
@@ -46,6 +47,7 @@ from .weights import WeightStore
 __all__ = ["train", "Supervisor"]
 
 _JOIN_TIMEOUT_S = 10.0
+_LEARNER_JOIN_TIMEOUT_S = 60.0
 
 
 def train(config: Config, run_dir: Path, resume: Path | None = None) -> int:
@@ -133,8 +135,14 @@ class Supervisor:
                 schema, cfg.replay.capacity, alpha=cfg.replay.alpha, priority_eps=cfg.replay.priority_eps,
                 initial_priority=cfg.replay.initial_priority, mp_context=self.ctx,
             )  # fmt: skip
+        torch.manual_seed(cfg.runtime.seed)  # the learner's own first weights, bit for bit
         network = make_model(cfg, spec.observation_shape, spec.num_actions)
         self.store = WeightStore.create(network.num_flat_weights())
+        if self.resume is None:
+            # Publish the first weights now, so that self-play starts as soon as the workers
+            # do rather than when the learner has built its model; the learner adopts them.
+            # (Resuming, the learner publishes the checkpoint's weights first.)
+            self.store.publish(network.get_flat_weights(), 0)
         self.stop = StopSignal(self.ctx)
         self.reports = self.ctx.Queue()
         self.rate = self._rate_limiter()
@@ -354,11 +362,14 @@ class Supervisor:
             self.stop.set()
             if self.rate is not None:
                 self.rate.notify()
-        deadline = time.monotonic() + _JOIN_TIMEOUT_S
+        started = time.monotonic()
         for child in self.children.values():
             proc = child.process
             if proc is not None:
-                proc.join(max(0.1, deadline - time.monotonic()))
+                # The learner writes the final checkpoint on its way out: on a loaded
+                # machine that can take longer than the others' plain exit.
+                limit = _LEARNER_JOIN_TIMEOUT_S if child.essential else _JOIN_TIMEOUT_S
+                proc.join(max(0.1, started + limit - time.monotonic()))
         for child in self.children.values():
             proc = child.process
             if proc is not None and proc.is_alive():

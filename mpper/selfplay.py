@@ -34,6 +34,7 @@ __all__ = [
     "Episode",
     "LabelledEnv",
     "best_checkpoint_extra",
+    "best_so_far",
     "evaluate",
     "initial_priorities",
     "make_player",
@@ -342,6 +343,18 @@ def best_checkpoint_extra(evaluation: dict) -> dict:
     return {k: evaluation[k] for k in keys if k in evaluation}
 
 
+def best_so_far(run_dir: str | Path | None) -> float:
+    """The mean return ``run_dir/best.pt`` was saved with (a resumed run keeps its best),
+    or -inf."""
+    path = Path(run_dir) / "best.pt" if run_dir is not None else None
+    if path is None or not path.is_file():
+        return -np.inf
+    try:
+        return float(torch.load(path, map_location="cpu", weights_only=True)["extra"]["mean_return"])
+    except Exception:  # unreadable: the next evaluation replaces it
+        return -np.inf
+
+
 def run_evaluator(config: Config, weight_handle, observation_shape, num_actions: int, stop, reports,
                   seed: int, run_dir: str | None = None) -> None:  # fmt: skip
     """Evaluator process: every ``evaluation_interval_s``, run :func:`evaluate` with the
@@ -363,7 +376,7 @@ def run_evaluator(config: Config, weight_handle, observation_shape, num_actions:
         if not weights.wait_first(stop):
             return
         envs = _labelled_envs(config, name, config.runtime.evaluation_episodes)
-        round_, best = 0, -np.inf
+        round_, best = 0, best_so_far(run_dir)
         while not stop.is_set():
             started = time.monotonic()
             weights.refresh()

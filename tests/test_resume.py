@@ -145,3 +145,39 @@ def test_resume_loads_what_was_saved_and_training_goes_on_from_there(tmp_path, w
             np.testing.assert_array_equal(after[episode_id][name], values, err_msg=f"{episode_id} {name}")
     # the optimizer went on counting (Adam's step 40, not 20 from a fresh one) at the decayed lr
     assert_trainer_is_the_checkpoint(run_dir, SECOND)
+
+
+def test_resume_refuses_a_live_run_and_a_run_without_checkpoint(trained_run, tmp_path, capsys):
+    import os
+    import shutil
+
+    from mpper.cli import main
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(trained_run, run_dir)
+    # a live supervisor still writing there (this test's parent process stands in for it)
+    (run_dir / "processes.json").write_text(json.dumps({"supervisor": os.getppid()}))
+    assert main(["--resume", str(run_dir)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "still writing there" in err[0] and str(os.getppid()) in err[0]
+    # a dead one is fine to resume from; but not without a checkpoint
+    (run_dir / "processes.json").write_text(json.dumps({"supervisor": 2**22 + 7}))
+    (run_dir / "checkpoint.pt").unlink()
+    assert main(["--resume", str(run_dir)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no checkpoint.pt to resume from" in err[0]
+
+
+def test_a_resumed_run_keeps_its_best_checkpoint_unless_beaten(trained_run, tmp_path):
+    import shutil
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(trained_run, run_dir)
+    best = torch.load(run_dir / "best.pt", weights_only=True)
+    best["extra"]["mean_return"] = 1e9  # no evaluation of the resumed run can beat it
+    torch.save(best, run_dir / "best.pt")
+    run(["--resume", str(run_dir), "--max-train-steps", "50", "--set", "runtime.evaluation_interval_s=0.1"])
+    end = [json.loads(x) for x in complete_lines(run_dir / "metrics.jsonl")][-1]
+    assert end["event"] == "end" and end["evaluation"]["training_step"] > 40  # the resumed run evaluated
+    kept = torch.load(run_dir / "best.pt", weights_only=True)
+    assert kept["extra"]["mean_return"] == 1e9 and kept["training_step"] == best["training_step"]
