@@ -236,6 +236,9 @@ def test_resume_reads_the_run_config_and_continues_in_place(tmp_path, train):
     run.mkdir(parents=True)
     saved = load_config(CARTPOLE, ["training.batch_size=32"])
     (run / "config.json").write_text(json.dumps(config_to_dict(saved)))
+    import torch
+
+    torch.save({"network": {}, "training_step": 0}, run / "checkpoint.pt")  # --resume needs one that loads
     assert cli.main(["--resume", str(run), "--time-limit", "60"]) == 0
     call = train.calls[-1]
     assert call["resume"] == run and call["run_dir"] == run
