@@ -148,18 +148,22 @@ def test_resume_loads_what_was_saved_and_training_goes_on_from_there(tmp_path, w
 
 
 def test_resume_refuses_a_live_run_and_a_run_without_checkpoint(trained_run, tmp_path, capsys):
-    import os
     import shutil
 
     from mpper.cli import main
 
     run_dir = tmp_path / "run"
     shutil.copytree(trained_run, run_dir)
-    # a live supervisor still writing there (this test's parent process stands in for it)
-    (run_dir / "processes.json").write_text(json.dumps({"supervisor": os.getppid()}))
-    assert main(["--resume", str(run_dir)]) == 2
+    # a live supervisor still writing there (a sleeping Python process stands in for it)
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        (run_dir / "processes.json").write_text(json.dumps({"supervisor": live.pid}))
+        assert main(["--resume", str(run_dir)]) == 2
+    finally:
+        live.kill()
+        live.wait()
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "still writing there" in err[0] and str(os.getppid()) in err[0]
+    assert len(err) == 1 and "still writing there" in err[0] and str(live.pid) in err[0]
     # a dead one is fine to resume from; but not without a checkpoint
     (run_dir / "processes.json").write_text(json.dumps({"supervisor": 2**22 + 7}))
     (run_dir / "checkpoint.pt").unlink()
