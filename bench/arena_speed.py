@@ -35,7 +35,7 @@ def main() -> int:
     torch.manual_seed(0)
     config = load_config(ROOT / "configs" / "tictactoe.json")
     network = make_model(config, (3, 3, 3), 9).eval()
-    print(f"| path | opponent | games | seconds | games/s |\n|---|---|---|---|---|")
+    print("| path | opponent | games | seconds | games/s |\n|---|---|---|---|---|")
     for path in args.paths:
         for name, make in (("random", random_agent), ("perfect", perfect_agent)):
             agent = mcts_agent(config, network, seed=0)
