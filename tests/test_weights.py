@@ -30,6 +30,10 @@ def publisher(handle, seconds: float) -> None:
     while time.monotonic() < deadline:
         value += 1
         store.publish(np.full(handle.num_weights, value, np.float32), training_step=value)
+        # A short pause, as between a learner's publications: back to back, a reader
+        # copying 800 KB rarely finds a quiet moment on a loaded machine (it retries, so
+        # reads stay whole, but too few of them finish for the test to see many versions).
+        time.sleep(0.0002)
     store.close()
 
 
