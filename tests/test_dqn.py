@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from mpper import ReplayBuffer, dqn_schema
-from mpper.config import EnvConfig, config_from_dict
+from mpper.config import config_from_dict
 from mpper.dqn import DQNTrainer, EpsilonGreedyPlayer, QNetwork, apex_epsilons, decayed_epsilon, td_errors
 from mpper.learner import load_checkpoint, make_targets, save_checkpoint
 from mpper.targets import NStepTargets
@@ -294,4 +294,3 @@ def test_dqn_config_rejects_muzero_only_network_options():
         config_from_dict({"algorithm": "dqn", "network": {"kind": "residual"}}, check_env=False)
     with pytest.raises(ConfigError, match="training.stacked_observations"):
         config_from_dict({"algorithm": "dqn", "training": {"stacked_observations": 2}}, check_env=False)
-    assert EnvConfig().id == "CartPole-v1"
