@@ -264,6 +264,8 @@ class TrainingConfig:
     samples_per_insert: float | None = _opt(None, "> 0", "training samples per stored step; null: off")
     samples_per_insert_tolerance: float = _opt(0.2, ">= 0", "relative slack before a side waits")
     min_buffer_steps: int = _opt(500, ">= 1", "stored steps before learning starts")
+    symmetry_augmentation: bool = _opt(False, None, "train each sampled position through a random board symmetry "
+                                       "the env declares (env.unwrapped.symmetries(); MuZero, no stacking)")
 
 
 @dataclass
@@ -738,6 +740,12 @@ def config_from_dict(
 
 def _check_algorithm(config: Config, sources: _Sources) -> None:
     """Keys that only one algorithm supports."""
+    t = config.training
+    if t.symmetry_augmentation and (config.algorithm != "muzero" or t.stacked_observations != 0):
+        raise ConfigError(f'{sources("training.symmetry_augmentation")}: training.symmetry_augmentation: needs '
+                          f'algorithm "muzero" and training.stacked_observations 0 (stacked action planes are '
+                          f'not transformed), got algorithm {_show(config.algorithm)} and stacked_observations '
+                          f'{t.stacked_observations}')  # fmt: skip
     if config.algorithm != "dqn":
         return
     if config.network.kind != "fc":

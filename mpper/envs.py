@@ -9,6 +9,7 @@ import gymnasium as gym
 import numpy as np
 
 from .config import Config, EnvConfig
+from .symmetry import env_symmetries
 from .two_player import check_two_player_env, is_two_player
 
 __all__ = ["make_env", "EnvSpec", "env_spec", "run_env_spec"]
@@ -63,10 +64,11 @@ def run_env_spec(config: Config) -> EnvSpec:
     it: what a run checks before it starts anything (``run.py`` turns the ``ValueError``
     into one line ``error: ...`` and exit code 2).
 
-    Raises ``ValueError`` when the env breaks the two-player contract, or when it is a
+    Raises ``ValueError`` when the env breaks the two-player contract; when it is a
     two-player env and the algorithm is ``"dqn"`` (DQN reads neither ``to_play`` nor the
     legal-action mask: it would learn one Q-function for both players and play
-    illegal moves).
+    illegal moves); when ``training.symmetry_augmentation`` is on and the env declares
+    no valid symmetries (:mod:`mpper.symmetry`).
     """
     spec = env_spec(config.env)
     if spec.two_player and config.algorithm != "muzero":
@@ -74,4 +76,10 @@ def run_env_spec(config: Config) -> EnvSpec:
             f'algorithm: "{config.algorithm}" cannot train the two-player env {config.env.id!r}: it ignores '
             "to_play and the legal-action mask; use \"muzero\""
         )
+    if config.training.symmetry_augmentation:
+        env = make_env(config.env)
+        try:
+            env_symmetries(env, spec.observation_shape, spec.num_actions, f"env {config.env.id!r}")
+        finally:
+            env.close()
     return spec

@@ -29,9 +29,11 @@ import numpy as np
 import torch
 
 from .config import Config, config_to_dict
+from .envs import make_env
 from .networks import make_model, scalar_to_support, support_to_scalar
 from .procs import child_init, report_error
 from .replay_buffer import Batch, ReplayBuffer
+from .symmetry import SymmetryAugmented, env_symmetries
 from .targets import MuZeroTargets, NStepTargets
 from .weights import WeightStore
 
@@ -414,7 +416,7 @@ def _learn(config: Config, buf: ReplayBuffer, store: WeightStore, stop, reports,
     # whose rows carry no per-action field).
     obs_shape = tuple(buf.fields["observation"].shape[1:])
     if config.algorithm == "dqn":
-        from .envs import env_spec
+        from .envs import env_spec, make_env
 
         num_actions = env_spec(config.env).num_actions
     else:
@@ -536,15 +538,24 @@ def make_trainer(config: Config, network, device: torch.device):
 
 
 def make_targets(config: Config, num_actions: int):
-    """What ``ReplayBuffer.sample`` builds for the learner: MuZero unroll targets, or
-    DQN n-step transitions."""
+    """What ``ReplayBuffer.sample`` builds for the learner: MuZero unroll targets (seen
+    through a random board symmetry with ``training.symmetry_augmentation``), or DQN
+    n-step transitions."""
     t = config.training
     if config.algorithm == "dqn":
         return NStepTargets(config.dqn.n_step, config.dqn.gamma)
-    return MuZeroTargets(
+    targets = MuZeroTargets(
         num_unroll_steps=t.num_unroll_steps, td_steps=t.td_steps, discount=config.mcts.discount,
         num_actions=num_actions, stacked_observations=t.stacked_observations,
     )  # fmt: skip
+    if t.symmetry_augmentation:
+        env = make_env(config.env)
+        try:
+            symmetries = env_symmetries(env, env.observation_space.shape, num_actions, f"env {config.env.id!r}")
+        finally:
+            env.close()
+        return SymmetryAugmented(targets, symmetries)
+    return targets
 
 
 def beta_schedule(config: Config, step: int) -> float:

@@ -35,6 +35,7 @@ from typing import Any, ClassVar
 import gymnasium as gym
 import numpy as np
 
+from .symmetry import dihedral_symmetries
 from .two_player import AgentFn
 
 __all__ = [
@@ -196,6 +197,12 @@ class TicTacToeEnv(gym.Env):
             self._winner = -1
         self._to_play = 1 - mover
         return self._observation(), reward, self._winner is not None, False, self._info()
+
+    @staticmethod
+    def symmetries() -> np.ndarray:
+        """The 8 rotations and reflections of the board, as cell permutations ``(8, 9)``
+        (the contract of :mod:`mpper.symmetry`; the to-play plane is constant)."""
+        return dihedral_symmetries(3)
 
     @staticmethod
     def evaluation_opponents(seed: int = 0) -> dict[str, AgentFn]:
