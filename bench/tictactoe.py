@@ -7,7 +7,9 @@ the agent against training time: every ``--eval-interval`` seconds, ``--games`` 
 against the random player and ``--games`` against the perfect player (each half as the
 first player, half as the second; greedy search, no noise), with the latest weights; the
 numbers land in the run's ``metrics.jsonl`` (``evaluation.opponents``). After the run, a
-final evaluation of the saved ``checkpoint.pt`` (same number of games, batched arena).
+final evaluation of the saved ``checkpoint.pt`` (same number of games, batched arena), and
+the checkpoint's move in each of the 4,520 unfinished positions of the game checked
+against the solver (how many keep the position's game-theoretic value).
 
 Targets: 0 losses against random; >= 90 % draws against perfect (nobody beats it). The
 report gives, per seed, the first training time each target was met, the final numbers,
@@ -117,9 +119,33 @@ def final_evaluation(run_dir: Path, games: int, seed: int) -> dict:
             n = (games + 1) // 2 if first else games // 2
             sides[side] = play_match(TicTacToeEnv, agent, make(10_000 + seed), agent_first=first, games=n, seed=seed)
         out[name] = {**sides, **{f"total_{k}": v for k, v in totals(sides).items()}}
+    out["moves"] = move_quality(agent)
     out["met_random"] = out["random"]["total_losses"] == 0
     out["met_perfect"] = out["perfect"]["total_draws"] >= PERFECT_DRAW_TARGET * out["perfect"]["total_games"]
     return out
+
+
+def move_quality(agent) -> dict:
+    """The agent's move (one greedy search, as in its games) in each of the 4,520
+    unfinished positions of TicTacToe, against the solver: how many keep the position's
+    game-theoretic value (a won position stays won, a drawn one drawn), per number of
+    stones on the board. A finer view than games: it covers the positions a random
+    opponent leads to, not only those the agent's own play reaches."""
+    import numpy as np
+
+    from mpper.tictactoe import position_scores, reachable_positions
+
+    positions = reachable_positions()
+    masks = positions[:, :2].sum(axis=1).reshape(-1, 9) == 0
+    to_play = np.where(positions[:, 2, 0, 0] == 1.0, 0, 1)
+    actions = np.concatenate([agent.act_batch(positions[i:i + 500], masks[i:i + 500], to_play[i:i + 500])
+                              for i in range(0, len(positions), 500)])  # fmt: skip
+    scores = np.stack([position_scores(p) for p in positions])
+    kept = np.sign(scores[np.arange(len(positions)), actions]) == np.sign(scores.max(axis=1))
+    stones = 9 - masks.sum(axis=1)
+    return {"positions": int(len(positions)), "value_kept": int(kept.sum()),
+            "value_kept_by_stones": {int(n): [int(kept[stones == n].sum()), int((stones == n).sum())]
+                                     for n in np.unique(stones)}}  # fmt: skip
 
 
 def _time(s) -> str:
@@ -148,17 +174,20 @@ def report(results: list[dict]) -> str:
         "",
         "Final checkpoint (W/D/L from the agent's side, as first player | as second player):",
         "",
-        "| seed | vs random first | vs random second | vs perfect first | vs perfect second | targets met |",
-        "|---|---|---|---|---|---|",
+        "| seed | vs random first | vs random second | vs perfect first | vs perfect second | targets met "
+        "| moves keeping the game value (of 4,520 positions) |",
+        "|---|---|---|---|---|---|---|",
     ]
     for r in results:
         f = r.get("final") or {}
         if not f:
-            lines.append(f"| {r['seed']} | - | - | - | - | no checkpoint (exit {r['exit_code']}) |")
+            lines.append(f"| {r['seed']} | - | - | - | - | no checkpoint (exit {r['exit_code']}) | - |")
             continue
         met = ", ".join(n for n, ok in (("random", f["met_random"]), ("perfect", f["met_perfect"])) if ok) or "none"
+        m = f.get("moves")
+        kept = f"{m['value_kept']:,} ({m['value_kept'] / m['positions']:.1%})" if m else "-"
         lines.append(f"| {r['seed']} | {_wdl(f['random']['first'])} | {_wdl(f['random']['second'])} | "
-                     f"{_wdl(f['perfect']['first'])} | {_wdl(f['perfect']['second'])} | {met} |")  # fmt: skip
+                     f"{_wdl(f['perfect']['first'])} | {_wdl(f['perfect']['second'])} | {met} | {kept} |")  # fmt: skip
     return "\n".join(lines) + "\n"
 
 

@@ -49,6 +49,7 @@ __all__ = [
     "position_value",
     "random_agent",
     "random_player",
+    "reachable_positions",
 ]
 
 ENV_ID = "mpper/TicTacToe-v0"
@@ -299,6 +300,33 @@ def position_scores(observation: np.ndarray) -> np.ndarray:
     if _has_line(mine) or _has_line(theirs) or occupied == _FULL:
         raise ValueError("TicTacToe: the game is over in this position; there is no move to score")
     return np.array([-_negamax(theirs, mine | 1 << c) if not occupied >> c & 1 else -100 for c in range(9)], np.int64)
+
+
+def reachable_positions() -> np.ndarray:
+    """float32 ``(4520, 3, 3, 3)``: every position reachable from the empty board in
+    which the game is not over, as the env observes it (planes: the mover's stones, the
+    opponent's, the to-play plane), each once, in depth-first order from the empty board.
+    (Of the 5,478 reachable positions, 958 are finished games.)"""
+    seen: set[tuple[int, int]] = set()
+    order: list[tuple[int, int]] = []
+    stack = [(0, 0)]  # (stones of the player to move, of the other)
+    while stack:
+        mine, theirs = stack.pop()
+        if (mine, theirs) in seen:
+            continue
+        seen.add((mine, theirs))
+        occupied = mine | theirs
+        if _has_line(theirs) or occupied == _FULL:
+            continue
+        order.append((mine, theirs))
+        stack.extend((theirs, mine | 1 << c) for c in range(8, -1, -1) if not occupied >> c & 1)
+    obs = np.zeros((len(order), 3, 9), np.float32)
+    for i, (mine, theirs) in enumerate(order):
+        for c in range(9):
+            obs[i, 0, c] = mine >> c & 1
+            obs[i, 1, c] = theirs >> c & 1
+        obs[i, 2] = 1.0 if (mine | theirs).bit_count() % 2 == 0 else 0.0  # X (player 0) moves on even counts
+    return obs.reshape(-1, 3, 3, 3)
 
 
 def position_value(observation: np.ndarray) -> int:

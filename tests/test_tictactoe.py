@@ -40,6 +40,7 @@ from mpper.tictactoe import (
     position_value,
     random_agent,
     random_player,
+    reachable_positions,
 )
 from mpper.two_player import check_two_player_env
 
@@ -291,6 +292,23 @@ def test_solver_visits_every_reachable_position_and_knows_the_basics():
         perfect_player(obs, np.ones(9, bool))
     with pytest.raises(ValueError, match="game is over"):
         position_scores(position(winning_sequence(LINES[0], 0))[0])
+
+
+def test_reachable_positions_are_the_4520_unfinished_positions_as_the_env_shows_them():
+    positions = reachable_positions()
+    assert positions.shape == (4520, 3, 3, 3)  # 5478 reachable, 958 of them finished
+    assert len({p.tobytes() for p in positions}) == 4520
+    # every position the env shows in random games is among them, with its to-play plane
+    known = {p.tobytes() for p in positions}
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        env = TicTacToeEnv()
+        obs, info = env.reset()
+        while not env.done:
+            assert obs.tobytes() in known
+            obs, _, _, _, info = env.step(int(rng.choice(np.flatnonzero(info["action_mask"]))))
+    for p in positions:  # none is finished: the solver scores a move in each
+        assert position_scores(p).max() > -100
 
 
 def all_games(env, sides):
