@@ -739,7 +739,7 @@ def config_from_dict(
 
 
 def _check_algorithm(config: Config, sources: _Sources) -> None:
-    """Keys that only one algorithm supports."""
+    """Keys that only one algorithm supports, or that need another key's setting."""
     t = config.training
     if t.symmetry_augmentation and (config.algorithm != "muzero" or t.stacked_observations != 0):
         raise ConfigError(f'{sources("training.symmetry_augmentation")}: training.symmetry_augmentation: needs '

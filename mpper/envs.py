@@ -12,7 +12,7 @@ from .config import Config, EnvConfig
 from .symmetry import env_symmetries
 from .two_player import check_two_player_env, is_two_player
 
-__all__ = ["make_env", "EnvSpec", "env_spec", "run_env_spec"]
+__all__ = ["make_env", "EnvSpec", "config_symmetries", "env_spec", "run_env_spec"]
 
 
 def make_env(config: EnvConfig) -> gym.Env:
@@ -77,9 +77,17 @@ def run_env_spec(config: Config) -> EnvSpec:
             "to_play and the legal-action mask; use \"muzero\""
         )
     if config.training.symmetry_augmentation:
-        env = make_env(config.env)
-        try:
-            env_symmetries(env, spec.observation_shape, spec.num_actions, f"env {config.env.id!r}")
-        finally:
-            env.close()
+        config_symmetries(config)
     return spec
+
+
+def config_symmetries(config: Config) -> np.ndarray:
+    """The checked ``(G, A)`` board symmetries the env of ``config`` declares (one env
+    instance, then closed); ``ValueError`` naming the env when it declares none or
+    malformed ones (:mod:`mpper.symmetry`)."""
+    env = make_env(config.env)
+    try:
+        space = env.observation_space
+        return env_symmetries(env, tuple(space.shape), int(env.action_space.n), f"env {config.env.id!r}")
+    finally:
+        env.close()

@@ -29,11 +29,11 @@ import numpy as np
 import torch
 
 from .config import Config, config_to_dict
-from .envs import make_env
+from .envs import config_symmetries
 from .networks import make_model, scalar_to_support, support_to_scalar
 from .procs import child_init, report_error
 from .replay_buffer import Batch, ReplayBuffer
-from .symmetry import SymmetryAugmented, env_symmetries
+from .symmetry import SymmetryAugmented
 from .targets import MuZeroTargets, NStepTargets
 from .weights import WeightStore
 
@@ -416,7 +416,7 @@ def _learn(config: Config, buf: ReplayBuffer, store: WeightStore, stop, reports,
     # whose rows carry no per-action field).
     obs_shape = tuple(buf.fields["observation"].shape[1:])
     if config.algorithm == "dqn":
-        from .envs import env_spec, make_env
+        from .envs import env_spec
 
         num_actions = env_spec(config.env).num_actions
     else:
@@ -549,12 +549,7 @@ def make_targets(config: Config, num_actions: int):
         num_actions=num_actions, stacked_observations=t.stacked_observations,
     )  # fmt: skip
     if t.symmetry_augmentation:
-        env = make_env(config.env)
-        try:
-            symmetries = env_symmetries(env, env.observation_space.shape, num_actions, f"env {config.env.id!r}")
-        finally:
-            env.close()
-        return SymmetryAugmented(targets, symmetries)
+        return SymmetryAugmented(targets, config_symmetries(config))
     return targets
 
 

@@ -78,7 +78,7 @@ def env_symmetries(env, observation_shape: tuple[int, ...], num_actions: int, wh
     return check_symmetries(declare(), observation_shape, num_actions, where)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # eq=False: an ndarray field has no truth value
 class SymmetryAugmented:
     """Targets (``MuZeroTargets``) of a batch, each position seen through a random one of
     the ``symmetries`` (``(G, A)`` gather indices, see the module docstring).

@@ -55,7 +55,7 @@ def test_a_symmetry_commutes_with_the_tictactoe_rules():
     d = dihedral_symmetries(3)
     inverse = SymmetryAugmented(None, d).inverse
     rng = np.random.default_rng(0)
-    for game in range(60):
+    for _ in range(60):
         g = int(rng.integers(8))
         env, image = TicTacToeEnv(), TicTacToeEnv()
         obs, info = env.reset()
@@ -149,7 +149,7 @@ def test_malformed_symmetries_are_refused_with_the_env_named(src, shape, match):
     assert "env 'x'" in str(err.value)
 
 
-def test_the_config_refuses_augmentation_with_dqn_or_stacking(tmp_path):
+def test_the_config_refuses_augmentation_with_dqn_or_stacking():
     with pytest.raises(ConfigError, match="symmetry_augmentation.*algorithm \"dqn\""):
         load_config(ROOT / "configs" / "cartpole_dqn.json", ["training.symmetry_augmentation=true"], check_env=False)
     with pytest.raises(ConfigError, match="stacked_observations 2"):
