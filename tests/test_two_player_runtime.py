@@ -111,7 +111,8 @@ def test_play_match_uses_the_batched_path_for_an_mcts_agent_with_the_same_result
 
 
 def test_stacked_observations_play_batched_but_not_one_position_at_a_time():
-    config = load_config(TICTACTOE, ["mcts.num_simulations=4", "training.stacked_observations=2"])
+    config = load_config(TICTACTOE, ["mcts.num_simulations=4", "training.stacked_observations=2",
+                                    "training.symmetry_augmentation=false"])
     network = network_for(config)
     agent = MCTSAgent(config, network)
     res = play_match(TicTacToeEnv, agent, random_agent(0), agent_first=False, games=3, seed=0)
