@@ -168,3 +168,34 @@ def test_a_run_on_an_env_without_symmetries_stops_before_it_starts(tmp_path):
         "(env.unwrapped.symmetries(); see mpper.symmetry)"
     )
     assert not (tmp_path / "run" / "checkpoint.pt").exists()
+
+
+def test_rows_redrawn_after_a_torn_read_get_one_symmetry_each(monkeypatch):
+    """The buffer rebuilds torn rows with a second ``build`` call and merges them: every
+    row of the batch, redrawn or not, must be its own slot's position seen through one
+    symmetry (observation, policy target and next action agree on it)."""
+    import mpper.replay_buffer as rb
+
+    real, calls = rb._find_torn, []
+
+    def tear_ten_rows_once(*args):
+        calls.append(1)
+        return np.arange(10) if len(calls) == 1 else real(*args)
+
+    monkeypatch.setattr(rb, "_find_torn", tear_ten_rows_once)
+    buf = tictactoe_buffer()
+    try:
+        aug = SymmetryAugmented(MuZeroTargets(num_unroll_steps=1, td_steps=20, discount=1.0, num_actions=9),
+                                dihedral_symmetries(3))  # fmt: skip
+        batch = buf.sample(64, beta=1.0, targets=aug, rng=np.random.default_rng(3))
+        assert len(calls) == 2 and buf.counters["torn_rows_redrawn"] == 10
+        d, inverse = dihedral_symmetries(3), aug.inverse
+        fields = buf.fields
+        for b, slot in enumerate(batch.indices):
+            fits = [g for g in range(8)
+                    if np.array_equal(batch.data["observation"][b], transform_obs(fields["observation"][slot], d[g]))
+                    and np.allclose(batch.data["target_policy"][b, 0], fields["child_visits"][slot][d[g]])
+                    and batch.data["actions"][b, 1] == inverse[g, fields["action"][slot + 1]]]  # fmt: skip
+            assert fits, f"row {b} (slot {slot}) is no symmetry of its own position"
+    finally:
+        buf.close()
