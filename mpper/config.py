@@ -266,6 +266,8 @@ class TrainingConfig:
     min_buffer_steps: int = _opt(500, ">= 1", "stored steps before learning starts")
     symmetry_augmentation: bool = _opt(False, None, "train each sampled position through a random board symmetry "
                                        "the env declares (env.unwrapped.symmetries(); MuZero, no stacking)")
+    ema_decay: float | None = _opt(None, "(0, 1)", "act, evaluate and checkpoint with an exponential moving average "
+                                   "of the trained weights, this decay per training step; null: the weights as trained")
 
 
 @dataclass

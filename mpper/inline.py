@@ -68,7 +68,7 @@ def train_inline(config: Config, run_dir: Path, resume: Path | None = None) -> i
         store = WeightStore.create(acting.num_flat_weights())
 
         def publish() -> None:
-            flat = trainer.network.get_flat_weights()
+            flat = trainer.published_network.get_flat_weights()
             acting.set_flat_weights(flat)
             store.publish(flat, trainer.training_step)
 
@@ -94,6 +94,7 @@ def train_inline(config: Config, run_dir: Path, resume: Path | None = None) -> i
                 while _may_train(buf, cfg) and trainer.training_step < t.training_steps:
                     batch = buf.sample(t.batch_size, beta_schedule(cfg, trainer.training_step), targets=targets, rng=rng)
                     losses, priorities = trainer.train_step(batch)
+                    trainer.update_average()
                     buf.update_priorities(batch.indices, batch.generations, priorities)
                     if trainer.training_step % t.checkpoint_interval == 0:
                         publish()

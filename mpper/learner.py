@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 from .config import Config, config_to_dict
 from .envs import config_symmetries
@@ -105,10 +106,32 @@ class Trainer:
             self.optimizer = torch.optim.SGD(params, lr=t.lr_init, momentum=t.momentum, weight_decay=t.weight_decay)
         else:
             raise ValueError(f'training.optimizer must be "adam" or "sgd", got {t.optimizer!r}')
+        # Polyak averaging (training.ema_decay): the weights the run publishes -- self-play
+        # acts with them, the evaluator judges them, checkpoint.pt's "network" holds them --
+        # are an exponential moving average of the trained ones. It smooths the noise of
+        # single SGD steps, which on TicTacToe decides whether a checkpoint blunders.
+        self.averaged: AveragedModel | None = None
+        if t.ema_decay is not None:
+            self.averaged = AveragedModel(self.network, multi_avg_fn=get_ema_multi_avg_fn(t.ema_decay),
+                                          use_buffers=True)  # fmt: skip
         # CUDA only: pinned host copies of the batch arrays, reused every step, and the
         # event that says the last copies out of them have finished (see _to_device).
         self._pinned: dict[str, torch.Tensor] = {}
         self._copied: torch.cuda.Event | None = None
+
+    @property
+    def published_network(self) -> torch.nn.Module:
+        """The network everyone acts with: the moving average when ``ema_decay`` is set,
+        else the trained network itself."""
+        if self.averaged is None or int(self.averaged.n_averaged) == 0:  # nothing averaged yet
+            return self.network
+        return self.averaged.module
+
+    def update_average(self) -> None:
+        """Fold the trained weights into the moving average; call after each
+        ``train_step`` (no-op without ``ema_decay``). The first call copies them."""
+        if self.averaged is not None:
+            self.averaged.update_parameters(self.network)
 
     def learning_rate(self, step: int | None = None) -> float:
         """``lr_init * lr_decay_rate ** (step / lr_decay_steps)`` (muzero-general's
@@ -147,20 +170,31 @@ class Trainer:
     def state_dict(self) -> dict:
         """Network, optimizer and step counter: tensors, numbers, strings, lists and
         dicts only, so that ``torch.load(weights_only=True)`` reads it back."""
-        return {
-            "network": self.network.state_dict(),
+        # "network" is always what the run published (evaluation, --evaluate and the
+        # arena read it); with a moving average the trained weights go to "online_network".
+        state = {
+            "network": self.published_network.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "training_step": int(self.training_step),
         }
+        if self.averaged is not None:
+            state["online_network"] = self.network.state_dict()
+            state["averaged_updates"] = int(self.averaged.n_averaged)
+        return state
 
     def load_state_dict(self, state: dict) -> None:
-        """Restore what ``state_dict`` returned (or a checkpoint holding it)."""
+        """Restore what ``state_dict`` returned (or a checkpoint holding it). A checkpoint
+        written without ``ema_decay`` starts the average afresh from its weights."""
         missing = [k for k in ("network", "optimizer", "training_step") if k not in state]
         if missing:
             raise ValueError(f"trainer state is missing {missing}; has {sorted(state)}")
-        self.network.load_state_dict(state["network"])  # copies onto the network's device
+        online = state.get("online_network", state["network"])
+        self.network.load_state_dict(online)  # copies onto the network's device
         self.optimizer.load_state_dict(state["optimizer"])  # moves the state to the params' device
         self.training_step = int(state["training_step"])
+        if self.averaged is not None:
+            self.averaged.module.load_state_dict(state["network"])
+            self.averaged.n_averaged.fill_(int(state.get("averaged_updates", 0)))
 
 
 class MuZeroTrainer(Trainer):
@@ -429,9 +463,9 @@ def _learn(config: Config, buf: ReplayBuffer, store: WeightStore, stop, reports,
     # supervisor) already published initial weights, which we then adopt.
     if resume_checkpoint is not None:
         trainer.load_state_dict(load_checkpoint(resume_checkpoint))
-        store.publish(network.get_flat_weights(), trainer.training_step)
+        store.publish(trainer.published_network.get_flat_weights(), trainer.training_step)
     elif store.version == 0:
-        store.publish(network.get_flat_weights(), trainer.training_step)
+        store.publish(trainer.published_network.get_flat_weights(), trainer.training_step)
     else:
         flat = np.empty(store.handle.num_weights, np.float32)
         store.read_into(flat)
@@ -503,6 +537,7 @@ def _learn(config: Config, buf: ReplayBuffer, store: WeightStore, stop, reports,
                 # no priority written back): keep the last finite weights, then stop.
                 checkpoint()
                 raise
+            trainer.update_average()
             applied, dropped = buf.update_priorities(batch.indices, batch.generations, priorities)
             meter.applied += applied
             meter.dropped += dropped
@@ -510,7 +545,7 @@ def _learn(config: Config, buf: ReplayBuffer, store: WeightStore, stop, reports,
 
             step = trainer.training_step
             if step % t.checkpoint_interval == 0:
-                store.publish(network.get_flat_weights(), step)
+                store.publish(trainer.published_network.get_flat_weights(), step)
                 published_at = step
             if time.monotonic() - last_checkpoint >= config.runtime.checkpoint_interval_s:
                 checkpoint()
@@ -521,7 +556,7 @@ def _learn(config: Config, buf: ReplayBuffer, store: WeightStore, stop, reports,
 
     # 3. The end (training_steps reached, or stop): final weights, checkpoint, report.
     if trainer.training_step != published_at:
-        store.publish(network.get_flat_weights(), trainer.training_step)
+        store.publish(trainer.published_network.get_flat_weights(), trainer.training_step)
     checkpoint()
     meter.maybe_report(trainer.training_step, store.version, len(buf), state="done", force=True)
 
