@@ -6,7 +6,9 @@ only then imports :mod:`mpper.runtime` and calls
 flags or the config is one line ``error: ...`` on stderr and exit code 2, with nothing
 started. So is a run that cannot start on this machine or from this run directory: not
 enough room in /dev/shm for the buffer, or (``--resume``) a checkpoint or snapshot that
-does not load; those are found before any child process starts.
+does not load; those are found before any child process starts. (The forkserver that
+children are forked from boots as soon as the config is checked, beside the supervisor's
+own imports; it does nothing until a child is asked for and exits with this process.)
 """
 
 from __future__ import annotations
@@ -189,6 +191,10 @@ def main(argv: list[str] | None = None) -> int:
         problem = _check_resume(resume)
         if problem:
             return _fail(problem)
+    if config.runtime.workers > 0:  # children will be forked from a server: boot it now
+        from .procs import start_process_server
+
+        start_process_server()
     from .learner import CheckpointError
     from .shm import SharedMemoryRoomError
     from .snapshot import SnapshotError

@@ -117,8 +117,9 @@ def train_inline(config: Config, run_dir: Path, resume: Path | None = None) -> i
                         break
                 if now - last_log >= cfg.runtime.log_interval_s:
                     last_log = now
-                    record = {"event": "progress", "time_s": round(now - started, 3), "env_steps": buf.counters["steps"],
-                              "counters": buf.counters, "learner": losses, "evaluation": evaluation}  # fmt: skip
+                    record = {"event": "progress", "time_s": round(now - started, 3), "unix_time": round(time.time(), 3),
+                              "env_steps": buf.counters["steps"], "counters": buf.counters, "learner": losses,
+                              "evaluation": evaluation}  # fmt: skip
                     metrics_file.write(json.dumps(record) + "\n")
                     metrics_file.flush()
                 if cfg.runtime.max_episodes is not None and buf.counters["games"] >= cfg.runtime.max_episodes:
@@ -137,7 +138,7 @@ def train_inline(config: Config, run_dir: Path, resume: Path | None = None) -> i
             save_checkpoint(run_dir / "checkpoint.pt", trainer, extra={"config": config_to_dict(cfg)})
             buf.save(snapshot, extra={"config": config_to_dict(cfg)})
             metrics_file.write(json.dumps({"event": "end", "time_s": round(time.monotonic() - started, 3),
-                                           "counters": buf.counters, "learner": losses,
+                                           "unix_time": round(time.time(), 3), "counters": buf.counters, "learner": losses,
                                            "evaluation": evaluation}) + "\n")  # fmt: skip
             metrics_file.close()
     finally:

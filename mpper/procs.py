@@ -3,11 +3,50 @@
 from __future__ import annotations
 
 import ctypes
+import multiprocessing as mp
 import signal
 import time
 import traceback
 
-__all__ = ["StopSignal", "child_init", "report_error"]
+__all__ = ["StopSignal", "child_init", "process_context", "report_error", "start_process_server"]
+
+
+# What every child imports anyway; the forkserver imports it once for all of them.
+_PRELOAD = ["mpper.learner", "mpper.selfplay", "mpper.reanalyse", "mpper.dqn"]
+
+
+def process_context():
+    """The multiprocessing context children start from: ``forkserver`` with torch, numba
+    and mpper preloaded, else ``spawn``.
+
+    A spawned child spends 1-2 CPU seconds importing torch, numba and mpper before it
+    does anything; on a 2-core machine, 8 workers + learner + evaluator took ~20 s to
+    start. The forkserver is a fresh interpreter (not a fork of the supervisor, so no
+    threads, locks or CUDA state are inherited) that imports those modules once; each
+    child is a fork of it and starts in milliseconds. The server exits when the
+    supervisor's process does.
+    """
+    if "forkserver" not in mp.get_all_start_methods():  # pragma: no cover - Windows
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(_PRELOAD)
+    return ctx
+
+
+def start_process_server() -> None:
+    """Start the forkserver of :func:`process_context` now rather than at the first child.
+
+    ``run.py`` calls it once the config has been checked and before it imports torch for
+    itself, so the server's imports (1-2 CPU s) run beside the supervisor's on another
+    core instead of after them. On 2 cores that brought a DQN ``--workers 2`` run's first
+    evaluation from 3.4-4.2 s after launch to 2.0-2.2 s (4 runs each). Without
+    this call the server starts, as before, with the first child; calling it twice is
+    harmless (``ensure_running`` keeps one server per process).
+    """
+    if process_context().get_start_method() == "forkserver":
+        from multiprocessing import forkserver
+
+        forkserver.ensure_running()
 
 
 class StopSignal:

@@ -39,7 +39,7 @@ from . import shm
 from .config import Config, config_to_dict
 from .envs import run_env_spec
 from .networks import make_model
-from .procs import StopSignal
+from .procs import StopSignal, process_context
 from .replay_buffer import ReplayBuffer
 from .schema import schema_for
 from .weights import WeightStore
@@ -325,6 +325,7 @@ class Supervisor:
         record = {
             "event": event,
             "time_s": round(time.monotonic() - self.started, 3),
+            "unix_time": round(time.time(), 3),  # to line the run up with other logs
             "env_steps": c["steps"],
             "games": c["games"],
             "buffer_positions": len(self.buffer),
@@ -401,28 +402,6 @@ class Supervisor:
         if hasattr(self, "reports"):
             self.reports.close()
             self.reports.join_thread()
-
-
-# What every child imports anyway; the forkserver imports it once for all of them.
-_PRELOAD = ["mpper.learner", "mpper.selfplay", "mpper.reanalyse", "mpper.dqn"]
-
-
-def process_context():
-    """The multiprocessing context children start from: ``forkserver`` with torch, numba
-    and mpper preloaded, else ``spawn``.
-
-    A spawned child spends 1-2 CPU seconds importing torch, numba and mpper before it
-    does anything; on a 2-core machine, 8 workers + learner + evaluator took ~20 s to
-    start. The forkserver is a fresh interpreter (not a fork of the supervisor, so no
-    threads, locks or CUDA state are inherited) that imports those modules once; each
-    child is a fork of it and starts in milliseconds. The server exits when the
-    supervisor's process does.
-    """
-    if "forkserver" not in mp.get_all_start_methods():  # pragma: no cover - Windows
-        return mp.get_context("spawn")
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(_PRELOAD)
-    return ctx
 
 
 def solved_text(evaluation: dict) -> str:
