@@ -291,6 +291,36 @@ def test_checkpoint_round_trip(buffer, tmp_path):
     assert m1 == m2 and np.array_equal(p1, p2)
 
 
+def test_fused_adam_matches_plain_adam_and_resumes_an_unfused_checkpoint(buffer, tmp_path):
+    """The trainer's Adam is the fused kernel: the same updates as torch's reference
+    (for-loop) Adam, and a checkpoint written by an unfused optimizer (before the change,
+    or ``fused`` off) resumes into it with its moments."""
+    config = small_config()
+    fused = make_trainer(config, seed=0)
+    assert fused.optimizer.param_groups[0]["fused"] is True
+    plain = make_trainer(config, seed=0)
+    plain.optimizer = torch.optim.Adam(plain.network.parameters(), lr=config.training.lr_init,
+                                       weight_decay=config.training.weight_decay, foreach=False)  # fmt: skip
+    for seed in range(5):
+        batch = sample(buffer, config, seed=seed)
+        fused.train_step(batch)
+        plain.train_step(batch)
+    assert torch.allclose(flat(fused), flat(plain), rtol=1e-5, atol=1e-6)
+    assert not torch.equal(flat(fused), flat(make_trainer(config, seed=0)))  # it did train
+
+    path = tmp_path / "unfused.pt"
+    save_checkpoint(path, plain)
+    state = load_checkpoint(path)
+    assert state["optimizer"]["param_groups"][0]["fused"] is None
+    resumed = make_trainer(config, seed=1)
+    resumed.load_state_dict(state)
+    assert resumed.optimizer.param_groups[0]["fused"] is True
+    batch = sample(buffer, config, seed=7)
+    plain.train_step(batch)
+    resumed.train_step(batch)
+    assert torch.allclose(flat(resumed), flat(plain), rtol=1e-5, atol=1e-6)
+
+
 class _Payload:
     """Unpickling this would run ``touch(path)``: a checkpoint must never do that."""
 
