@@ -224,8 +224,15 @@ def solve_experiment(args) -> list[dict]:
         if not args.skip_sb3:
             print(f"seed {seed}: SB3 ...", file=sys.stderr, flush=True)
             results.append(run_sb3(seed, args.sb3_eval_every))
+    print_solve_report(results, args.seeds)
+    return results
+
+
+def print_solve_report(results: list[dict], seeds: list[int]) -> None:
+    """The Markdown tables of a ``solve`` run (``results``: what ``solve_experiment``
+    returned, or the JSON it saved)."""
     print(f"# CartPole-v1 DQN, time to mean greedy return >= {THRESHOLD:g}: "
-          f"`python bench/solve_dqn.py --seeds {' '.join(map(str, args.seeds))}`\n")  # fmt: skip
+          f"`python bench/solve_dqn.py --seeds {' '.join(map(str, seeds))}`\n")  # fmt: skip
     print("| system | seed | solved | wall s | wall s from launch | CPU s | env steps | end return (20 ep.) "
           "| mpper final checkpoint |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -245,18 +252,18 @@ def solve_experiment(args) -> list[dict]:
     for s in systems:
         rs = [r for r in results if r["system"] == s]
         ok = [r for r in rs if r["solved"]]
-        med = lambda k: statistics.median(r[k] for r in ok) if ok else float("nan")  # noqa: E731
-        medians[s], launch_medians[s] = med("wall_s"), med("launch_s")
+        med = {k: statistics.median(r[k] for r in ok) if ok else float("nan")
+               for k in ("wall_s", "launch_s", "cpu_s", "env_steps")}  # fmt: skip
+        medians[s], launch_medians[s] = med["wall_s"], med["launch_s"]
         end_ok = sum(r["end_return"] >= THRESHOLD for r in rs)
-        print(f"| {s} | {len(ok)}/{len(rs)} | {med('wall_s'):.1f} | {med('launch_s'):.1f} | {med('cpu_s'):.1f} "
-              f"| {med('env_steps'):,.0f} | {end_ok}/{len(rs)} |")  # fmt: skip
+        print(f"| {s} | {len(ok)}/{len(rs)} | {med['wall_s']:.1f} | {med['launch_s']:.1f} | {med['cpu_s']:.1f} "
+              f"| {med['env_steps']:,.0f} | {end_ok}/{len(rs)} |")  # fmt: skip
     sb3, sb3_launch = medians.get("SB3 DQN (RL Zoo)"), launch_medians.get("SB3 DQN (RL Zoo)")
     if sb3:
         for s, m in medians.items():
             if not s.startswith("SB3"):
                 print(f"\n{s}: median wall time to threshold = {m / sb3:.2f}x SB3's "
                       f"({launch_medians[s] / sb3_launch:.2f}x counted from the launch of each process)")
-    return results
 
 
 def seed_experiment(args) -> list[dict]:
