@@ -17,10 +17,18 @@ paper's pseudocode:
   ``virtual_to_play``), and a node's reward is from the view of the player who moved
   into it.
 
-One deliberate difference: ties in selection go to the lowest action index, where
-muzero-general draws among them at random. With a learned network exact ties are rare
-below the root, and at the root the Dirichlet noise breaks them; a deterministic rule
-keeps a batched search bit-for-bit equal to K single searches.
+One deliberate difference: exact ties in selection go to the child with the larger
+prior, then to the larger of per-root random tie keys (``tie_break``, drawn from the
+search's generator), where muzero-general draws uniformly among the tied actions. Ties
+are the rule, not the exception, at the root's first simulation: the root has no visit
+yet, so every pUCT score is 0. A fixed order there (the lowest index, say) always
+expands the same action first, and since an unvisited child scores the bottom of the
+min-max range after that, the first-visited child tends to stay ahead: on a random
+CartPole network action 0 got more than twice its share of 25 simulations. With the
+rule above the first simulation expands the most probable (noisy) action, as in mctx,
+where the root counts its own initial visit, and no index is favoured. The keys are an
+input, not hidden state, so a batched search stays bit-for-bit equal to K single
+searches given the same keys.
 
 How it is batched. Every simulation expands exactly one new node in every tree, so node
 ``s + 1`` is the one simulation ``s`` creates, in all K trees at once. A tree is a set of
@@ -117,6 +125,7 @@ class BatchedMCTS:
         add_exploration_noise: bool,
         rng: np.random.Generator,
         root_noise: np.ndarray | None = None,
+        tie_break: np.ndarray | None = None,
     ) -> SearchResult:
         """Search K roots with ``config.num_simulations`` simulations each.
 
@@ -134,6 +143,9 @@ class BatchedMCTS:
             root_noise: optional (K, A) noise used instead of drawing it when
                 ``add_exploration_noise`` (rows summing to 1 over the legal actions,
                 e.g. from ``sample_root_noise``), to replay a search exactly.
+            tie_break: optional (K, A) float keys for the exact ties in selection that
+                remain after comparing priors (the larger key wins, at every node of
+                tree k); drawn uniformly from ``rng`` when None.
         """
         cfg = self.config
         num_sims, num_actions, support_size = cfg.num_simulations, self.num_actions, self.support_size
@@ -143,6 +155,11 @@ class BatchedMCTS:
             raise ValueError(f"legal_actions must be (K, {num_actions}) bool, got shape {legal.shape}")
         if not legal.any(axis=1).all():
             raise ValueError(f"legal_actions: roots {np.flatnonzero(~legal.any(axis=1)).tolist()} have no legal action")
+        if tie_break is None:
+            tie_break = rng.random(legal.shape)
+        tie_break = np.ascontiguousarray(tie_break, dtype=np.float64)
+        if tie_break.shape != legal.shape:
+            raise ValueError(f"tie_break must be (K, A) = {legal.shape}, got shape {tie_break.shape}")
         param = next(iter(network.parameters()), None)
         device = param.device if param is not None else torch.device("cpu")
 
@@ -184,7 +201,7 @@ class BatchedMCTS:
         max_tree_depth = 0
         for sim in range(num_sims):
             sim_depth = _select(
-                children, visit_count, value_sum, reward, prior, q_min, q_max, legal,
+                children, visit_count, value_sum, reward, prior, q_min, q_max, legal, tie_break,
                 cfg.discount, value_sign, cfg.pb_c_base, cfg.pb_c_init, path, depth, parent, action,
             )  # fmt: skip
             max_tree_depth = max(max_tree_depth, sim_depth)
@@ -214,15 +231,15 @@ class BatchedMCTS:
 
 
 @numba.njit(cache=True, nogil=True)
-def _select(children, visit_count, value_sum, reward, prior, q_min, q_max, legal,
+def _select(children, visit_count, value_sum, reward, prior, q_min, q_max, legal, tie_break,
             discount, value_sign, pb_c_base, pb_c_init, path, depth, parent, action):  # fmt: skip
     """Walk every tree from the root to an unexpanded child by maximal pUCT score.
 
     Writes, per tree k: ``path[k, :depth[k]]`` the nodes visited (root first),
     ``depth[k]`` the depth the new leaf will have, and (``parent[k]``, ``action[k]``)
     the expanded node and the action whose child is not expanded yet. Only legal
-    actions are considered at the root. Ties go to the lowest action. Returns the
-    largest new-leaf depth.
+    actions are considered at the root. Exact ties go to the larger prior, then to the
+    larger ``tie_break[k, a]``. Returns the largest new-leaf depth.
     """
     k_trees, _, num_actions = children.shape
     deepest = 0
@@ -247,7 +264,11 @@ def _select(children, visit_count, value_sum, reward, prior, q_min, q_max, legal
                     if span > 0:
                         q = (q - q_min[k]) / span
                     score += q
-                if score > best_score:
+                if score > best_score or (
+                    score == best_score
+                    and (prior[k, node, a] > prior[k, node, best]
+                         or (prior[k, node, a] == prior[k, node, best] and tie_break[k, a] > tie_break[k, best]))
+                ):  # fmt: skip
                     best_score = score
                     best = a
             child = children[k, node, best]

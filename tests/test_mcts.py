@@ -5,7 +5,8 @@ two-player signs, legal actions, action selection.
 is the state's id, and value, reward and policy come from tables. Its outputs do not
 depend on the batch, so batched and single searches must agree bit for bit.
 ``reference_search`` is muzero-general's MCTS written plainly (one Python object per
-node), with ties going to the lowest action as in mpper's search.
+node), with mpper's tie rule (larger prior, then larger tie key) in place of a random
+choice among tied actions.
 """
 
 from __future__ import annotations
@@ -165,10 +166,12 @@ def test_batched_search_equals_single_searches(two_player):
     mcts = BatchedMCTS(n_actions, MCTSConfig(num_simulations=40), SUPPORT, two_player)
     noise = mcts.sample_root_noise(legal, rng)
     assert np.allclose(noise.sum(1), 1) and (noise[~legal] == 0).all()
+    ties = rng.random(legal.shape)
     obs = states[:, None].astype(np.float32)
-    batched = mcts.run(model, obs, legal, to_play, True, rng, root_noise=noise)
+    batched = mcts.run(model, obs, legal, to_play, True, rng, root_noise=noise, tie_break=ties)
     for k in range(k_envs):
-        single = mcts.run(model, obs[k : k + 1], legal[k : k + 1], to_play[k : k + 1], True, rng, root_noise=noise[k : k + 1])
+        single = mcts.run(model, obs[k : k + 1], legal[k : k + 1], to_play[k : k + 1], True, rng,
+                          root_noise=noise[k : k + 1], tie_break=ties[k : k + 1])
         assert np.array_equal(single.visit_counts[0], batched.visit_counts[k])
         assert single.root_values[0] == batched.root_values[k]
     # The noise was used: without it the visits differ somewhere.
@@ -193,9 +196,11 @@ class Node:
         return 0.0 if self.visit_count == 0 else self.value_sum / self.visit_count
 
 
-def reference_search(network, observation, legal_actions, to_play, cfg: MCTSConfig, support_size, two_player, noise):
+def reference_search(network, observation, legal_actions, to_play, cfg: MCTSConfig, support_size, two_player, noise,
+                     tie_keys):
     """muzero-general's MCTS.run / select_child / ucb_score / backpropagate for one root,
-    with ties to the lowest action instead of a random one."""
+    with exact ties going to the larger prior, then the larger ``tie_keys[a]``, instead
+    of a random one of them."""
     scalar = lambda logits: float(support_to_scalar(logits.double(), support_size)[0])
     out = network.initial_inference(torch.as_tensor(observation[None], dtype=torch.float32))
     root = Node(0.0)
@@ -224,7 +229,7 @@ def reference_search(network, observation, legal_actions, to_play, cfg: MCTSConf
         node, path, virtual_to_play = root, [root], to_play
         while node.children and node.hidden_state is not None:
             scores = {a: ucb(node, c) for a, c in node.children.items()}
-            action = max(scores, key=lambda a: (scores[a], -a))  # first of the maxima
+            action = max(scores, key=lambda a: (scores[a], node.children[a].prior, tie_keys[a]))
             node = node.children[action]
             path.append(node)
             virtual_to_play = 1 - virtual_to_play if two_player else virtual_to_play
@@ -264,9 +269,11 @@ def test_matches_muzero_general_reference(two_player):
         legal = np.array([[True, trial != 1, True, trial != 2]])
         to_play = np.array([trial % 2])
         noise = mcts.sample_root_noise(legal, rng)
-        result = mcts.run(net, obs, legal, to_play, True, rng, root_noise=noise)
+        ties = rng.random(legal.shape)
+        result = mcts.run(net, obs, legal, to_play, True, rng, root_noise=noise, tie_break=ties)
         with torch.no_grad():
-            visits, root_value = reference_search(net, obs[0], legal[0], int(to_play[0]), cfg, SUPPORT, two_player, noise[0])
+            visits, root_value = reference_search(net, obs[0], legal[0], int(to_play[0]), cfg, SUPPORT, two_player,
+                                                  noise[0], ties[0])
         assert np.array_equal(result.visit_counts[0], visits)
         assert np.isclose(result.root_values[0], root_value, rtol=1e-6, atol=1e-6)
 
@@ -331,3 +338,73 @@ def test_temperature_schedule():
     assert temperature_at(schedule, 0.9) == 0.25
     assert temperature_at(schedule, 1.0) == 0.25
     assert temperature_at([[0.0, 0.0]], 0.3) == 0.0
+
+
+# ---- ties: no action index is favoured ------------------------------------------------
+
+
+def symmetric_two_action_model():
+    """Root 0; both actions lead to states worth the same (reward 0, value 1), then to
+    an absorbing state; equal priors everywhere, so every comparison at the root of a
+    fresh search is an exact tie between the two actions."""
+    next_state = np.array([[1, 2], [3, 3], [3, 3], [3, 3]])
+    return TabularModel(next_state, reward=np.zeros((4, 2)), value=np.array([0.0, 1.0, 1.0, 1.0]))
+
+
+@pytest.mark.parametrize("explore", [False, True])
+def test_first_simulation_favours_no_action_index(explore):
+    """The root has no visit before the first simulation, so all pUCT scores are 0:
+    which action is expanded first must not depend on its index. Over 400 roots of a
+    model whose two actions are alike, action 0 comes first 200 times in expectation;
+    [150, 250] holds with probability 1 - 6e-7 under a fair coin."""
+    model = symmetric_two_action_model()
+    mcts = BatchedMCTS(2, MCTSConfig(num_simulations=1), SUPPORT)
+    roots = 400
+    result = mcts.run(model, np.zeros((roots, 1), np.float32), np.ones((roots, 2), bool), np.zeros(roots, int),
+                      explore, np.random.default_rng(5))  # fmt: skip
+    first_is_0 = int(result.visit_counts[:, 0].sum())
+    assert 150 <= first_is_0 <= 250, first_is_0
+
+
+def test_first_simulation_takes_the_larger_prior():
+    """A tie of scores goes to the larger prior (with noise: the noisy prior), as in
+    mctx, whose root counts its own first visit."""
+    next_state = np.array([[1, 2, 1], [3, 3, 3], [3, 3, 3], [3, 3, 3]])
+    logits = np.zeros((4, 3))
+    logits[0] = [0.0, 0.0, 0.5]  # action 2 is the most probable at the root
+    model = TabularModel(next_state, reward=np.zeros((4, 3)), value=np.zeros(4), policy_logits=logits)
+    mcts = BatchedMCTS(3, MCTSConfig(num_simulations=1), SUPPORT)
+    result = mcts.run(model, np.zeros((50, 1), np.float32), np.ones((50, 3), bool), np.zeros(50, int), False,
+                      np.random.default_rng(0))  # fmt: skip
+    assert (result.visit_counts[:, 2] == 1).all()
+
+
+def test_visit_shares_are_symmetric_on_a_symmetric_model():
+    """Two equivalent actions, 25 simulations, no noise: each action leads in about half
+    of the roots and gets half of the visits on average (a fixed tie order would put
+    the same action ahead at every root)."""
+    model = symmetric_two_action_model()
+    mcts = BatchedMCTS(2, MCTSConfig(num_simulations=25), SUPPORT)
+    roots = 400
+    result = mcts.run(model, np.zeros((roots, 1), np.float32), np.ones((roots, 2), bool), np.zeros(roots, int),
+                      False, np.random.default_rng(6))  # fmt: skip
+    visits = result.visit_counts
+    assert (visits.sum(1) == 25).all()
+    zero_leads = int((visits[:, 0] > visits[:, 1]).sum())
+    one_leads = int((visits[:, 1] > visits[:, 0]).sum())
+    assert 150 <= zero_leads <= 250 and 150 <= one_leads <= 250, (zero_leads, one_leads)
+    assert abs(visits[:, 0].mean() - visits[:, 1].mean()) < 0.5
+
+
+def test_tie_break_keys_decide_exact_ties():
+    """Given the keys, the outcome is determined: the larger key wins a tie of scores
+    and priors."""
+    model = symmetric_two_action_model()
+    mcts = BatchedMCTS(2, MCTSConfig(num_simulations=1), SUPPORT)
+    keys = np.array([[0.9, 0.1], [0.1, 0.9]])
+    result = mcts.run(model, np.zeros((2, 1), np.float32), np.ones((2, 2), bool), np.zeros(2, int), False,
+                      np.random.default_rng(0), tie_break=keys)  # fmt: skip
+    assert result.visit_counts.tolist() == [[1, 0], [0, 1]]
+    with pytest.raises(ValueError, match="tie_break"):
+        mcts.run(model, np.zeros((2, 1), np.float32), np.ones((2, 2), bool), np.zeros(2, int), False,
+                 np.random.default_rng(0), tie_break=np.zeros((2, 3)))  # fmt: skip
