@@ -2,8 +2,9 @@
 
 muzero-general's ``Reanalyse`` actor with ``use_last_model_value``: it repeatedly draws
 episodes uniformly from the replay buffer, runs the newest network's initial inference
-on the stacked observations of every position ``0 .. T-1`` and stores the predicted
-values as ``reanalysed_value``, which the value targets then use in place of the
+on the stacked observations of every row ``0 .. T`` and stores the predicted values as
+``reanalysed_value`` (row T, the final observation, is what the targets of an episode
+cut by a time limit bootstrap from), which the value targets then use in place of the
 (older) MCTS root values. Unlike the seed, it works on a batch of episodes with one
 inference, and a write is guarded by generations: values computed for an episode that
 was evicted or rewritten since it was read are dropped, never written into its
@@ -95,14 +96,14 @@ class Reanalyser:
             if rows is None:  # evicted before or during the read
                 dropped += 1
                 continue
-            pos = np.arange(ref.rows - 1)
+            pos = np.arange(ref.rows)  # every row, the final observation's included
             stacks.append(stacked_observations(rows["observation"], rows["action"], pos, pos,
                                                self.num_stacked, self.num_actions))  # fmt: skip
             kept.append(ref)
         stored = 0
         if kept:
             values = self.values(np.concatenate(stacks))
-            bounds = np.cumsum([0] + [ref.rows - 1 for ref in kept])
+            bounds = np.cumsum([0] + [ref.rows for ref in kept])
             for ref, lo, hi in zip(kept, bounds[:-1], bounds[1:]):
                 if self.buf.store_reanalysed_values(ref, values[lo:hi]):
                     stored += 1

@@ -670,15 +670,18 @@ class ReplayBuffer(shm_mod.SharedObject):
         return out if self._generation[ref.start] == ref.generation else None
 
     def store_reanalysed_values(self, ref: EpisodeRef, values: np.ndarray) -> bool:
-        """Store fresh values for the T positions of ``ref`` if it is still the same
-        episode (generation rule); returns whether they were stored."""
+        """Store fresh values for the T positions of ``ref``, or for all T + 1 rows (the
+        final observation's value is what a truncated episode's targets bootstrap from),
+        if it is still the same episode (generation rule); returns whether they were
+        stored."""
         if self.read_only:
             raise PermissionError("this buffer was loaded read-only (mmap=True)")
         if "reanalysed_value" not in self.fields:
             raise KeyError("the schema has no 'reanalysed_value' field")
         values = np.asarray(values, dtype=np.float32)
-        if values.shape != (ref.rows - 1,):
-            raise ValueError(f"expected {ref.rows - 1} values for episode {ref.episode_id}, got {values.shape}")
+        if values.shape not in ((ref.rows - 1,), (ref.rows,)):
+            raise ValueError(f"expected {ref.rows - 1} or {ref.rows} values for episode {ref.episode_id}, "
+                             f"got {values.shape}")  # fmt: skip
         if not np.isfinite(values).all():
             raise ValueError(f"reanalysed values for episode {ref.episode_id} must be finite")
         with self._locked:
@@ -686,7 +689,7 @@ class ReplayBuffer(shm_mod.SharedObject):
             ok = (self._generation[ref.start] == ref.generation and row[ID] == ref.episode_id
                   and row[STATE] == PUBLISHED)  # fmt: skip
             if ok:
-                self.fields["reanalysed_value"][ref.start : ref.start + ref.rows - 1] = values
+                self.fields["reanalysed_value"][ref.start : ref.start + values.shape[0]] = values
             self._counters[_C["reanalysed_episodes" if ok else "reanalysed_dropped"]] += 1
         return bool(ok)
 

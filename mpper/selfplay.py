@@ -24,7 +24,7 @@ from .config import Config
 from .envs import make_env
 from .learner import save_network_checkpoint
 from .mcts import BatchedMCTS, select_action, temperature_at
-from .networks import make_model
+from .networks import make_model, support_to_scalar
 from .procs import child_init, report_error
 from .targets import MuZeroTargets, stacked_observations
 
@@ -55,6 +55,9 @@ class Episode:
     root_value: list = field(default_factory=list)  # search value at o_i, i < T
     child_visits: list = field(default_factory=list)  # visit distribution at o_i, i < T
     terminated: bool = False
+    # The network's value of o_T, for an episode cut by a time limit: its value targets
+    # bootstrap from it (mpper.targets). 0 for a terminated one, whose row T is never read.
+    final_value: float = 0.0
 
     @property
     def moves(self) -> int:
@@ -65,20 +68,23 @@ class Episode:
         return float(sum(self.reward))
 
     def arrays(self, num_actions: int) -> dict[str, np.ndarray]:
-        """Rows for ``ReplayBuffer.add_episode`` (final row's search fields are 0)."""
+        """Rows for ``ReplayBuffer.add_episode`` (final row: ``final_value`` as its
+        root value, no visits)."""
         return {
             "observation": np.stack(self.observation).astype(np.float32, copy=False),
             "action": np.asarray(self.action, np.int64),
             "reward": np.asarray(self.reward, np.float32),
             "to_play": np.asarray(self.to_play, np.int8),
-            "root_value": np.asarray(self.root_value + [0.0], np.float32),
+            "root_value": np.asarray(self.root_value + [self.final_value], np.float32),
             "child_visits": np.vstack(self.child_visits + [np.zeros(num_actions)]).astype(np.float32),
         }
 
 
-def initial_priorities(arrays: dict[str, np.ndarray], td_steps: int, discount: float) -> np.ndarray:
+def initial_priorities(arrays: dict[str, np.ndarray], td_steps: int, discount: float,
+                       terminated: bool = True) -> np.ndarray:
     """muzero-general's initial priorities, |root value - n-step value target| (raw; the
-    buffer applies alpha), for the T positions of one episode.
+    buffer applies alpha), for the T positions of one episode (``terminated`` False: cut
+    by a time limit, targets bootstrap from the final row's value).
 
     The episode's own rows serve as a tiny ring, so the targets come from the very
     kernel the learner's batches use.
@@ -87,7 +93,8 @@ def initial_priorities(arrays: dict[str, np.ndarray], td_steps: int, discount: f
     slots = np.arange(moves, dtype=np.int64)
     targets = MuZeroTargets(0, td_steps, discount, arrays["child_visits"].shape[1])
     no_random_actions = np.random.default_rng(0)  # unroll 0: no step past the end
-    value = targets.build(arrays, slots, slots, np.full(moves, moves), np.zeros(moves, bool), no_random_actions)
+    value = targets.build(arrays, slots, slots, np.full(moves, moves), np.full(moves, terminated),
+                          no_random_actions)
     return np.abs(arrays["root_value"][:moves].astype(np.float64) - value["target_value"][:, 0])
 
 
@@ -164,13 +171,25 @@ class BatchedPlayer:
                 ep.terminated = bool(terminated)
                 finished.append(ep)
                 self.episodes[k] = self._reset(k)
+        cut = [ep for ep in finished if not ep.terminated]
+        if cut and self.explore:  # only stored episodes need a value to bootstrap from
+            values = self._values(np.stack([self._network_input(ep) for ep in cut]))
+            for ep, value in zip(cut, values):
+                ep.final_value = float(value)
         return finished
+
+    @torch.no_grad()
+    def _values(self, observations: np.ndarray) -> np.ndarray:
+        """The network's scalar values (N,) of N (stacked) observations."""
+        out = self.network.initial_inference(torch.as_tensor(np.asarray(observations, np.float32)))
+        return support_to_scalar(out.value_logits, self.config.network.support_size).numpy()
 
 
     def stored(self, ep: Episode) -> tuple[dict[str, np.ndarray], np.ndarray]:
         """(rows, raw initial priorities) to hand to ``ReplayBuffer.add_episode``."""
         arrays = ep.arrays(self.num_actions)
-        return arrays, initial_priorities(arrays, self.config.training.td_steps, self.config.mcts.discount)
+        return arrays, initial_priorities(arrays, self.config.training.td_steps, self.config.mcts.discount,
+                                          ep.terminated)
 
 
 def make_player(config: Config, envs: list, network, explore: bool, seed: int, worker_id: int = 0):

@@ -31,7 +31,7 @@ def _signed_reward(reward, to_play, start, j, player):
 
 @numba.njit(cache=True, nogil=True)
 def _muzero_kernel(
-    slots, pos, moves, root_value, reanalysed, use_reanalysed, reward, to_play, child_visits,
+    slots, pos, moves, terminated, root_value, reanalysed, use_reanalysed, reward, to_play, child_visits,
     action, num_unroll_steps, td_steps, discount, random_uniform,
     out_value, out_reward, out_policy, out_action, out_scale,
 ):  # fmt: skip
@@ -39,14 +39,22 @@ def _muzero_kernel(
 
     For index ``i = t + k`` of an episode with T moves:
       i <  T: value = compute_target_value(i), reward r_i, policy child_visits_i, action a_i
-      i == T: value 0, reward r_T, uniform policy, action a_T
+      i == T: value 0 (terminated) or v_T (truncated), reward r_T, uniform policy, action a_T
       i >  T: value 0, reward 0, uniform policy, random action (absorbing state)
     compute_target_value(i) = sum_{j=i+1}^{min(i+td, T)} discount^(j-i-1) * (+/-) r_j
-                              + discount^td * (+/-) v_{i+td}  (only if i + td < T)
+                              + discount^td * (+/-) v_{i+td}    if i + td < T
+                              + discount^(T-i) * (+/-) v_T      if i + td >= T and the
+                                                                episode was truncated
     with the sign of r_j flipped when the player who moved at j - 1 is not the player to
-    move at i, that of v when the player to move at i + td is not, and v the reanalysed
-    value where one is stored, else the root value. Players are 0 and 1 (one- or
-    two-player games).
+    move at i, that of v when the player to move at the bootstrap row is not, and v the
+    reanalysed value where one is stored, else the root value. Players are 0 and 1 (one-
+    or two-player games).
+
+    The truncated case departs from muzero-general, which treats every episode end as
+    terminal: an episode cut by a time limit (CartPole at 500 moves) did not end in an
+    absorbing state, and a target that ignores everything after the cut teaches the last
+    ``td_steps`` positions that the pole falls. Row T's value (the network's value of
+    the final observation, refreshed by the reanalyser) stands in for the rest.
 
     The reward sums of consecutive unroll steps share all but two terms, so they are
     computed once at the last index and then backwards with
@@ -65,6 +73,13 @@ def _muzero_kernel(
         start = slots[b] - t
         p0 = to_play[start + t]
         scale = min(num_unroll_steps, big_t + 1 - t)
+        v_end = 0.0  # the bootstrap value of row T (truncated episodes only)
+        if not terminated[b]:
+            v_end = root_value[start + big_t]
+            if use_reanalysed:
+                rv = reanalysed[start + big_t]
+                if rv == rv:
+                    v_end = rv
         # reward sums A(i) for i = t .. last (positions before the episode's end)
         last = min(t + num_unroll_steps, big_t - 1)
         acc = 0.0
@@ -92,6 +107,9 @@ def _muzero_kernel(
                         if rv == rv:  # not NaN: a reanalysed value is stored
                             v = rv
                     value += (v if to_play[start + boot] == player else -v) * discount_td
+                elif not terminated[b]:
+                    v = v_end if to_play[start + big_t] == player else -v_end
+                    value += v * discount ** (big_t - i)
                 out_value[b, k] = value
                 out_reward[b, k] = reward[start + i]
                 for a in range(num_actions):
@@ -102,6 +120,8 @@ def _muzero_kernel(
                 for a in range(num_actions):
                     out_policy[b, k, a] = uniform
                 if i == big_t:
+                    if not terminated[b]:  # the value of o_T, seen by the player to move there
+                        out_value[b, k] = v_end
                     out_reward[b, k] = reward[start + i]
                     out_action[b, k] = action[start + i]
                 else:
@@ -250,7 +270,7 @@ class MuZeroTargets:
             "gradient_scale": np.empty((batch, k1), np.float32),
         }
         _muzero_kernel(
-            slots, pos, moves, fields["root_value"],
+            slots, pos, moves, np.asarray(terminated, np.bool_), fields["root_value"],
             fields["root_value"] if reanalysed is None else reanalysed, reanalysed is not None,
             fields["reward"], fields["to_play"], fields["child_visits"], fields["action"],
             self.num_unroll_steps, self.td_steps, float(self.discount),

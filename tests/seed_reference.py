@@ -11,7 +11,8 @@ An episode is a dict of numpy arrays in the row layout of docs/replay_api.md
     action        (T+1,)             row i: the action a_{i-1} that led to o_i (row 0: 0)
     reward        (T+1,)             row i: reward received on arriving at o_i (row 0: 0)
     to_play       (T+1,)             player to move at o_i
-    root_value    (T,) or (T+1,)     search value at o_i; row T (if present) is never read
+    root_value    (T,) or (T+1,)     search value at o_i; row T: the value of the final
+                                     observation, read only for a truncated episode
     child_visits  (T,) or (T+1, A)   search policy at o_i; row T (if present) is never read
     reanalysed_value (optional)      same length as root_value, NaN = not reanalysed
 
@@ -23,10 +24,13 @@ muzero_general_replay_buffer.py.txt):
     len(game_history.action_history)  == T + 1
     reward_history, to_play_history, observation_history have T + 1 entries.
 
-The one deliberate difference from the seed: muzero-general either has no
+Two deliberate differences from muzero-general's replay buffer: it either has no
 reanalysed values for a game or a whole array of them; here reanalysis is per
 slot (NaN = not reanalysed), so the bootstrap value at slot j is the
-reanalysed value at j when it is not NaN, else the root value at j.
+reanalysed value at j when it is not NaN, else the root value at j. And it treats
+every episode end as terminal; here an episode cut by a time limit (``terminated``
+False) bootstraps from the value of its final observation (row T) wherever the
+n-step window reaches the end.
 """
 
 from __future__ import annotations
@@ -61,10 +65,12 @@ def bootstrap_value(ep, j: int) -> float:
     return float(ep["root_value"][j])
 
 
-def compute_target_value(ep, index: int, td_steps: int, discount: float) -> float:
+def compute_target_value(ep, index: int, td_steps: int, discount: float, terminated: bool = True) -> float:
     """n-step value target at position `index`, as muzero-general's ReplayBuffer.compute_target_value.
 
-    value = (+/-) v[index + td_steps] * discount**td_steps      if index + td_steps < T, else 0
+    value = (+/-) v[index + td_steps] * discount**td_steps      if index + td_steps < T,
+            (+/-) v[T] * discount**(T - index)                  else if truncated (not
+                                                                `terminated`), else 0
           + sum_i (+/-) reward[index + 1 + i] * discount**i     for the rewards that exist
     The bootstrap value is negated when to_play at the bootstrap slot differs from to_play
     at `index`; reward index+1+i is negated when to_play[index + i] differs from
@@ -80,6 +86,12 @@ def compute_target_value(ep, index: int, td_steps: int, discount: float) -> floa
         if to_play[bootstrap_index] != to_play[index]:
             v = -v
         value = v * discount**td_steps
+    elif not terminated and index <= T:
+        # cut by a time limit: the final observation's value stands for the rest
+        v = bootstrap_value(ep, T)
+        if to_play[T] != to_play[index]:
+            v = -v
+        value = v * discount ** (T - index)
     else:
         # past the end (or exactly at the final observation): no bootstrap
         value = 0.0
@@ -98,7 +110,7 @@ def compute_target_value(ep, index: int, td_steps: int, discount: float) -> floa
 
 
 def make_target(ep, state_index: int, num_unroll_steps: int, td_steps: int,
-                discount: float, num_actions: int):
+                discount: float, num_actions: int, terminated: bool = True):
     """Targets for the unroll starting at `state_index`, as muzero-general's make_target.
 
     Returns (values, rewards, policies, actions) as numpy arrays of shapes
@@ -110,15 +122,16 @@ def make_target(ep, state_index: int, num_unroll_steps: int, td_steps: int,
     values, rewards, policies, actions = [], [], [], []
     uniform = [1.0 / num_actions] * num_actions
     for current_index in range(state_index, state_index + num_unroll_steps + 1):
-        value = compute_target_value(ep, current_index, td_steps, discount)
+        value = compute_target_value(ep, current_index, td_steps, discount, terminated)
         if current_index < T:
             values.append(value)
             rewards.append(float(ep["reward"][current_index]))
             policies.append([float(p) for p in ep["child_visits"][current_index]])
             actions.append(int(ep["action"][current_index]))
         elif current_index == T:
-            # final observation: value 0, the reward that led there, uniform policy
-            values.append(0.0)
+            # final observation: value 0 (terminated) or its own value (truncated), the
+            # reward that led there, uniform policy
+            values.append(0.0 if terminated else value)
             rewards.append(float(ep["reward"][current_index]))
             policies.append(list(uniform))
             actions.append(int(ep["action"][current_index]))

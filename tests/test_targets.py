@@ -68,6 +68,15 @@ BETA = 0.4
 # Reanalysed [nan, 9, nan, nan], td_steps = 1: index 0 -> -9 * 0.5 + 1 = -3.5;
 #   index 1 bootstraps slot 2 (NaN there -> root 0.75) -> -2.375 as before.
 #
+# Truncated (cut by a time limit, not terminated), root_value[3] = 4 (the value of the
+# final observation, from the view of to_play[3] = 1), td_steps = 2: a window that reaches
+# row T bootstraps from it with discount**(T - index):
+#   index 0: bootstrap slot 2 < T as before -> 2.1875
+#   index 1: to_play[3] = 1 == 1 -> +4 * 0.5**2 = 1;    -3.5 + 1 = -2.5
+#   index 2: to_play[3] = 1 != 0 -> -4 * 0.5**1 = -2;   3 - 2 = 1
+#   index 3 (= T): 4 * 0.5**0 = 4;  index 4 (> T): 0
+#   make_target(1, K = 3, td 2) values: [-2.5, 1, 4, 0]
+#
 # make_target(state_index 1, K = 3, td 2):
 #   slot 1 (< T):  value -3.5, reward[1] = 1,  policy [.6,.4], action[1] = 1
 #   slot 2 (< T):  value  3,   reward[2] = -2, policy [1, 0], action[2] = 0
@@ -115,6 +124,20 @@ def test_reference_value_targets_by_hand():
     ep_r = dict(ep, reanalysed_value=np.array([np.nan, 9.0, np.nan, np.nan]))
     assert [ref.compute_target_value(ep_r, i, 1, 0.5) for i in range(3)] == \
         pytest.approx([-3.5, -2.375, 3.0])
+
+
+def test_reference_truncated_value_targets_by_hand():
+    ep = dict(hand_episode(), root_value=np.array([0.5, -0.25, 0.75, 4.0], dtype=np.float32))
+    got = [ref.compute_target_value(ep, i, 2, 0.5, terminated=False) for i in range(5)]
+    assert got == pytest.approx([2.1875, -2.5, 1.0, 4.0, 0.0])
+    # terminated: row T's value is never read
+    assert [ref.compute_target_value(ep, i, 2, 0.5) for i in range(5)] == pytest.approx([2.1875, -3.5, 3.0, 0, 0])
+    values, rewards, _, _ = ref.make_target(ep, 1, 3, 2, 0.5, 2, terminated=False)
+    np.testing.assert_allclose(values, [-2.5, 1.0, 4.0, 0.0])
+    np.testing.assert_allclose(rewards, [1.0, -2.0, 3.0, 0.0])
+    # a reanalysed value of the final observation replaces its root value
+    ep_r = dict(ep, reanalysed_value=np.array([np.nan, np.nan, np.nan, 8.0]))
+    assert ref.compute_target_value(ep_r, 2, 2, 0.5, terminated=False) == pytest.approx(3.0 - 4.0)
 
 
 def test_reference_make_target_by_hand():
@@ -319,7 +342,7 @@ def check_muzero_batch(batch, tags, episodes, cfg):
                f"K={K}, discount={cfg['discount']}, to_play={ep['to_play'].tolist()}, "
                f"reanalysed={ep['reanalysed_value'].tolist()}")
         values, rewards, policies, actions = ref.make_target(
-            ep, t, K, cfg["td"], cfg["discount"], A)
+            ep, t, K, cfg["td"], cfg["discount"], A, cfg.get("terminated", {}).get(ep_id, True))
         _close(d["target_value"][b], values, "target_value", ctx)
         _close(d["target_reward"][b], rewards, "target_reward", ctx)
         _close(d["target_policy"][b], policies, "target_policy", ctx)
@@ -338,13 +361,20 @@ def _positions(episodes):
 
 
 def run_muzero_case(buffers, rng, lengths, obs_shape, stacked, players, reanalysed,
-                    td=5, K=5, discount=0.9, A=3, capacity=None, rounds=3):
+                    td=5, K=5, discount=0.9, A=3, capacity=None, rounds=3, truncated=()):
+    """``truncated``: ids of episodes stored as cut by a time limit; they get a value
+    (and, with reanalysis, a reanalysed value) on their final row to bootstrap from."""
     mpper = _mpper()
     schema = dict(mpper.muzero_schema(observation_shape=obs_shape, num_actions=A))
     schema["tag"] = ((2,), "int64")
     episodes = {}
+    terminated = {ep_id: ep_id not in truncated for ep_id in range(len(lengths))}
     for ep_id, T in enumerate(lengths):
         episodes[ep_id] = make_episode(rng, T, obs_shape, A, players, reanalysed, ep_id)
+        if not terminated[ep_id]:
+            episodes[ep_id]["root_value"][T] = rng.standard_normal()
+            if reanalysed == "all" or (reanalysed == "mixed" and ep_id % 4 == 1):
+                episodes[ep_id]["reanalysed_value"][T] = rng.standard_normal()
     total_rows = sum(T + 1 for T in lengths)
     # by default the ring is exactly full: the last episode ends on the last slot
     buf = buffers(schema, capacity or total_rows)
@@ -352,11 +382,11 @@ def run_muzero_case(buffers, rng, lengths, obs_shape, stacked, players, reanalys
         data = dict(ep)
         if reanalysed == "omitted":
             del data["reanalysed_value"]
-        assert buf.add_episode(data, priorities=None, terminated=True) is True
+        assert buf.add_episode(data, priorities=None, terminated=terminated[ep_id]) is True
     num_positions = sum(lengths)
     targets = mpper.MuZeroTargets(num_unroll_steps=K, td_steps=td, discount=discount,
                                   stacked_observations=stacked, num_actions=A)
-    cfg = dict(K=K, A=A, td=td, discount=discount, obs_shape=obs_shape, stacked=stacked)
+    cfg = dict(K=K, A=A, td=td, discount=discount, obs_shape=obs_shape, stacked=stacked, terminated=terminated)
     seen, slot_of = set(), {}
     for r in range(rounds):
         B = 2 * num_positions + r  # stratified: >= 1 draw per slot
@@ -384,6 +414,15 @@ def test_muzero_targets_match_reference(buffers, obs_shape, stacked, players, re
     seed = zlib.crc32(repr((obs_shape, stacked, players, reanalysed)).encode())
     run_muzero_case(buffers, np.random.default_rng(seed), LENGTHS, obs_shape, stacked,
                     players, reanalysed)
+
+
+@pytest.mark.parametrize("reanalysed", ["none", "all", "mixed"])
+@pytest.mark.parametrize("players", [1, 2])
+def test_muzero_targets_of_truncated_episodes_bootstrap_from_the_final_value(buffers, players, reanalysed):
+    """Episodes cut by a time limit: every window that reaches row T adds its value."""
+    seed = zlib.crc32(repr(("truncated", players, reanalysed)).encode())
+    run_muzero_case(buffers, np.random.default_rng(seed), LENGTHS, (4,), 0, players, reanalysed,
+                    truncated={0, 2, 4, 5})
 
 
 def test_muzero_targets_random_to_play(buffers):
