@@ -256,13 +256,14 @@ class MuZeroTrainer(Trainer):
 
         # Steps 1..K through the dynamics, on the actions actually taken.
         for k in range(1, k1):
-            # Halve the gradient at the start of each dynamics step (paper, appendix
-            # "Training"): the gradient of a loss k steps deep reaches the
-            # representation scaled by 0.5^k, so long unrolls do not dominate it.
+            # The pseudocode's update_weights: the hidden state a dynamics step returns
+            # goes on to the next step through scale_gradient(h, 0.5), so the gradient
+            # of a loss k steps deep reaches the representation scaled by 0.5^(k-1) and
+            # long unrolls do not dominate it. Step 1 starts from the representation's
+            # own output, unscaled, and a step's own predictions are not scaled either.
             # (muzero-general hooks the hidden state a step returns, which also halves
-            # the gradient of that step's own prediction into the dynamics; the
-            # pseudocode's scale_gradient, as here, does not.)
-            out = net.recurrent_inference(scale_gradient(hidden, 0.5), actions[:, k])
+            # the gradient of that step's own predictions into the dynamics.)
+            out = net.recurrent_inference(hidden if k == 1 else scale_gradient(hidden, 0.5), actions[:, k])
             hidden = out.hidden_state
             # Each unrolled step's gradient is divided by the number of unrolled steps
             # (muzero-general registers grad / gradient_scale hooks on these losses);

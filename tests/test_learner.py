@@ -168,10 +168,13 @@ def test_importance_weights_weight_each_sample(buffer):
 
 
 def reference_gradient(net, batch: Batch, value_loss_weight: float, support: int) -> torch.Tensor:
-    """The loss written the muzero-general way, with ``register_hook``: gradient halved
-    where it enters each dynamics step, each unrolled step's loss gradient divided by
-    ``gradient_scale``, no reward loss at step 0, IS-weighted mean. Returns the flat
-    gradient of all parameters."""
+    """The loss of the MuZero pseudocode (``update_weights``), written with
+    ``register_hook``: the hidden state a dynamics step returns is passed on to the next
+    step through ``scale_gradient(hidden_state, 0.5)``, so the gradient is halved where
+    it enters dynamics steps 2..K, not step 1, and not on the way from a step's own
+    predictions; each unrolled step's loss gradient divided by ``gradient_scale``, no
+    reward loss at step 0, IS-weighted mean. Returns the flat gradient of all
+    parameters."""
     from mpper.networks import scalar_to_support
 
     d = {k: torch.from_numpy(v) for k, v in batch.data.items()}
@@ -190,8 +193,10 @@ def reference_gradient(net, batch: Batch, value_loss_weight: float, support: int
     reward_loss = 0
     hidden = out.hidden_state
     for k in range(1, d["actions"].shape[1]):
-        start = hidden * 1.0  # a node of its own, so the hook acts on this edge only
-        start.register_hook(lambda g: g * 0.5)
+        start = hidden
+        if k > 1:
+            start = hidden * 1.0  # a node of its own, so the hook acts on this edge only
+            start.register_hook(lambda g: g * 0.5)
         out = net.recurrent_inference(start, d["actions"][:, k])
         hidden = out.hidden_state
         losses = ce(out.value_logits, tv[:, k]), ce(out.reward_logits, tr[:, k]), ce(out.policy_logits, tp[:, k])
@@ -206,7 +211,7 @@ def reference_gradient(net, batch: Batch, value_loss_weight: float, support: int
     return torch.cat([p.grad.reshape(-1) for p in net.parameters()])
 
 
-def test_gradient_matches_the_muzero_general_loss(buffer):
+def test_gradient_matches_the_pseudocode_loss(buffer):
     # SGD with lr 1, no momentum, no weight decay: the update is minus the gradient.
     config = small_config(optimizer="sgd", momentum=0.0, weight_decay=0.0, lr_init=1.0)
     batch = sample(buffer, config, batch_size=16)
