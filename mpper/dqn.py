@@ -231,15 +231,13 @@ class EpsilonGreedyPlayer:
     def stored(self, ep: DQNEpisode) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
         """(rows, raw priorities or None) to hand to ``ReplayBuffer.add_episode``:
         Ape-X's initial priorities (|TD| with this actor's weights, clipped like the
-        learner's) or None for the buffer's ``replay.initial_priority``."""
+        learner's: the buffer applies ``dqn.priority_clip`` to both) or None for the
+        buffer's ``replay.initial_priority``."""
         arrays = ep.arrays()
         d = self.config
         if d.initial_priority == "max":
             return arrays, None
-        priorities = td_errors(self.network, arrays, ep.terminated, d.n_step, d.gamma)
-        if d.priority_clip is not None:
-            np.minimum(priorities, d.priority_clip, out=priorities)
-        return arrays, priorities
+        return arrays, td_errors(self.network, arrays, ep.terminated, d.n_step, d.gamma)
 
 
 # --------------------------------------------------------------------------------------
@@ -253,8 +251,8 @@ class DQNTrainer(Trainer):
 
     ``train_step(batch)`` is one update on a batch sampled with ``NStepTargets``; it
     returns the metrics and the new raw priorities ``|TD|`` of the sampled transitions
-    (clipped at ``dqn.priority_clip``; the buffer adds ``priority_eps`` and applies
-    ``alpha``, for new and updated items alike).
+    (the run's buffer adds ``priority_eps``, clips at ``dqn.priority_clip`` and applies
+    ``alpha``, for new and updated items alike: ``mpper.runtime.create_buffer``).
     """
 
     def __init__(self, config: Config, network: QNetwork, device: torch.device):
@@ -325,8 +323,6 @@ class DQNTrainer(Trainer):
             grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params])
         with torch.no_grad():
             priorities = td.detach().abs()
-            if d.priority_clip is not None:
-                priorities = priorities.clamp(max=d.priority_clip)
             stats = torch.stack([loss.detach(), q_sa.detach().mean(), grad_norm.to(loss.dtype)])
             host = torch.cat([stats, priorities.to(stats.dtype)]).to("cpu", torch.float64).numpy()
         total, mean_q, norm = (float(v) for v in host[:3])

@@ -31,8 +31,7 @@ from .networks import make_model
 from .rate import can_sample
 from .reanalyse import Reanalyser
 from .replay_buffer import ReplayBuffer
-from .runtime import solved_text, write_json_atomic
-from .schema import schema_for
+from .runtime import create_buffer, solved_text, write_json_atomic
 from .selfplay import best_checkpoint_extra, best_so_far, evaluate, make_player
 from .weights import WeightStore
 
@@ -55,10 +54,7 @@ def train_inline(config: Config, run_dir: Path, resume: Path | None = None) -> i
         if resume is not None and snapshot.exists():
             buf = ReplayBuffer.load(snapshot)
         else:
-            buf = ReplayBuffer.create(schema_for(cfg.algorithm, spec.observation_shape, spec.num_actions,
-                                                 spec.observation_dtype),  # fmt: skip
-                                      cfg.replay.capacity, alpha=cfg.replay.alpha, priority_eps=cfg.replay.priority_eps,
-                                      initial_priority=cfg.replay.initial_priority)  # fmt: skip
+            buf = create_buffer(cfg, spec)
         device = pick_device(cfg.runtime.device)
         network = make_model(cfg, spec.observation_shape, spec.num_actions)
         trainer = make_trainer(cfg, network.to(device), device)

@@ -130,11 +130,7 @@ class Supervisor:
         if self.resume is not None and snapshot.exists():
             self.buffer = ReplayBuffer.load(snapshot)
         else:
-            schema = schema_for(cfg.algorithm, spec.observation_shape, spec.num_actions, spec.observation_dtype)
-            self.buffer = ReplayBuffer.create(
-                schema, cfg.replay.capacity, alpha=cfg.replay.alpha, priority_eps=cfg.replay.priority_eps,
-                initial_priority=cfg.replay.initial_priority, mp_context=self.ctx,
-            )  # fmt: skip
+            self.buffer = create_buffer(cfg, spec, self.ctx)
         torch.manual_seed(cfg.runtime.seed)  # the learner's own first weights, bit for bit
         network = make_model(cfg, spec.observation_shape, spec.num_actions)
         self.store = WeightStore.create(network.num_flat_weights())
@@ -402,6 +398,18 @@ class Supervisor:
         if hasattr(self, "reports"):
             self.reports.close()
             self.reports.join_thread()
+
+
+def create_buffer(cfg: Config, spec, mp_context=None) -> ReplayBuffer:
+    """A new replay buffer for the run: ``cfg``'s schema and replay parameters. DQN's
+    ``priority_clip`` is the buffer's, so that the leaves of new episodes (whatever
+    ``initial_priority`` gives them, "max" included) and of updated priorities obey
+    the same clip."""
+    schema = schema_for(cfg.algorithm, spec.observation_shape, spec.num_actions, spec.observation_dtype)
+    clip = cfg.dqn.priority_clip if cfg.algorithm == "dqn" else None
+    return ReplayBuffer.create(schema, cfg.replay.capacity, alpha=cfg.replay.alpha, priority_eps=cfg.replay.priority_eps,
+                               priority_clip=clip, initial_priority=cfg.replay.initial_priority,
+                               mp_context=mp_context)  # fmt: skip
 
 
 def solved_text(evaluation: dict) -> str:

@@ -5,6 +5,7 @@ The end-to-end runs (processes, snapshots, checkpoints) are in test_train_e2e.py
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import gymnasium as gym
@@ -130,20 +131,35 @@ def test_initial_td_errors_match_a_plain_loop_at_termination_and_truncation(n):
             assert got[-1] == pytest.approx(abs(1.0 - q[-2][arrays["action"][-1]]), rel=1e-6)
 
 
-def test_actor_priorities_are_clipped_like_the_learners():
-    config = dqn_config(priority_clip=0.05)
+def test_new_and_updated_priorities_obey_the_same_clip():
+    """The run's buffer clips every raw priority at ``dqn.priority_clip``: the actors'
+    |TD| errors, the "max" default of new episodes (which starts at 1, above a clip
+    below 1) and the learner's updates alike."""
+    from mpper.envs import env_spec
+    from mpper.runtime import create_buffer
+
     net = QNetwork((4,), 2, [8]).eval()
-    player = EpsilonGreedyPlayer(config, [gym.make("CartPole-v1")], net, explore=True, seed=0)
-    episodes = []
-    while not episodes:
-        episodes = player.step()
-    arrays, priorities = player.stored(episodes[0])
-    assert priorities.shape == (episodes[0].moves,) and priorities.max() <= 0.05
-    config_max = dqn_config(initial_priority="max")
-    player = EpsilonGreedyPlayer(config_max, [gym.make("CartPole-v1")], net, explore=True, seed=0)
-    while not (done := player.step()):
-        pass
-    assert player.stored(done[0])[1] is None  # the buffer's max-so-far
+    for initial in ("td", "max"):
+        config = dqn_config(priority_clip=0.05, initial_priority=initial)
+        config = dataclasses.replace(config, replay=dataclasses.replace(config.replay, alpha=0.5, priority_eps=1e-3))
+        buf = create_buffer(config, env_spec(config.env))
+        try:
+            player = EpsilonGreedyPlayer(config, [gym.make("CartPole-v1")], net, explore=True, seed=0)
+            while not (done := player.step()):
+                pass
+            arrays, priorities = player.stored(done[0])
+            assert (priorities is None) == (initial == "max")
+            buf.add_episode(arrays, priorities, done[0].terminated)
+            T = done[0].moves
+            raw = np.ones(T) if priorities is None else priorities  # "max" so far: 1 in a new buffer
+            expected = np.minimum(raw + 1e-3, 0.05) ** 0.5
+            np.testing.assert_allclose(buf.priorities(np.arange(T)), expected, rtol=1e-12)
+            assert raw.max() > 0.05  # the clip did something
+            batch = buf.sample(8, 0.4, rng=np.random.default_rng(0))
+            buf.update_priorities(batch.indices, batch.generations, np.full(8, 7.0))
+            np.testing.assert_allclose(buf.priorities(batch.indices), 0.05**0.5, rtol=1e-12)
+        finally:
+            buf.close()
 
 
 # ---- the trainer -------------------------------------------------------------------------------
@@ -225,12 +241,11 @@ def test_soft_update_moves_the_target_by_tau():
         buf.close()
 
 
-def test_gradient_value_clipping_and_priority_clip():
+def test_gradient_value_clipping():
     config, buf, trainer, targets = trainer_and_batch(grad_clip_value=1e-3, priority_clip=0.01)
     try:
         before = [p.detach().clone() for p in trainer.network.parameters()]
         _, priorities = trainer.train_step(buf.sample(16, 0.4, targets=targets, rng=np.random.default_rng(0)))
-        assert priorities.max() <= 0.01
         for p in trainer.network.parameters():
             assert p.grad.abs().max() <= 1e-3 + 1e-12
         assert any(not torch.equal(a, b) for a, b in zip(before, trainer.network.parameters()))
