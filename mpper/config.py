@@ -226,7 +226,8 @@ class MCTSConfig:
         None,
         ">= 1",
         "self-play: the first N moves of each episode use temperature_schedule, later moves the most visited "
-        "action (T = 0; muzero-general's temperature_threshold); null: the schedule for every move",
+        "action (T = 0; muzero-general's temperature_threshold N samples N - 1 moves); null: the schedule for "
+        "every move",
     )
 
 

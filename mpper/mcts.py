@@ -362,7 +362,8 @@ def select_action(visit_counts: np.ndarray, temperature: float, rng: np.random.G
     """Actions (K,) from root visit counts (K, A).
 
     temperature 0: the most visited action, ties broken at random; ``inf``: uniform over
-    the visited actions; otherwise sampled with probability proportional to
+    the visited actions, the limit of ``counts ** (1 / T)`` (muzero-general draws from
+    every legal action, visited or not); otherwise sampled with probability proportional to
     ``counts ** (1 / T)``, computed as ``(counts / max) ** (1 / T)`` so that a small T
     cannot overflow.
     """

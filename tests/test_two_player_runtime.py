@@ -277,7 +277,10 @@ def test_dqn_on_a_two_player_env_is_refused_in_one_line(tmp_path):
 
 def test_temperature_threshold_moves_makes_later_selfplay_moves_greedy(monkeypatch):
     """Exploring at T = 1: moves 0 and 1 of each game are sampled from the visit counts,
-    from move 2 on each action is a most visited one."""
+    from move 2 on each action is a most visited one. (muzero-general samples one move
+    fewer: its ``len(action_history) < temperature_threshold`` counts the placeholder
+    action of the first row. mpper's N counts moves, as AlphaZero's "the first 30
+    moves"; move N - 1 must still be sampled.)"""
     threshold = 2
     config = load_config(TICTACTOE, ["mcts.num_simulations=16", "mcts.temperature_schedule=[[0, 1.0]]",
                                      f"mcts.temperature_threshold_moves={threshold}"])  # fmt: skip
@@ -287,7 +290,7 @@ def test_temperature_threshold_moves_makes_later_selfplay_moves_greedy(monkeypat
     searches = []
     original = player.mcts.run
     monkeypatch.setattr(player.mcts, "run", lambda *a, **k: searches.append(original(*a, **k)) or searches[-1])
-    greedy_checked, sampled_not_argmax = 0, 0
+    greedy_checked, sampled_not_argmax, last_sampled_not_argmax = 0, 0, 0
     for _ in range(30):
         moves = [ep.moves for ep in player.episodes]
         player.step(0.0)
@@ -300,7 +303,9 @@ def test_temperature_threshold_moves_makes_later_selfplay_moves_greedy(monkeypat
                 greedy_checked += 1
             else:
                 sampled_not_argmax += not is_argmax
+                last_sampled_not_argmax += moves[k] == threshold - 1 and not is_argmax
     assert greedy_checked > 50 and sampled_not_argmax > 0  # before the threshold, T = 1 did sample
+    assert last_sampled_not_argmax > 0  # ... move N - 1 too
 
 
 def test_temperature_threshold_moves_config():
