@@ -2,7 +2,8 @@
 
 Read top-down:
 
-1. ``scale_gradient`` and ``cross_entropy``: the two tensor helpers of the loss.
+1. ``cross_entropy``: the tensor helper of the loss (``scale_gradient`` is the
+   network module's, where the unroll uses it).
 2. ``MuZeroTrainer``: muzero-general's ``Trainer.update_weights`` / ``loss_function`` on
    an mpper ``Batch`` (built by ``MuZeroTargets``): unroll K steps, value / reward /
    policy cross-entropies, importance weights, new priorities, one optimizer step.
@@ -31,7 +32,7 @@ from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 from .config import Config, config_to_dict
 from .envs import config_symmetries
-from .networks import make_model, scalar_to_support, support_to_scalar
+from .networks import make_model, scalar_to_support, scale_gradient, support_to_scalar
 from .procs import child_init, report_error
 from .replay_buffer import Batch, ReplayBuffer
 from .symmetry import SymmetryAugmented
@@ -65,19 +66,14 @@ _POLL_S = 0.1  # how long one sleep on the stop event lasts while the buffer fil
 # --------------------------------------------------------------------------------------
 
 
-def scale_gradient(x: torch.Tensor, scale: float | torch.Tensor) -> torch.Tensor:
-    """Same value as ``x``, gradient multiplied by ``scale`` (the MuZero pseudocode's
-    ``scale_gradient``). ``scale`` may be a tensor that broadcasts against ``x``."""
-    return x * scale + x.detach() * (1 - scale)
-
-
 def cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """Per-sample cross-entropy of a target distribution: (B, N), (B, N) -> (B,).
+    """Per-sample cross-entropy of a target distribution over the last axis:
+    (..., N), (..., N) -> (...).
 
     muzero-general's ``loss_function`` (``-sum(target * log_softmax(logits))``): the
     targets are soft (two-hot supports, visit distributions), so this is not
     ``F.cross_entropy`` with class indices."""
-    return -(target * torch.log_softmax(logits, dim=1)).sum(dim=1)
+    return -(target * torch.log_softmax(logits, dim=-1)).sum(dim=-1)
 
 
 # --------------------------------------------------------------------------------------
@@ -245,33 +241,26 @@ class MuZeroTrainer(Trainer):
         target_value = scalar_to_support(d["target_value"].reshape(-1), support).view(batch_size, k1, -1)
         target_reward = scalar_to_support(d["target_reward"].reshape(-1), support).view(batch_size, k1, -1)
 
-        # Step 0, from the real observation. No reward loss: nothing was received
-        # before the root (muzero-general skips it as well).
-        out = net.initial_inference(observation)
-        root_value_logits = out.value_logits  # (B, 2S+1): for the priorities
-        value_loss = cross_entropy(out.value_logits, target_value[:, 0])  # (B,)
-        policy_loss = cross_entropy(out.policy_logits, target_policy[:, 0])
-        reward_loss = torch.zeros_like(value_loss)
-        hidden = out.hidden_state
-
-        # Steps 1..K through the dynamics, on the actions actually taken.
-        for k in range(1, k1):
-            # The pseudocode's update_weights: the hidden state a dynamics step returns
-            # goes on to the next step through scale_gradient(h, 0.5), so the gradient
-            # of a loss k steps deep reaches the representation scaled by 0.5^(k-1) and
-            # long unrolls do not dominate it. Step 1 starts from the representation's
-            # own output, unscaled, and a step's own predictions are not scaled either.
-            # (muzero-general hooks the hidden state a step returns, which also halves
-            # the gradient of that step's own predictions into the dynamics.)
-            out = net.recurrent_inference(hidden if k == 1 else scale_gradient(hidden, 0.5), actions[:, k])
-            hidden = out.hidden_state
-            # Each unrolled step's gradient is divided by the number of unrolled steps
-            # (muzero-general registers grad / gradient_scale hooks on these losses);
-            # scale_gradient does the same and leaves the reported loss values alone.
-            per_step = 1.0 / gradient_scale[:, k]
-            value_loss = value_loss + scale_gradient(cross_entropy(out.value_logits, target_value[:, k]), per_step)
-            reward_loss = reward_loss + scale_gradient(cross_entropy(out.reward_logits, target_reward[:, k]), per_step)
-            policy_loss = policy_loss + scale_gradient(cross_entropy(out.policy_logits, target_policy[:, k]), per_step)
+        # The unroll: step 0 from the real observation, steps 1..K through the dynamics
+        # on the actions actually taken, the hidden state passed between dynamics steps
+        # through scale_gradient(h, 0.5) as in the pseudocode's update_weights (so the
+        # gradient of a loss k steps deep reaches the representation scaled by 0.5^(k-1);
+        # muzero-general hooks the hidden state a step returns, which also halves the
+        # gradient of that step's own predictions into the dynamics).
+        unrolled = net.unroll(observation, actions[:, 1:], 0.5)
+        value_ce = cross_entropy(unrolled.value_logits, target_value)  # (B, K+1)
+        policy_ce = cross_entropy(unrolled.policy_logits, target_policy)  # (B, K+1)
+        # No reward loss at step 0: nothing was received before the root (muzero-general
+        # skips it as well).
+        reward_ce = cross_entropy(unrolled.reward_logits, target_reward[:, 1:])  # (B, K)
+        # Each unrolled step's gradient is divided by the number of unrolled steps
+        # (muzero-general registers grad / gradient_scale hooks on these losses);
+        # scale_gradient does the same and leaves the reported loss values alone.
+        per_step = 1.0 / gradient_scale[:, 1:]  # (B, K)
+        value_loss = value_ce[:, 0] + scale_gradient(value_ce[:, 1:], per_step).sum(1)  # (B,)
+        policy_loss = policy_ce[:, 0] + scale_gradient(policy_ce[:, 1:], per_step).sum(1)
+        reward_loss = scale_gradient(reward_ce, per_step).sum(1)
+        root_value_logits = unrolled.value_logits[:, 0]  # (B, 2S+1): for the priorities
 
         # Per-sample loss (B,), weighted by the importance weights that correct the
         # prioritized sampling's bias, then the mean over the batch.

@@ -181,3 +181,41 @@ def test_errors():
     with pytest.raises(ValueError, match=r"\(C, H, W\)"):
         make_network(NetworkConfig(kind="residual"), (4,), 2)
     assert isinstance(net, MuZeroNetwork)
+
+
+@pytest.mark.parametrize("hidden", [[16], [], [12, 8]])
+@pytest.mark.parametrize("k_steps", [0, 1, 5])
+def test_fc_batched_unroll_matches_step_by_step_inference(hidden, k_steps):
+    """The fully connected network's batched ``unroll`` against the plain loop of
+    ``initial_inference`` / ``recurrent_inference`` with ``scale_gradient(h, 0.5)``
+    between dynamics steps: same logits, same parameter gradients."""
+    from mpper.networks import FullyConnectedNetwork, scale_gradient
+
+    torch.manual_seed(0)
+    net = make_network(NetworkConfig(kind="fc", encoding_size=8, hidden=hidden, support_size=5), (4,), 3)
+    assert isinstance(net, FullyConnectedNetwork)
+    obs = torch.randn(7, 4)
+    actions = torch.randint(0, 3, (7, k_steps))
+    weights = torch.randn(7, k_steps + 1, 11), torch.randn(7, k_steps, 11), torch.randn(7, k_steps + 1, 3)
+
+    def loss_and_grads(value, reward, policy):
+        loss = sum((w * x).sum() for w, x in zip(weights, (value, reward, policy)))
+        net.zero_grad()
+        loss.backward()
+        return [torch.zeros_like(p) if p.grad is None else p.grad.clone() for p in net.parameters()]
+
+    got = net.unroll(obs, actions, 0.5)
+    got_grads = loss_and_grads(*got)
+    out = net.initial_inference(obs)
+    values, rewards, policies, hidden_state = [out.value_logits], [], [out.policy_logits], out.hidden_state
+    for k in range(k_steps):
+        out = net.recurrent_inference(hidden_state if k == 0 else scale_gradient(hidden_state, 0.5), actions[:, k])
+        values.append(out.value_logits)
+        rewards.append(out.reward_logits)
+        policies.append(out.policy_logits)
+        hidden_state = out.hidden_state
+    want = (torch.stack(values, 1), torch.stack(rewards, 1) if rewards else torch.zeros(7, 0, 11), torch.stack(policies, 1))
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
+    for g, w in zip(got_grads, loss_and_grads(*want)):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-6)
