@@ -269,6 +269,9 @@ class TrainingConfig:
                                        "the env declares (env.unwrapped.symmetries(); MuZero, no stacking)")
     ema_decay: float | None = _opt(None, "(0, 1)", "act, evaluate and checkpoint with an exponential moving average "
                                    "of the trained weights, this decay per training step; null: the weights as trained")
+    priority_update: str = _opt("sampled", ("sampled", "unrolled"), 'MuZero: new priorities after a step: "sampled" '
+                                '(|v - z| of each sampled position) or "unrolled" (of each of the K + 1 unrolled '
+                                'positions, as muzero-general)')
 
 
 @dataclass

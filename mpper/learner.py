@@ -212,7 +212,8 @@ class MuZeroTrainer(Trainer):
 
     # ---- one update ---------------------------------------------------------------------
     def train_step(self, batch: Batch) -> tuple[dict[str, float], np.ndarray]:
-        """One optimizer step on ``batch``; returns (metrics, raw priorities (B,) float64).
+        """One optimizer step on ``batch``; returns (metrics, raw priorities float64: (B,),
+        or (B, K+1) with ``training.priority_update`` "unrolled").
 
         ``batch.data`` (from ``MuZeroTargets``): observation (B, *obs), actions (B, K+1)
         (column 0 unused: the action that led to the root), target_value,
@@ -260,7 +261,6 @@ class MuZeroTrainer(Trainer):
         value_loss = value_ce[:, 0] + scale_gradient(value_ce[:, 1:], per_step).sum(1)  # (B,)
         policy_loss = policy_ce[:, 0] + scale_gradient(policy_ce[:, 1:], per_step).sum(1)
         reward_loss = scale_gradient(reward_ce, per_step).sum(1)
-        root_value_logits = unrolled.value_logits[:, 0]  # (B, 2S+1): for the priorities
 
         # Per-sample loss (B,), weighted by the importance weights that correct the
         # prioritized sampling's bias, then the mean over the batch.
@@ -275,10 +275,16 @@ class MuZeroTrainer(Trainer):
         else:
             grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params])
 
-        # New raw priorities |v(root) - z| of the sampled positions (B,)
+        # New raw priorities |v - z|: of the sampled positions (B,), or of every unrolled
+        # position (B, K+1) with training.priority_update "unrolled" (the buffer writes
+        # column k to the position k moves later in the same episode, where there is one).
         with torch.no_grad():
-            root_value = support_to_scalar(root_value_logits.detach(), support)
-            priorities = (root_value - d["target_value"][:, 0]).abs()
+            if t.priority_update == "unrolled":
+                logits = unrolled.value_logits.detach()
+                predicted = support_to_scalar(logits.reshape(-1, logits.shape[-1]), support).view(batch_size, k1)
+                priorities = (predicted - d["target_value"]).abs().reshape(-1)
+            else:
+                priorities = (support_to_scalar(unrolled.value_logits[:, 0].detach(), support) - d["target_value"][:, 0]).abs()
             # The reported component losses are IS-weighted batch means like the total,
             # so total = value_loss_weight * value + reward + policy holds exactly.
             stats = torch.stack([
@@ -289,6 +295,8 @@ class MuZeroTrainer(Trainer):
             host = torch.cat([stats, priorities.to(stats.dtype)]).to("cpu", torch.float64).numpy()
         total, value, reward, policy, norm = (float(x) for x in host[:5])
         priorities = host[5:].copy()
+        if t.priority_update == "unrolled":
+            priorities = priorities.reshape(batch_size, k1)
         if not (math.isfinite(total) and math.isfinite(value) and math.isfinite(reward) and math.isfinite(policy)):
             raise FloatingPointError(f"non-finite loss at training step {self.training_step}")
         if not math.isfinite(norm):

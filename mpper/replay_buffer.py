@@ -117,35 +117,46 @@ def _find_torn(generation, info_of, drawn, gen, info):
 
 @numba.njit(cache=True, nogil=True)
 def _check_update(capacity, indices, priorities):
-    """-1 if all indices are in range and priorities finite and >= 0, else the first
-    bad position (checked before anything is written)."""
+    """-1 if all indices are in range and priorities (n, m) finite and >= 0, else the
+    first bad row (checked before anything is written)."""
     for j in range(indices.shape[0]):
-        p = priorities[j]
-        if indices[j] < 0 or indices[j] >= capacity or not (p >= 0.0 and p < np.inf):
+        if indices[j] < 0 or indices[j] >= capacity:
             return j
+        for k in range(priorities.shape[1]):
+            p = priorities[j, k]
+            if not (p >= 0.0 and p < np.inf):
+                return j
     return -1
 
 
 @numba.njit(cache=True, nogil=True)
 def _apply_update(tree, leaf_base, generation, info_of, indices, gens, priorities, eps, clip, alpha):
-    """Write min(p + eps, clip) ** alpha where the slot still holds the sampled position
-    (same even generation, i.e. published and not rewritten since, and not an episode's
-    final row). Returns (applied, max p)."""
-    n = indices.shape[0]
-    live_idx = np.empty(n, np.int64)
-    live_leaf = np.empty(n)
+    """For each sampled slot s whose generation is unchanged (published, not rewritten
+    since: every slot of an episode changes generation together, so the whole episode is
+    the same) and that is a position t of an episode of T moves, write
+    ``min(p + eps, clip) ** alpha`` of ``priorities[j, k]`` (n, m) to slot s + k for
+    each k < m with t + k < T (the positions that follow in the same episode; m = 1:
+    the sampled position alone). Returns (rows applied, max p written)."""
+    n, m = priorities.shape
+    live_idx = np.empty(n * m, np.int64)
+    live_leaf = np.empty(n * m)
     applied = 0
+    written = 0
     top = 0.0
     for j in range(n):
         s = indices[j]
         info = info_of[s]
-        if generation[s] == gens[j] and (gens[j] & 1) == 0 and (info >> 32) < ((info & 0xFFFFFFFF) >> 2):
-            p = priorities[j]
-            live_idx[applied] = s
-            live_leaf[applied] = min(p + eps, clip) ** alpha
+        t = info >> 32
+        big_t = (info & 0xFFFFFFFF) >> 2
+        if generation[s] == gens[j] and (gens[j] & 1) == 0 and t < big_t:
             applied += 1
-            top = max(top, p)
-    _set_leaves(tree, leaf_base, live_idx[:applied], live_leaf[:applied])
+            for k in range(min(m, big_t - t)):
+                p = priorities[j, k]
+                live_idx[written] = s + k
+                live_leaf[written] = min(p + eps, clip) ** alpha
+                written += 1
+                top = max(top, p)
+    _set_leaves(tree, leaf_base, live_idx[:written], live_leaf[:written])
     return applied, top
 
 
@@ -218,8 +229,8 @@ def _warm_kernels() -> None:
     _draw_kernel(tree.tree, tree._leaf_base, np.zeros(1), gen, info, one, one.copy(), one.copy(), np.zeros(1),
                  one.copy(), one.copy(), np.zeros(1, np.bool_))  # fmt: skip
     _find_torn(gen, info, one, one, one)
-    _apply_update(tree.tree, tree._leaf_base, gen, info, one, one, np.zeros(1), 0.0, np.inf, 1.0)
-    _check_update(4, one, np.zeros(1))
+    _apply_update(tree.tree, tree._leaf_base, gen, info, one, one, np.zeros((1, 1)), 0.0, np.inf, 1.0)
+    _check_update(4, one, np.zeros((1, 1)))
     _warm = True
 
 
@@ -550,24 +561,29 @@ class ReplayBuffer(shm_mod.SharedObject):
     def update_priorities(self, indices: np.ndarray, generations: np.ndarray, priorities: np.ndarray) -> tuple[int, int]:
         """Set raw priorities where the slot still holds what was sampled.
 
-        Returns ``(applied, dropped)``; a row is dropped when its slot's generation
-        changed since ``sample`` (the episode was evicted or rewritten).
+        ``priorities``: (B,) for the sampled positions, or (B, M) where column k is the
+        priority of the position k moves after the sampled one in the same episode
+        (muzero-general writes the errors of all K + 1 unrolled positions); columns past
+        the episode's last position are ignored. Returns ``(applied, dropped)`` in
+        sampled rows; a row is dropped when its slot's generation changed since
+        ``sample`` (the episode was evicted or rewritten).
         """
         if self.read_only:
             raise PermissionError("this buffer was loaded read-only (mmap=True)")
         idx = np.ascontiguousarray(indices, dtype=np.int64)
         gen = np.ascontiguousarray(generations, dtype=np.int64)
         p = np.ascontiguousarray(priorities, dtype=np.float64)
-        if idx.ndim != 1 or gen.shape != idx.shape or p.shape != idx.shape:
+        if idx.ndim != 1 or gen.shape != idx.shape or p.shape[:1] != idx.shape or p.ndim not in (1, 2):
             raise ValueError(
-                f"indices, generations and priorities must be 1-D of equal length, got "
+                f"indices and generations must be 1-D of equal length B and priorities (B,) or (B, M), got "
                 f"{idx.shape}, {gen.shape} and {p.shape}"
             )
+        p = p.reshape(idx.shape[0], -1)
         bad = _check_update(self.capacity, idx, p)
         if bad >= 0:
             if not 0 <= idx[bad] < self.capacity:
                 raise IndexError(f"update_priorities: index {idx[bad]} at position {bad} outside [0, {self.capacity})")
-            self._leaf_values(p)  # raises the ValueError that names every bad position
+            self._leaf_values(p[:, 0] if p.shape[1] == 1 else p)  # raises the ValueError naming the bad positions
         clip = np.inf if self.priority_clip is None else self.priority_clip
         tree = self._tree
         with self._locked:

@@ -145,6 +145,28 @@ def test_priorities_are_root_value_errors(buffer):
     np.testing.assert_allclose(buffer.priorities(batch.indices[-1:]), (priorities[-1:] + 1e-6) ** 0.6, rtol=1e-9)
 
 
+def test_unrolled_priorities_are_the_value_errors_of_every_unrolled_position(buffer):
+    """``priority_update: "unrolled"``: |v_k - z_k| for k = 0..K, v_k from the network
+    before the update (initial inference, then the dynamics on the batch's actions)."""
+    config = small_config(priority_update="unrolled")
+    trainer = make_trainer(config)
+    batch = sample(buffer, config)
+    before = copy.deepcopy(trainer.network)
+    _, priorities = trainer.train_step(batch)
+    k1 = config.training.num_unroll_steps + 1
+    support = config.network.support_size
+    expected = np.empty((16, k1))
+    with torch.no_grad():
+        out = before.initial_inference(torch.from_numpy(batch.data["observation"]))
+        for k in range(k1):
+            if k:
+                out = before.recurrent_inference(out.hidden_state, torch.from_numpy(batch.data["actions"][:, k]))
+            expected[:, k] = support_to_scalar(out.value_logits, support).numpy()
+    expected = np.abs(expected - batch.data["target_value"].astype(np.float64))
+    assert priorities.shape == (16, k1) and priorities.dtype == np.float64
+    np.testing.assert_allclose(priorities, expected, rtol=1e-5, atol=1e-5)
+
+
 def test_importance_weights_weight_each_sample(buffer):
     # Plain SGD (no momentum, no weight decay): the step is -lr * gradient, so weight
     # changes compare gradients. A row with IS weight 0 must contribute nothing: the

@@ -340,3 +340,41 @@ def test_rows_rewritten_while_gathering_are_drawn_again(buf):
     assert set(batch.data["tag"][:, 0].tolist()) == {1, 2}
     # the slots' data and the rows returned agree: nothing torn was kept
     np.testing.assert_array_equal(batch.data["tag"], buf.fields["tag"][batch.indices])
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_unrolled_priority_updates_match_a_plain_loop(seed):
+    """(B, M) priorities: column k goes to the position k moves after the sampled one,
+    only within the same episode (never its final row, never the next episode), and a
+    sampled row whose episode was rewritten changes nothing. Checked against a plain
+    per-slot dictionary of what each leaf must hold."""
+    rng = np.random.default_rng(seed)
+    b = ReplayBuffer.create(SCHEMA, 64, alpha=0.5, priority_eps=0.01)
+    try:
+        lengths = rng.integers(2, 12, size=8)  # rows per episode (T + 1)
+        for i, rows in enumerate(lengths):
+            b.add_episode(episode(i, int(rows)), priorities=np.full(int(rows) - 1, 0.3))
+        expected = {s: float(b.priorities(np.array([s]))[0]) for s in range(64)}
+        for _ in range(4):
+            batch = b.sample(16, beta=1.0, rng=rng)
+            m = int(rng.integers(1, 6))
+            new = rng.uniform(0, 5, size=(16, m))
+            stale = rng.random(16) < 0.2  # pretend these were sampled from older contents
+            gens = np.where(stale, batch.generations + 2, batch.generations)
+            applied, dropped = b.update_priorities(batch.indices, gens, new)
+            assert (applied, dropped) == (16 - stale.sum(), stale.sum())
+            for j, s in enumerate(batch.indices):
+                if stale[j]:
+                    continue
+                ep_id, t = b.fields["tag"][s]
+                T = lengths[ep_id] - 1
+                for k in range(m):
+                    if t + k < T:
+                        assert tuple(b.fields["tag"][s + k]) == (ep_id, t + k)
+                        expected[int(s + k)] = (new[j, k] + 0.01) ** 0.5
+            got = b.priorities(np.arange(64))
+            np.testing.assert_allclose(got, [expected[s] for s in range(64)], rtol=1e-12)
+            # the tree's total is the sum of its leaves after these writes
+            assert b._tree.total == pytest.approx(got.sum(), rel=1e-12)
+    finally:
+        b.close()
