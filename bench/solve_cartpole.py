@@ -1,78 +1,125 @@
-"""Time to solve CartPole-v1 with `python run.py` (issue 3, section 6).
+"""Time to solve CartPole-v1 with `python run.py`, over seeds.
 
 For each seed, runs the main job as a user would, until the mean return of the
-evaluator's greedy episodes reaches the threshold (the config's ``solve_return``), and
-reports wall seconds, CPU seconds (the run's processes, all of them) and env steps at
-the first evaluation that reached it, from the run's own ``metrics.jsonl``.
+evaluator's greedy episodes reaches the threshold (the config's ``solve_return``; the run
+stops there), and reports, at the first evaluation that reached it, from the run's own
+``metrics.jsonl``: wall seconds since the supervisor started (and since the launch of
+``run.py``), the training step of the evaluated weights, env steps stored, and the CPU
+seconds of the whole run (every process of its tree, sampled from /proc). Then the
+median and quartiles over the seeds; a seed that did not solve counts as infinitely slow
+in them.
 
 Usage::
 
-    python bench/solve_cartpole.py                       # 3 seeds, --workers 8
-    python bench/solve_cartpole.py --seeds 0 1 2 --workers 8 --time-limit 300 --png bench/results/cartpole.png
+    python bench/solve_cartpole.py                       # seeds 0-9, --workers 8
+    python bench/solve_cartpole.py --seeds 0 1 2 --workers 8 --time-limit 300 --set training.priority_update=unrolled
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import resource
-import statistics
-import subprocess
+import math
+import shutil
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import proctree  # noqa: E402
 
-
-def cpu_seconds_of_children() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
+RESULTS = ROOT / "bench" / "results"
 
 
 def run_seed(seed: int, args) -> dict:
-    run_dir = ROOT / "bench" / "results" / f"cartpole-seed{seed}"
+    run_dir = RESULTS / f"{args.tag}-seed{seed}"
     cmd = [sys.executable, "run.py", "--config", args.config, "--workers", str(args.workers), "--seed", str(seed),
            "--run-dir", str(run_dir), "--time-limit", str(args.time_limit), "--device", "cpu"]  # fmt: skip
-    if run_dir.exists():
-        subprocess.run(["rm", "-rf", str(run_dir)], check=True)
-    cpu_before = cpu_seconds_of_children()
-    t0 = time.monotonic()
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-    wall = time.monotonic() - t0
-    cpu = cpu_seconds_of_children() - cpu_before
+    for override in args.set:
+        cmd += ["--set", override]
+    shutil.rmtree(run_dir, ignore_errors=True)
+    proc, wall, cpu, launched = proctree.run_measured(cmd, ROOT)
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
     evals = [r for r in records if r["event"] == "evaluation"]
     threshold = json.loads((run_dir / "config.json").read_text())["runtime"]["solve_return"]
     solved = next((r for r in evals if r["evaluation"]["mean_return"] >= threshold), None)
     out = {
-        "seed": seed, "exit_code": proc.returncode, "wall_s_total": wall, "cpu_s_total": cpu,
+        "seed": seed, "exit_code": proc.returncode, "wall_s_total": wall, "cpu_s": cpu,
         "solved": solved is not None, "threshold": threshold,
-        "curve": [(r["time_s"], r["env_steps"], r["evaluation"]["mean_return"]) for r in evals],
+        "curve": [(r["time_s"], r["env_steps"], r["evaluation"]["training_step"], r["evaluation"]["mean_return"])
+                  for r in evals],
     }  # fmt: skip
     if solved is not None:
-        # CPU to threshold: the run stops at the first solving evaluation, so the whole
-        # run's CPU is the CPU to threshold (plus start-up and the final snapshot)
-        out |= {"wall_s": solved["time_s"], "env_steps": solved["env_steps"],
-                "training_step": solved["evaluation"]["training_step"], "cpu_s": cpu}  # fmt: skip
+        # The run stops at its first solving evaluation: the CPU of the whole run is the
+        # CPU to the threshold plus start-up, the final checkpoint and snapshot.
+        out |= {"wall_s": solved["time_s"], "launch_s": solved["unix_time"] - launched,
+                "env_steps": solved["env_steps"], "training_step": solved["evaluation"]["training_step"]}  # fmt: skip
     return out
 
 
-def plot(results: list[dict], path: Path) -> None:
+def percentile(values: list[float], q: float) -> float:
+    """Linear-interpolation percentile (numpy's default) in which an unsolved run
+    (inf) sorts last and any interpolation towards it is inf."""
+    v = sorted(values)
+    pos = q * (len(v) - 1)
+    lo = math.floor(pos)
+    hi, frac = min(lo + 1, len(v) - 1), pos - lo
+    if frac == 0 or math.isinf(v[lo]):
+        return v[lo]
+    return math.inf if math.isinf(v[hi]) else v[lo] + (v[hi] - v[lo]) * frac
+
+
+def quartiles(values: list[float]) -> tuple[float, float, float]:
+    """(25th, 50th, 75th percentile)."""
+    return percentile(values, 0.25), percentile(values, 0.5), percentile(values, 0.75)
+
+
+def fmt(x: float, digits: int = 0) -> str:
+    return "unsolved" if math.isinf(x) else f"{x:,.{digits}f}"
+
+
+def report(results: list[dict], command: str) -> str:
+    lines = [f"# CartPole-v1 time to solve: `{command}` ({time.strftime('%Y-%m-%d')})", "",
+             "| seed | solved | wall s | from launch s | training step | env steps | CPU s (whole run) |",
+             "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in results:
+        if r["solved"]:
+            lines.append(f"| {r['seed']} | yes | {r['wall_s']:.1f} | {r['launch_s']:.1f} | {r['training_step']:,} "
+                         f"| {r['env_steps']:,} | {r['cpu_s']:.0f} |")  # fmt: skip
+        else:
+            lines.append(f"| {r['seed']} | no (exit {r['exit_code']}, {r['wall_s_total']:.0f} s) | - | - | - | - "
+                         f"| {r['cpu_s']:.0f} |")  # fmt: skip
+    solved = sum(r["solved"] for r in results)
+    lines += ["", f"solved {solved}/{len(results)}; quartiles over all seeds (unsolved = infinite):", "",
+              "| measure | 25 % | median | 75 % | slowest |", "|---|---|---|---|---|"]  # fmt: skip
+    for key, label in (("wall_s", "wall s"), ("launch_s", "from launch s"), ("training_step", "training steps"),
+                       ("env_steps", "env steps")):  # fmt: skip
+        values = [r[key] if r["solved"] else math.inf for r in results]
+        q1, q2, q3 = quartiles(values)
+        lines.append(f"| {label} | {fmt(q1, 1)} | {fmt(q2, 1)} | {fmt(q3, 1)} | {fmt(max(values), 1)} |")
+    return "\n".join(lines)
+
+
+def plot(results: list[dict], path: Path, title: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for r in results:
-        t, _, ret = zip(*r["curve"]) if r["curve"] else ((), (), ())
-        ax.plot(t, ret, marker="o", ms=3, label=f"seed {r['seed']}")
-    ax.axhline(results[0]["threshold"], color="grey", ls="--", lw=1, label="solve threshold")
-    ax.set_xlabel("wall time (s)")
-    ax.set_ylabel("mean greedy return (10 episodes)")
-    ax.set_title("mpper MuZero on CartPole-v1, --workers 8, 2 cores")
-    ax.legend()
+        if not r["curve"]:
+            continue
+        t, _, steps, ret = zip(*r["curve"])
+        axes[0].plot(t, ret, marker="o", ms=2, lw=1, label=f"seed {r['seed']}")
+        axes[1].plot(steps, ret, marker="o", ms=2, lw=1)
+    for ax, xlabel in zip(axes, ("wall time (s)", "training step")):
+        ax.axhline(results[0]["threshold"], color="grey", ls="--", lw=1)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("mean greedy return (10 episodes)")
+    axes[0].legend(fontsize=7)
+    fig.suptitle(title)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -81,34 +128,28 @@ def plot(results: list[dict], path: Path) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default="configs/cartpole.json")
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--seeds", type=int, nargs="+", default=list(range(10)))
     ap.add_argument("--workers", type=int, default=8)
     ap.add_argument("--time-limit", type=float, default=600.0)
-    ap.add_argument("--png", default=str(ROOT / "bench" / "results" / "cartpole_solve.png"))
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "cartpole_solve.json"))
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="passed on to run.py")
+    ap.add_argument("--tag", default="cartpole", help="name of the run directories and result files")
     args = ap.parse_args()
+    command = "python bench/solve_cartpole.py " + " ".join(sys.argv[1:])
     results = []
     for seed in args.seeds:
         print(f"seed {seed} ...", file=sys.stderr, flush=True)
         results.append(run_seed(seed, args))
-    print(f"# CartPole-v1 time to solve: `python bench/solve_cartpole.py --seeds {' '.join(map(str, args.seeds))} "
-          f"--workers {args.workers}`\n")
-    print("| seed | solved | wall s to threshold | CPU s (whole run) | env steps | training step |")
-    print("|---|---|---|---|---|---|")
-    for r in results:
-        if r["solved"]:
-            print(f"| {r['seed']} | yes | {r['wall_s']:.0f} | {r['cpu_s']:.0f} | {r['env_steps']:,} | {r['training_step']:,} |")
-        else:
-            print(f"| {r['seed']} | no (exit {r['exit_code']}, {r['wall_s_total']:.0f} s) | - | {r['cpu_s_total']:.0f} | - | - |")
-    solved = [r["wall_s"] for r in results if r["solved"]]
-    if solved:
-        print(f"\nsolved {len(solved)}/{len(results)}; median wall time to threshold {statistics.median(solved):.0f} s")
-    Path(args.out).write_text(json.dumps(results, indent=1))
+    text = report(results, command)
+    print(text)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / f"{args.tag}_solve.json").write_text(json.dumps({"command": command, "results": results}, indent=1))
+    (RESULTS / f"{args.tag}_solve.md").write_text(text + "\n")
+    png = RESULTS / f"{args.tag}_solve.png"
     try:
-        plot(results, Path(args.png))
-        print(f"return curve: {args.png}")
+        plot(results, png, f"mpper MuZero on CartPole-v1, --workers {args.workers}, {args.config}")
+        print(f"\nreturn curves: {png}")
     except ImportError:
-        print("matplotlib is not installed: no PNG (pip install -e '.[bench]')")
+        print("\nmatplotlib is not installed: no PNG (pip install -e '.[bench]')")
     return 0
 
 

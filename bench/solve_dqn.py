@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -44,62 +43,15 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import proctree  # noqa: E402
 RESULTS = ROOT / "bench" / "results"
 THRESHOLD = 475.0
 
 
-_TICK = os.sysconf("SC_CLK_TCK")
-
-
-def _proc_tree_cpu(root: int) -> dict[int, float]:
-    """CPU seconds (user + system) so far of ``root`` and all its descendants, by pid."""
-    stats = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            stats[int(entry)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / _TICK)  # ppid, utime + stime
-    tree, frontier = {root}, [root]
-    while frontier:
-        parent = frontier.pop()
-        for pid, (ppid, _) in stats.items():
-            if ppid == parent and pid not in tree:
-                tree.add(pid)
-                frontier.append(pid)
-    return {pid: stats[pid][1] for pid in tree if pid in stats}
-
-
 def run_measured(cmd: list[str]) -> tuple[subprocess.CompletedProcess, float, float, float]:
-    """Run ``cmd``; returns (result, wall s, CPU s of the whole process tree, the
-    ``time.time()`` at which it was launched).
-
-    mpper's children are forked by a forkserver, so ``RUSAGE_CHILDREN`` never sees them;
-    the tree's CPU is sampled from /proc every 0.2 s instead (a process's last 0.2 s may
-    be missed)."""
-    t0, launched = time.monotonic(), time.time()
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    seen: dict[int, float] = {}
-    out_chunks = {}
-
-    import threading
-
-    def drain(name, stream):
-        out_chunks[name] = stream.read()
-
-    threads = [threading.Thread(target=drain, args=(n, s)) for n, s in (("out", proc.stdout), ("err", proc.stderr))]
-    for t in threads:
-        t.start()
-    while proc.poll() is None:
-        for pid, cpu in _proc_tree_cpu(proc.pid).items():
-            seen[pid] = max(seen.get(pid, 0.0), cpu)
-        time.sleep(0.2)
-    for t in threads:
-        t.join()
-    wall = time.monotonic() - t0
-    result = subprocess.CompletedProcess(cmd, proc.returncode, out_chunks.get("out", ""), out_chunks.get("err", ""))
-    return result, wall, sum(seen.values()), launched
+    """``proctree.run_measured`` in the repository root."""
+    return proctree.run_measured(cmd, ROOT)
 
 
 def greedy_eval(run_dir: Path, checkpoint: str, episodes: int = 20, seed: int = 10_000) -> float:
