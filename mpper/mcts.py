@@ -53,7 +53,7 @@ the time (``bench/mcts_speed.py``). numba is already a dependency (the replay bu
 sum tree). The kernels are cached on disk (``cache=True``): a fresh process loads them in
 well under a second, the very first compile takes about 2 s.
 
-The network runs under ``torch.no_grad()`` on whatever device its parameters are on
+The network runs under ``torch.inference_mode()`` on whatever device its parameters are on
 (self-play keeps it on the CPU); hidden states never leave torch. Per simulation the only
 torch -> numpy transfer is one (K, 2(2S+1) + A) array of logits.
 """
@@ -115,7 +115,7 @@ class BatchedMCTS:
         uniform = legal / legal.sum(axis=1, keepdims=True)
         return np.where(totals > 0, gammas / np.where(totals > 0, totals, 1.0), uniform)
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def run(
         self,
         network,

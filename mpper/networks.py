@@ -295,10 +295,23 @@ class FullyConnectedNetwork(MuZeroNetwork):
     def representation(self, observation):
         return min_max_scale(self.representation_network(observation.flatten(1)), 1)
 
+    def _dynamics_first_layer(self, hidden_state: torch.Tensor, action_term: torch.Tensor) -> torch.Tensor:
+        """The dynamics' state MLP on ``[hidden_state, one_hot(action)]`` (B, E + A), given
+        the action half of its first layer, ``action_term`` (B, H1) from
+        ``_action_terms``: ``Linear([h, one_hot(a)]) = h @ W_h^T + (W_a[:, a] + b)``, one
+        matmul and no one-hot tensor, concatenation or scatter (per-op overhead is most of
+        the time of these 16-unit layers)."""
+        first = self.dynamics_state_network[0]
+        x = torch.addmm(action_term, hidden_state, first.weight[:, : self.encoding_size].t())
+        return self.dynamics_state_network[1:](x)
+
+    def _action_terms(self, action: torch.Tensor) -> torch.Tensor:
+        """``W_a[:, a] + b`` of the dynamics' first layer for actions of any shape: (..., H1)."""
+        first = self.dynamics_state_network[0]
+        return nn.functional.embedding(action, first.weight[:, self.encoding_size :].t()) + first.bias
+
     def dynamics(self, hidden_state, action):
-        one_hot = torch.zeros(action.shape[0], self.num_actions, dtype=hidden_state.dtype, device=hidden_state.device)
-        one_hot.scatter_(1, action.reshape(-1, 1), 1.0)
-        next_hidden = self.dynamics_state_network(torch.cat([hidden_state, one_hot], dim=1))
+        next_hidden = self._dynamics_first_layer(hidden_state, self._action_terms(action.reshape(-1)))
         reward_logits = self.dynamics_reward_network(next_hidden)  # from the unscaled state, as muzero-general
         return min_max_scale(next_hidden, 1), reward_logits
 
@@ -314,16 +327,12 @@ class FullyConnectedNetwork(MuZeroNetwork):
         the ops of K ``recurrent_inference`` calls, for the same values and gradients
         (no BatchNorm here: batching steps together changes no statistic)."""
         batch, k_steps = actions.shape
-        first, rest = self.dynamics_state_network[0], self.dynamics_state_network[1:]
-        e = self.encoding_size
-        # Linear([h, one_hot(a)]) = h @ W_h^T + W_a[:, a] + b: the action term of every step at once.
-        action_term = nn.functional.embedding(actions, first.weight[:, e:].t()) + first.bias  # (B, K, H1)
-        w_hidden = first.weight[:, :e].t()
+        action_terms = self._action_terms(actions)  # (B, K, H1): every step's at once
         hidden = min_max_scale(self.representation_network(observation.flatten(1)), 1)
         states, unscaled = [hidden], []
         for k in range(k_steps):
             x = hidden if k == 0 else scale_gradient(hidden, between_steps)
-            nxt = rest(torch.addmm(action_term[:, k], x, w_hidden))
+            nxt = self._dynamics_first_layer(x, action_terms[:, k])
             unscaled.append(nxt)
             hidden = min_max_scale(nxt, 1)
             states.append(hidden)

@@ -178,7 +178,7 @@ class BatchedPlayer:
                 ep.final_value = float(value)
         return finished
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def _values(self, observations: np.ndarray) -> np.ndarray:
         """The network's scalar values (N,) of N (stacked) observations."""
         out = self.network.initial_inference(torch.as_tensor(np.asarray(observations, np.float32)))

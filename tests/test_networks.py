@@ -219,3 +219,18 @@ def test_fc_batched_unroll_matches_step_by_step_inference(hidden, k_steps):
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
     for g, w in zip(got_grads, loss_and_grads(*want)):
         torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-6)
+
+
+def test_fc_dynamics_is_the_state_mlp_on_hidden_and_one_hot_action():
+    """The fully connected dynamics never builds the one-hot input; its result must be
+    the MLP applied to ``[hidden, one_hot(action)]`` as muzero-general writes it."""
+    torch.manual_seed(3)
+    net = make_network(NetworkConfig(kind="fc", encoding_size=6, hidden=[16, 8], support_size=4), (5,), 3)
+    hidden = torch.rand(9, 6)
+    action = torch.randint(0, 3, (9,))
+    plain_input = torch.cat([hidden, torch.nn.functional.one_hot(action, 3).float()], 1)
+    unscaled = net.dynamics_state_network(plain_input)
+    next_hidden, reward_logits = net.dynamics(hidden, action)
+    low, high = unscaled.min(1, keepdim=True).values, unscaled.max(1, keepdim=True).values
+    torch.testing.assert_close(next_hidden, (unscaled - low) / (high - low), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(reward_logits, net.dynamics_reward_network(unscaled), rtol=1e-5, atol=1e-6)
