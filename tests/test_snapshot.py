@@ -460,10 +460,27 @@ def test_truncated_file_refused_without_checksums(snap, mmap):
     assert fname in str(info.value)
 
 
-def test_checksums_can_be_skipped(snap):
-    _flip_data_byte(snap)
-    with ReplayBuffer.load(snap, verify=False) as loaded:  # documented escape hatch
-        assert loaded.capacity == 64
+@pytest.mark.parametrize("mmap", [False, True], ids=["shm", "mmap"])
+def test_checksums_can_be_skipped(snap, mmap):
+    """``verify=False`` (the documented escape hatch) loads a file whose checksum no longer
+    matches, as it is on disk: the one flipped bit shows in the loaded field, every other
+    value is the saved one. The same snapshot with checksums verified is refused."""
+    saved = {name: np.load(snap / f"field.{name}.npy") for name in SCHEMA}
+    leaves = np.load(snap / "tree_leaves.npy")
+    fname = _flip_data_byte(snap)
+    flipped = saved["root_value"].copy()
+    flipped.view(np.uint8)[17] ^= 0x01  # the byte _flip_data_byte changed
+    assert flipped[4] != saved["root_value"][4]
+    with ReplayBuffer.load(snap, mmap=mmap, verify=False) as loaded:
+        np.testing.assert_array_equal(loaded.fields["root_value"], flipped)
+        for name in SCHEMA:
+            if name != "root_value":
+                np.testing.assert_array_equal(loaded.fields[name], saved[name], err_msg=name)
+        np.testing.assert_array_equal(loaded._tree.leaves, leaves)
+        assert loaded.capacity == 64 and loaded.counters["games"] == 12
+    with pytest.raises(SnapshotError, match="checksum") as info:
+        ReplayBuffer.load(snap, mmap=mmap)
+    assert fname in str(info.value)
 
 
 # --------------------------------------------------------------------------------------
@@ -477,21 +494,41 @@ def _live_rows(k: int) -> int:
     return 3 + (k * 7) % 29
 
 
-def _live_writer(handle, started, stop, done):
+def _live_writer(handle, permits, written, stop):
+    """Write episode k (tagged k) for every permit released, counting them in ``written``."""
     buf = ReplayBuffer.attach(handle)
     rng = np.random.default_rng(0)
-    k, t_end = 0, time.monotonic() + 30  # safety cap; the test sets ``stop``
-    while not stop.is_set() and time.monotonic() < t_end:
-        L = _live_rows(k)
-        obs = np.full((L, 64), k, np.float32) + np.arange(L, dtype=np.float32)[:, None]
-        ok = buf.add_episode({"observation": obs, "action": np.arange(L), "tag": np.full(L, k)},
-                             priorities=rng.uniform(0.1, 5.0, L - 1))  # fmt: skip
-        assert ok
-        k += 1
-        if k == 1000:  # the ring has wrapped: saves race with evictions
-            started.set()
-    buf.close()
-    done.put((k, stop.is_set()))
+    k = 0
+    try:
+        while not stop.is_set():
+            if not permits.acquire(timeout=0.1):
+                continue
+            L = _live_rows(k)
+            obs = np.full((L, 64), k, np.float32) + np.arange(L, dtype=np.float32)[:, None]
+            ok = buf.add_episode({"observation": obs, "action": np.arange(L), "tag": np.full(L, k)},
+                                 priorities=rng.uniform(0.1, 5.0, L - 1))  # fmt: skip
+            assert ok
+            k += 1
+            with written.get_lock():
+                written.value = k
+    finally:
+        buf.close()
+
+
+def _release(permits, written, episodes: int) -> int:
+    """Let the writer write ``episodes`` more episodes; returns the count to wait for."""
+    target = written.value + episodes
+    for _ in range(episodes):
+        permits.release()
+    return target
+
+
+def _wait_written(written, target: int, proc) -> None:
+    deadline = time.monotonic() + 120  # generous: only a stuck writer gets near it
+    while written.value < target:
+        assert proc.is_alive(), f"the writer died (exit code {proc.exitcode})"
+        assert time.monotonic() < deadline, f"the writer wrote {written.value} of {target} episodes in 120 s"
+        time.sleep(0.005)
 
 
 def _check_live_snapshot(path, mmap):
@@ -516,42 +553,66 @@ def _check_live_snapshot(path, mmap):
         assert len(loaded) == int(covered.sum())
         b = loaded.sample(4096, rng=np.random.default_rng(0))
         assert covered[b.indices].all()
-        return loaded.counters["games"], refs[-1].episode_id
+        return loaded.counters["games"], {ref.episode_id for ref in refs}
     finally:
         loaded.close()
 
 
-def test_save_while_another_process_writes(tmp_path):
+# Episodes the writer may write while one field file is being saved: at most 40 * 31 =
+# 1240 rows per field, 3720 per save, so a save never sees the ring lapped (10,000 slots).
+_PER_FIELD = 40
+
+
+@pytest.mark.timeout(600)
+def test_save_while_another_process_writes(tmp_path, monkeypatch):
+    """Another process writes episodes while each of three saves writes its field files
+    (a handshake releases a bounded number of episodes per file and waits for them, so
+    every save races with evictions whatever the machine's speed). Each snapshot holds
+    exactly the episodes published when the save began that the writer did not evict
+    during it, every one intact (rows, tags, observations), and no priority on a hole."""
     buf = ReplayBuffer.create(LIVE_SCHEMA, LIVE_CAPACITY, alpha=0.6)
     ctx = mp.get_context("spawn")
-    started, stop, done = ctx.Event(), ctx.Event(), ctx.Queue()
-    proc = ctx.Process(target=_live_writer, args=(buf.handle, started, stop, done))
+    permits, written, stop = ctx.Semaphore(0), ctx.Value("q", 0), ctx.Event()
+    proc = ctx.Process(target=_live_writer, args=(buf.handle, permits, written, stop))
+    write = mpper.snapshot._write_npy
+    fields = {f"field.{name}.npy" for name in LIVE_SCHEMA}
+
+    def write_while_the_writer_writes(path, array):
+        if path.name not in fields:
+            return write(path, array)
+        target = _release(permits, written, _PER_FIELD)
+        meta = write(path, array)  # the writer writes meanwhile
+        _wait_written(written, target, proc)  # and has written them all before the save goes on
+        return meta
+
+    monkeypatch.setattr(mpper.snapshot, "_write_npy", write_while_the_writer_writes)
+    paths, expected = [], []
     try:
         proc.start()
-        assert started.wait(30), "the writer did not get going"
-        paths, raced = [], 0
-        for i in range(3):
-            time.sleep(0.3)
-            paths.append(tmp_path / f"snap{i}")
-            games = buf.counters["games"]
-            buf.save(paths[-1])
-            raced += buf.counters["games"] > games
-        assert raced >= 1, "no episode was written during any save: nothing was tested"
-        stop.set()
-        written, stopped = done.get(timeout=30)
-        proc.join(30)
-        assert proc.exitcode == 0 and stopped
-        assert written > 1000
+        _wait_written(written, _release(permits, written, 1000), proc)  # about 17,000 rows: the ring has wrapped
         assert buf.counters["episodes_evicted"] > 0
+        for i in range(3):
+            _wait_written(written, _release(permits, written, 100), proc)
+            before = {ref.episode_id for ref in buf.episodes()}
+            paths.append(tmp_path / f"snap{i}")
+            buf.save(paths[-1])
+            after = {ref.episode_id for ref in buf.episodes()}
+            assert written.value == 1000 + 100 * (i + 1) + 3 * _PER_FIELD * (i + 1)
+            assert before - after, "the writer evicted nothing during the save: no hole was tested"
+            expected.append(before & after)
+        stop.set()
+        proc.join(60)
+        assert proc.exitcode == 0
     finally:
         stop.set()
         if proc.is_alive():
             proc.kill()
             proc.join()
         buf.close()
-    results = [_check_live_snapshot(p, mmap=(i != 0)) for i, p in enumerate(paths)]
-    games = [g for g, _ in results]
-    assert games[0] < games[1] < games[2]  # each save caught the writer at a later point
+    for i, path in enumerate(paths):
+        games, ids = _check_live_snapshot(path, mmap=(i != 0))
+        assert ids == expected[i]
+        assert games == 1000 + 100 * (i + 1) + 3 * _PER_FIELD * i  # the counters of the save's start
 
 
 # --------------------------------------------------------------------------------------
@@ -569,13 +630,17 @@ buf.add_episode({"observation": np.ones((11, 64), np.float32)})
 buf.save(path, extra={"n": 1})
 buf.add_episode({"observation": np.full((21, 64), 2, np.float32)})
 write = mpper.snapshot._write_npy
+files = []
 
-def slow_write(p, array):  # a slow disk: every file of the second save takes 0.3 s
+def stuck_write(p, array):  # a disk that hangs after the second file of the second save
     meta = write(p, array)
-    time.sleep(0.3)
+    files.append(p.name)
+    if len(files) == 2:
+        print("mid-save", flush=True)
+        time.sleep(600)  # until the signal
     return meta
 
-mpper.snapshot._write_npy = slow_write
+mpper.snapshot._write_npy = stuck_write
 print("saving", flush=True)
 buf.save(path, extra={"n": 2})
 print("saved", flush=True)
@@ -584,7 +649,7 @@ print("saved", flush=True)
 
 def test_sigint_while_a_snapshot_is_written_leaves_the_previous_one_whole(tmp_path):
     """A process that owns a buffer gets SIGINT (Ctrl-C) in the middle of its second
-    save: the first snapshot is still there, whole (checksums verified), no temporary
+    save (held there after two of its files): the first snapshot is still there, whole (checksums verified), no temporary
     directory is left beside it, and the owner still unlinked its segment."""
     path = tmp_path / "snap"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
@@ -593,7 +658,7 @@ def test_sigint_while_a_snapshot_is_written_leaves_the_previous_one_whole(tmp_pa
                             stderr=subprocess.PIPE, text=True, env=env)  # fmt: skip
     try:
         assert proc.stdout.readline() == "saving\n"
-        time.sleep(0.5)  # two or three of the ten files written
+        assert proc.stdout.readline() == "mid-save\n"  # two of the ten files written
         assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".snap.tmp-")], "no save in progress"
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=30)
