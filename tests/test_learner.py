@@ -470,31 +470,73 @@ def test_run_learner_resumes_and_uses_the_rate_limiter(buffer, tmp_path):
         store.close()
 
 
+class _CountedStop(threading.Event):
+    """A stop event that counts ``is_set()`` calls: while the learner is held, each
+    counts one pass of the rate limiter's wait loop."""
+
+    def __init__(self):
+        super().__init__()
+        self.checks = 0
+
+    def is_set(self) -> bool:
+        self.checks += 1
+        return super().is_set()
+
+
+def _poll(condition, what: str, timeout: float = 300.0) -> None:
+    deadline = time.monotonic() + timeout  # generous: only a hang gets near it
+    while not condition():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout} s"
+        time.sleep(0.01)
+
+
+@pytest.mark.timeout(600)
 def test_run_learner_is_held_by_the_real_rate_limiter(buffer, tmp_path):
-    # mpper.rate.RateLimiter with tolerance 0: sampling waits while samples + B > r * I.
-    # With r = 3.5 B / I the learner may take exactly 3 batches, then it blocks (no
-    # self-play inserts anything) until stop.
-    from mpper.rate import RateLimiter
+    """mpper.rate.RateLimiter with tolerance 0: sampling waits while samples + B > r * I.
+    With r = 3.5 B / I the learner takes exactly 3 batches, then stays blocked (no
+    self-play inserts anything) through 20 passes of the limiter's wait loop, sleeping
+    ``poll_s`` between them instead of spinning, until stop ends the run cleanly."""
+    from mpper.rate import _MAX_RINGS, RateLimiter
 
     config = small_config(training_steps=50, batch_size=8, min_buffer_steps=8)
     inserted = buffer.counters["steps"]
-    rate = RateLimiter(3.5 * 8 / inserted, 0.0, 8, 8, mp.get_context("spawn"), poll_s=0.05)
+    poll_s = 0.05
+    rate = RateLimiter(3.5 * 8 / inserted, 0.0, 8, 8, mp.get_context("spawn"), poll_s=poll_s)
     store = _store_for(config)
+    stop, reports = _CountedStop(), queue.Queue()
+    learner = threading.Thread(target=run_learner, args=(config, buffer.handle, store.handle, stop, reports,
+                                                         str(tmp_path), None, rate))  # fmt: skip
     try:
-        stop, reports = threading.Event(), queue.Queue()
-        timer = threading.Timer(1.0, stop.set)
-        timer.start()
-        cpu = time.process_time()
-        run_learner(config, buffer.handle, store.handle, stop, reports, str(tmp_path), None, rate)
-        cpu = time.process_time() - cpu
-        timer.join()
-        final = [m for m in _drain(reports) if m[0] == "metrics"][-1][2]
-        assert final["training_step"] == 3 and final["state"] == "done"
-        assert buffer.counters["samples"] == 3 * 8
-        assert final["wait_fraction"] > 0.5
-        assert cpu < 0.5, cpu  # about 1 s blocked on the limiter: it slept, it did not spin
+        started = time.monotonic()
+        learner.start()
+        _poll(lambda: buffer.counters["samples"] == 3 * 8, "the learner's 3 batches")
+        checks = stop.checks
+        _poll(lambda: stop.checks >= checks + 3, "the learner waiting on the limiter")  # at most 2 are the loop's
+        held, checks = time.monotonic(), stop.checks
+        # Held for 20 passes of the wait loop, and at least as long as it took to get here.
+        _poll(lambda: stop.checks >= checks + 20 and time.monotonic() - held >= held - started,
+              "20 passes of the wait loop")  # fmt: skip
+        passes, seconds = stop.checks - checks, time.monotonic() - held
+        assert buffer.counters["samples"] == 3 * 8  # still held
+        assert learner.is_alive()
+        # Each pass sleeps poll_s on the doorbell unless a pending ring (at most _MAX_RINGS)
+        # wakes it early; a load can only make the sleeps longer.
+        assert passes <= seconds / poll_s + _MAX_RINGS + 2, (passes, seconds)
     finally:
+        stopped = time.monotonic()
+        stop.set()
+        rate.notify()
+        learner.join(120)
         store.close()
+    joined = time.monotonic()
+    assert not learner.is_alive()
+    final = [m for m in _drain(reports) if m[0] == "metrics"][-1][2]
+    assert final["training_step"] == 3 and final["state"] == "done"
+    assert buffer.counters["samples"] == 3 * 8
+    # The final report's interval lies within [started, joined] and it waited at least
+    # from ``held`` to ``stopped``: the reported share of waiting is at least that ratio.
+    assert final["wait_fraction"] >= (stopped - held) / (joined - started), final["wait_fraction"]
+    assert load_checkpoint(tmp_path / "checkpoint.pt")["training_step"] == 3
 
 
 def test_run_learner_waits_for_data_and_stops(tmp_path):

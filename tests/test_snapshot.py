@@ -524,11 +524,15 @@ def _release(permits, written, episodes: int) -> int:
 
 
 def _wait_written(written, target: int, proc) -> None:
-    deadline = time.monotonic() + 120  # generous: only a stuck writer gets near it
-    while written.value < target:
+    """Wait until the writer has written ``target`` episodes; fail if it dies or makes no
+    progress for 120 s (generous: only a stuck writer gets near it)."""
+    last, deadline = written.value, time.monotonic() + 120
+    while last < target:
         assert proc.is_alive(), f"the writer died (exit code {proc.exitcode})"
-        assert time.monotonic() < deadline, f"the writer wrote {written.value} of {target} episodes in 120 s"
+        assert time.monotonic() < deadline, f"the writer is stuck at {last} of {target} episodes"
         time.sleep(0.005)
+        if written.value != last:
+            last, deadline = written.value, time.monotonic() + 120
 
 
 def _check_live_snapshot(path, mmap):
