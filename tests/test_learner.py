@@ -20,10 +20,11 @@ import torch
 from conftest import make_episode
 
 from mpper import MuZeroTargets, ReplayBuffer, muzero_schema
-from mpper.config import Config, NetworkConfig, ReplayConfig, RuntimeConfig, TrainingConfig
+from mpper.config import Config, NetworkConfig, ReplayConfig, RuntimeConfig, TrainingConfig, load_config
 from mpper.learner import (
     CheckpointError,
     MuZeroTrainer,
+    beta_schedule,
     load_checkpoint,
     run_learner,
     save_checkpoint,
@@ -537,6 +538,84 @@ def test_run_learner_is_held_by_the_real_rate_limiter(buffer, tmp_path):
     # from ``held`` to ``stopped``: the reported share of waiting is at least that ratio.
     assert final["wait_fraction"] >= (stopped - held) / (joined - started), final["wait_fraction"]
     assert load_checkpoint(tmp_path / "checkpoint.pt")["training_step"] == 3
+
+
+def test_beta_schedule_anneals_linearly_to_one():
+    config = small_config(training_steps=8)
+    config.replay.beta = 0.2
+    # over replay.beta_anneal_steps when set, else over all training steps; then 1
+    config.replay.beta_anneal_steps = 4
+    assert [beta_schedule(config, s) for s in range(7)] == pytest.approx([0.2, 0.4, 0.6, 0.8, 1.0, 1.0, 1.0])
+    config.replay.beta_anneal_steps = None
+    assert [beta_schedule(config, s) for s in (0, 2, 4, 8, 20)] == pytest.approx([0.2, 0.4, 0.6, 1.0, 1.0])
+
+
+def test_run_learner_trains_with_the_annealed_importance_weights(tmp_path, monkeypatch):
+    """Every batch the learner trains on carries the importance weights of the annealed
+    beta at its step, ``(P(i) / min_j P(j)) ** -beta_schedule(step)``, and the metrics
+    report that beta. The buffer's priorities span two orders of magnitude, so weights
+    of different betas differ."""
+    config = small_config(training_steps=6, batch_size=16, min_buffer_steps=8)
+    config.replay.beta, config.replay.beta_anneal_steps = 0.2, 4
+    buf = ReplayBuffer.create(muzero_schema(OBS, ACTIONS), capacity=512, alpha=0.6)
+    store = _store_for(config)
+    seen = []
+    train_step = MuZeroTrainer.train_step
+
+    def recording_train_step(self, batch):
+        seen.append((self.training_step, batch.weights.copy(), batch.probabilities.copy()))
+        return train_step(self, batch)
+
+    monkeypatch.setattr(MuZeroTrainer, "train_step", recording_train_step)
+    try:
+        rng = np.random.default_rng(5)
+        for _ in range(12):
+            T = int(rng.integers(5, 30))
+            buf.add_episode(make_episode(rng, T, OBS, ACTIONS), priorities=10.0 ** rng.uniform(-1, 1, T))
+        reports = queue.Queue()
+        run_learner(config, buf.handle, store.handle, threading.Event(), reports, str(tmp_path), None, None)
+    finally:
+        store.close()
+        buf.close()
+    assert [step for step, _, _ in seen] == list(range(6))
+    for step, weights, prob in seen:
+        ratio = prob / prob.min()
+        assert ratio.max() > 2.0  # weights depend on beta
+        expected = ratio.astype(np.float32) ** np.float32(-beta_schedule(config, step))
+        np.testing.assert_allclose(weights, expected, rtol=1e-5, err_msg=f"step {step}")
+    assert [beta_schedule(config, s) for s in range(6)] == pytest.approx([0.2, 0.4, 0.6, 0.8, 1.0, 1.0])
+    final = [m for m in _drain(reports) if m[0] == "metrics"][-1][2]
+    assert final["training_step"] == 6 and final["beta"] == pytest.approx(1.0)
+
+
+def test_inline_run_trains_with_the_annealed_importance_weights(tmp_path, monkeypatch):
+    """``--workers 0`` (the in-process loop) samples with the same annealed beta."""
+    from mpper import cli
+    from test_train_e2e import ROOT, SMALL
+
+    seen = []
+    train_step = MuZeroTrainer.train_step
+
+    def recording_train_step(self, batch):
+        seen.append((self.training_step, batch.weights.copy(), batch.probabilities.copy()))
+        return train_step(self, batch)
+
+    monkeypatch.setattr(MuZeroTrainer, "train_step", recording_train_step)
+    sets = ["replay.beta=0.2", "replay.beta_anneal_steps=4", "training.min_buffer_steps=64", "training.batch_size=16",
+            "runtime.reanalyse=false", "runtime.evaluation_interval_s=1000"]  # fmt: skip
+    rc = cli.main(["--config", str(ROOT / "configs" / "cartpole.json"), "--workers", "0", "--device", "cpu",
+                   "--run-dir", str(tmp_path / "run"), "--max-train-steps", "6", *SMALL,
+                   *(x for kv in sets for x in ("--set", kv))])  # fmt: skip
+    assert rc == 0
+    config = load_config(tmp_path / "run" / "config.json")
+    assert [step for step, _, _ in seen] == list(range(6))
+    assert [beta_schedule(config, s) for s in range(6)] == pytest.approx([0.2, 0.4, 0.6, 0.8, 1.0, 1.0])
+    for step, weights, prob in seen:
+        ratio = (prob / prob.min()).astype(np.float32)
+        np.testing.assert_allclose(weights, ratio ** np.float32(-beta_schedule(config, step)), rtol=1e-5,
+                                   err_msg=f"step {step}")  # fmt: skip
+    # and those weights are not the ones of the initial beta
+    assert any(not np.allclose(w, (p / p.min()).astype(np.float32) ** np.float32(-0.2), rtol=1e-3) for _, w, p in seen)
 
 
 def test_run_learner_waits_for_data_and_stops(tmp_path):
