@@ -2,6 +2,8 @@
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scipy.stats import chisquare
 
 from mpper import COUNTERS, ReplayBuffer, dqn_schema
@@ -121,6 +123,43 @@ def test_initial_priority_is_max_seen_or_configured():
         b.close()
 
 
+raw_priorities = st.lists(st.floats(0, 100, allow_nan=False, allow_infinity=False), min_size=9, max_size=9)
+
+
+@settings(max_examples=60, deadline=None)
+@given(raw=raw_priorities, eps=st.floats(0, 2), clip=st.one_of(st.none(), st.floats(0.01, 50)),
+       alpha=st.sampled_from([0.0, 0.5, 0.6, 1.0]))  # fmt: skip
+def test_leaves_are_eps_added_then_clipped_then_raised_to_alpha(raw, eps, clip, alpha):
+    """A raw priority p becomes the leaf ``min(p + eps, clip) ** alpha``, the same for an
+    episode's priorities given to ``add_episode`` and for ``update_priorities``: eps is
+    added first, so a clipped priority is exactly ``clip ** alpha``."""
+    p = np.array(raw)
+    expected = np.array([min(x + eps, np.inf if clip is None else clip) ** alpha for x in raw])
+    b = ReplayBuffer.create(SCHEMA, 40, alpha=alpha, priority_eps=eps, priority_clip=clip)
+    try:
+        b.add_episode(episode(0, 10), priorities=p)
+        np.testing.assert_allclose(b.priorities(np.arange(9)), expected, rtol=1e-12)
+        b.add_episode(episode(1, 10), priorities=np.zeros(9))
+        slots = np.arange(10, 19)
+        assert b.update_priorities(slots, b._generation[slots], p) == (9, 0)
+        np.testing.assert_allclose(b.priorities(slots), expected, rtol=1e-12)
+    finally:
+        b.close()
+
+
+def test_a_priority_above_the_clip_is_the_clip_whatever_eps():
+    b = ReplayBuffer.create(SCHEMA, 40, alpha=1.0, priority_eps=0.5, priority_clip=1.0)
+    try:
+        b.add_episode(episode(0, 4), priorities=np.array([0.2, 0.9, 3.0]))
+        np.testing.assert_allclose(b.priorities(np.arange(3)), [0.7, 1.0, 1.0], rtol=1e-12)
+        b.add_episode(episode(1, 4), priorities=np.zeros(3))
+        slots = np.arange(4, 7)
+        assert b.update_priorities(slots, b._generation[slots], np.array([0.2, 0.9, 3.0])) == (3, 0)
+        np.testing.assert_allclose(b.priorities(slots), [0.7, 1.0, 1.0], rtol=1e-12)
+    finally:
+        b.close()
+
+
 def test_stale_updates_are_dropped_and_live_ones_apply(buf):
     for i in range(3):
         buf.add_episode(episode(i, 6))
@@ -149,9 +188,10 @@ def test_update_cannot_make_a_final_row_sampleable(buf):
     assert (applied, dropped) == (0, 1) and buf.priorities(final)[0] == 0.0
 
 
-@pytest.mark.parametrize("alpha", [0.0, 0.6, 1.0])
-def test_sampling_frequencies_follow_p_alpha(alpha):
-    """Chi-square of >= 200k draws against p_i^alpha / sum over positions (fixed seed)."""
+@pytest.mark.parametrize("alpha, wrong_alpha", [(0.0, 1.0), (0.6, 1.0), (1.0, 0.5)])
+def test_sampling_frequencies_follow_p_alpha(alpha, wrong_alpha):
+    """Chi-square of >= 200k draws against p_i^alpha / sum over positions (fixed seed),
+    and against p_i^wrong_alpha, which the same draws must reject."""
     rng = np.random.default_rng(99)
     b = ReplayBuffer.create(SCHEMA, 400, alpha=alpha, priority_eps=0.0)
     try:
@@ -169,9 +209,9 @@ def test_sampling_frequencies_follow_p_alpha(alpha):
         counts = np.array([(draws == s).sum() for s in slots])
         assert counts.sum() == draws.size  # nothing outside the published positions
         assert chisquare(counts, probs * draws.size).pvalue > 1e-3
-        if alpha != 1.0:  # the test can fail: against the unflattened priorities
-            wrong = np.concatenate([live[k] for k in stored_episodes(b)])
-            assert chisquare(counts, wrong / wrong.sum() * draws.size).pvalue < 1e-6
+        # the test can fail: against another exponent
+        wrong = np.concatenate([live[k] for k in stored_episodes(b)]) ** wrong_alpha
+        assert chisquare(counts, wrong / wrong.sum() * draws.size).pvalue < 1e-6
     finally:
         b.close()
 
