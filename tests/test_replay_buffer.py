@@ -245,6 +245,23 @@ def test_stratified_batches_cover_the_mass():
         b.close()
 
 
+def test_batches_are_stratified_over_unequal_priorities():
+    """One draw per equal slice of the mass, with priorities over six orders of magnitude."""
+    from test_sum_tree import assert_one_draw_per_slice
+
+    rng = np.random.default_rng(4)
+    b = ReplayBuffer.create(SCHEMA, 400, alpha=0.8, priority_eps=0.0)
+    try:
+        for i in range(12):
+            rows = int(rng.integers(2, 40))
+            b.add_episode(episode(i, rows), priorities=10.0 ** rng.uniform(-3, 3, rows - 1))
+        leaves = b.priorities(np.arange(b.capacity))
+        for batch_size in (1, 7, 64, 1000):
+            assert_one_draw_per_slice(leaves, b.sample(batch_size, rng=rng).indices)
+    finally:
+        b.close()
+
+
 def test_reanalysed_values_follow_the_generation_rule():
     schema = {**dqn_schema((2,)), "reanalysed_value": ((), "float32", float("nan"))}
     b = ReplayBuffer.create(schema, 30)
