@@ -119,9 +119,15 @@ def test_residual_network_shapes_and_scaling():
 
 @pytest.mark.parametrize("kind, obs_shape", [("fc", (4,)), ("residual", (2, 3, 3))])
 def test_stacked_observations_match_targets_layout(kind, obs_shape):
-    """The network's input is exactly what mpper.targets.stacked_observations builds."""
+    """The network's input is exactly what mpper.targets.stacked_observations builds:
+    muzero-general's stacking (the current observation, then per past step its
+    observation and an action plane, zeros before the episode's start), row for row,
+    and every one of its channels reaches the network's hidden state."""
+    import seed_reference as ref
+
     n_stack, num_actions = 3, 4
     cfg = NetworkConfig(kind=kind, encoding_size=8, hidden=[16], blocks=1, support_size=5)
+    torch.manual_seed(0)
     net = make_network(cfg, obs_shape, num_actions, stacked_observations=n_stack).eval()
     channels = obs_shape[0]
     assert net.observation_shape == stacked_shape(obs_shape, n_stack) == (channels + n_stack * (channels + 1), *obs_shape[1:])  # fmt: skip
@@ -130,9 +136,23 @@ def test_stacked_observations_match_targets_layout(kind, obs_shape):
     episode_act = rng.integers(0, num_actions, size=10)
     slots = np.array([0, 2, 9])
     stacked = stacked_observations(episode_obs, episode_act, slots, slots, n_stack, num_actions)
+    episode = {"observation": episode_obs, "action": episode_act}
+    for row, t in enumerate(slots):
+        expected = ref.get_stacked_observations(episode, int(t), n_stack, num_actions)
+        np.testing.assert_allclose(stacked[row], expected, rtol=0, atol=1e-7, err_msg=f"position {t}")
+    np.testing.assert_array_equal(stacked[0, channels:], 0.0)  # position 0 has no past
+    x = torch.from_numpy(stacked)
     with torch.no_grad():
-        out = net.initial_inference(torch.from_numpy(stacked))
-    assert out.policy_logits.shape == (3, num_actions)
+        out = net.initial_inference(x)
+        assert out.policy_logits.shape == (3, num_actions)
+        for row in range(3):  # each row is read on its own
+            alone = net.initial_inference(x[row : row + 1])
+            torch.testing.assert_close(alone.hidden_state[0], out.hidden_state[row], rtol=1e-5, atol=1e-6)
+        for c in range(x.shape[1]):
+            moved = x.clone()
+            moved[:, c] += 1.0
+            changed = (net.initial_inference(moved).hidden_state - out.hidden_state).abs().amax()
+            assert changed > 1e-4, f"input channel {c} does not reach the hidden state"
 
 
 @pytest.mark.parametrize("kind", ["fc", "residual"])
