@@ -15,6 +15,9 @@ import pytest
 import torch
 
 from mpper import ReplayBuffer, shm
+from mpper.config import load_config
+from mpper.envs import env_spec, make_env
+from mpper.networks import make_model
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = [
@@ -51,12 +54,20 @@ def check_outputs(run_dir: Path) -> dict:
     """Everything a finished run leaves behind loads, and nothing is left running."""
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert records and records[-1]["event"] == "end"
-    ckpt = torch.load(run_dir / "checkpoint.pt", weights_only=True)
-    assert isinstance(ckpt, dict)
-    with ReplayBuffer.load(run_dir / "buffer", mmap=True) as snap:
-        counters = snap.counters
     config = json.loads((run_dir / "config.json").read_text())
     assert config["training"]["batch_size"] == 32
+    # the final checkpoint: the learner's last step, the weights it published last, the
+    # run's config, and a network of the run's shape with finite weights
+    ckpt = torch.load(run_dir / "checkpoint.pt", weights_only=True)
+    assert ckpt["training_step"] == records[-1]["learner"]["training_step"]
+    assert ckpt["extra"]["weights_version"] == records[-1]["weights_version"]
+    assert ckpt["extra"]["config"] == config
+    cfg = load_config(run_dir / "config.json")
+    spec = env_spec(cfg.env)
+    make_model(cfg, spec.observation_shape, spec.num_actions).load_state_dict(ckpt["network"])  # strict
+    assert all(torch.isfinite(t).all() for t in ckpt["network"].values())
+    with ReplayBuffer.load(run_dir / "buffer", mmap=True) as snap:
+        counters = snap.counters
     pids = json.loads((run_dir / "processes.json").read_text())
     deadline = time.monotonic() + 5
     while any(alive(pid) for pid in pids.values()) and time.monotonic() < deadline:
@@ -95,20 +106,105 @@ def test_two_workers_train_and_everything_is_saved(tmp_path, capsys):
 
     assert main(["--evaluate", str(run_dir), "--episodes", "2", "--seed", "1"]) == 0
     evaluation = json.loads((run_dir / "evaluation.json").read_text())
-    assert evaluation["episodes"] == 2 and len(evaluation["returns"]) == 2
-    assert evaluation["training_step"] == 60 and evaluation["return"]["min"] >= 1
+    assert evaluation["episodes"] == 2 and evaluation["training_step"] == 60
+    # the returns are those of the checkpoint's network playing greedily with seed 1
+    # (CartPole: reward 1 per move, episodes cut at 100 moves)
+    returns = greedy_returns(run_dir / "checkpoint.pt", run_dir, episodes=2, seed=1)
+    assert evaluation["returns"] == returns
+    assert all(1 <= r <= 100 for r in returns)
+    assert evaluation["return"]["min"] == min(returns) and evaluation["return"]["max"] == max(returns)
     (run_dir / "checkpoint.pt").rename(run_dir / "moved.pt")
     capsys.readouterr()
     assert main(["--evaluate", str(run_dir)]) == 2  # missing checkpoint: one clear line naming it
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "checkpoint.pt" in err[0]
     assert main(["--evaluate", str(run_dir), "--checkpoint", str(run_dir / "moved.pt"), "--episodes", "1"]) == 0
-    try:  # TensorBoard event files when the package is there, nothing (and no error) otherwise
-        import tensorboard  # noqa: F401
+    # TensorBoard (the dev extra installs it): every metrics.jsonl record, read back
+    scalars = tensorboard_scalars(run_dir / "tensorboard")
+    records = out["records"]
+    assert_same_series(scalars["buffer/positions"], [(r["env_steps"], r["buffer_positions"]) for r in records])
+    trained = [(r["env_steps"], r["learner"]["total_loss"]) for r in records if "total_loss" in r["learner"]]
+    assert trained and scalars["learner/training_step"][-1] == (records[-1]["env_steps"], 60.0)
+    assert_same_series(scalars["learner/total_loss"], trained)
+    evaluated = [(r["env_steps"], r["evaluation"]["mean_return"]) for r in records if "mean_return" in r["evaluation"]]
+    assert evaluated
+    assert_same_series(scalars["evaluation/mean_return"], evaluated)
 
-        assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
-    except ImportError:
-        assert not (run_dir / "tensorboard").exists()
+
+def assert_same_series(got: list[tuple[int, float]], expected: list[tuple[int, float]]) -> None:
+    """The same steps, and the same values to float32 precision (TensorBoard's)."""
+    assert [step for step, _ in got] == [step for step, _ in expected]
+    np.testing.assert_allclose([v for _, v in got], [v for _, v in expected], rtol=1e-6)
+
+
+def test_tensorboard_scalars_of_a_record_nested_groups_as_paths(tmp_path):
+    """The supervisor's writer logs a metrics record's numbers against env steps: nested
+    groups (a two-player evaluation's per-opponent results) as a/b/c tags; strings,
+    lists, booleans and a missing self-play return are left out."""
+    from mpper.runtime import _log_scalars, _tensorboard_writer
+
+    writer = _tensorboard_writer(tmp_path / "tb")
+    record = {
+        "env_steps": 120, "buffer_positions": 100, "mean_selfplay_return": None,
+        "learner": {"total_loss": 1.5, "training_step": 7, "device": "cpu", "state": "training"},
+        "evaluation": {"mean_return": -0.25, "returns": [0, 1], "against": "perfect",
+                       "opponents": {"random": {"first": {"wins": 3, "draws": 1}}, "perfect": {"games": 4}}},
+        "reanalyse": {"episodes": 2, "busy": True},
+    }  # fmt: skip
+    _log_scalars(writer, record)
+    _log_scalars(writer, {**record, "env_steps": 150, "buffer_positions": 130, "mean_selfplay_return": 9.5})
+    writer.close()
+    assert tensorboard_scalars(tmp_path / "tb") == {
+        "buffer/positions": [(120, 100.0), (150, 130.0)],
+        "selfplay/mean_return": [(150, 9.5)],
+        "learner/total_loss": [(120, 1.5), (150, 1.5)],
+        "learner/training_step": [(120, 7.0), (150, 7.0)],
+        "evaluation/mean_return": [(120, -0.25), (150, -0.25)],
+        "evaluation/opponents/random/first/wins": [(120, 3.0), (150, 3.0)],
+        "evaluation/opponents/random/first/draws": [(120, 1.0), (150, 1.0)],
+        "evaluation/opponents/perfect/games": [(120, 4.0), (150, 4.0)],
+        "reanalyse/episodes": [(120, 2.0), (150, 2.0)],
+    }
+
+
+def test_without_tensorboard_there_is_no_writer(tmp_path, monkeypatch):
+    """tensorboard is optional: where it cannot be imported the run writes no event files."""
+    from mpper.runtime import _tensorboard_writer
+
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # import raises ImportError
+    assert _tensorboard_writer(tmp_path / "tb") is None
+    assert not (tmp_path / "tb").exists()
+
+
+def tensorboard_scalars(logdir: Path) -> dict[str, list[tuple[int, float]]]:
+    """{tag: [(step, value), ...]} of every scalar in the event files under ``logdir``,
+    read with TensorBoard's own reader."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    files = sorted(logdir.glob("events.out.tfevents.*"))
+    assert len(files) == 1, files
+    acc = EventAccumulator(str(files[0]), size_guidance={"scalars": 0})  # 0: keep every event
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def greedy_returns(checkpoint: Path, run_dir: Path, episodes: int, seed: int) -> list[float]:
+    """The returns of ``episodes`` greedy episodes of the checkpoint's network, played
+    here with mpper.selfplay.play_greedy (what --evaluate should report)."""
+    from mpper.learner import load_checkpoint
+    from mpper.selfplay import play_greedy
+
+    cfg = load_config(run_dir / "config.json")
+    spec = env_spec(cfg.env)
+    network = make_model(cfg, spec.observation_shape, spec.num_actions)
+    network.load_state_dict(load_checkpoint(checkpoint)["network"])
+    network.eval()
+    envs = [make_env(cfg.env) for _ in range(episodes)]
+    try:
+        return [float(ep.total_reward) for ep in play_greedy(cfg, envs, network, seed)]
+    finally:
+        for env in envs:
+            env.close()
 
 
 @pytest.mark.timeout(240)
