@@ -22,6 +22,7 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 import mpper  # noqa: F401  (registers mpper/TicTacToe-v0)
+from mpper import ReplayBuffer
 from mpper.arena import load_mcts_agent, mcts_agent, play_match
 from mpper.config import EnvConfig, load_config
 from mpper.envs import env_spec, make_env
@@ -444,8 +445,75 @@ SMALL = [
 ]  # fmt: skip
 
 
+class GameLog(gym.Wrapper):
+    """Appends each game's moves (a new list at every reset) to ``games``, shared by
+    the envs of games played together."""
+
+    def __init__(self, env, games: list):
+        super().__init__(env)
+        self.games = games
+        self.moves: list[int] = []
+
+    def reset(self, **kwargs):
+        self.moves = []
+        self.games.append(self.moves)
+        return self.env.reset(**kwargs)
+
+    def step(self, action):
+        self.moves.append(int(action))
+        return self.env.step(action)
+
+
+def replayed_results(games: list[list[int]], agent_first: bool) -> dict[str, int]:
+    """Replay each logged game on a fresh env: every move legal, the game over exactly at
+    its last move; the agent's wins, draws and losses by the final reward."""
+    results = {"wins": 0, "draws": 0, "losses": 0}
+    agent_side = 0 if agent_first else 1
+    env = TicTacToeEnv()
+    for moves in games:
+        _, info = env.reset(seed=0)
+        assert 5 <= len(moves) <= 9, moves
+        for k, action in enumerate(moves):
+            assert info["action_mask"][action], (moves, k)
+            mover = info["to_play"]
+            _, reward, terminated, truncated, info = env.step(action)
+            assert terminated == (k == len(moves) - 1) and not truncated, (moves, k)
+        if reward == 1.0:
+            results["wins" if mover == agent_side else "losses"] += 1
+        else:
+            assert reward == 0.0 and len(moves) == 9  # a draw fills the board
+            results["draws"] += 1
+    return results
+
+
+def assert_stored_games_replay(snapshot: Path) -> int:
+    """Every episode of the snapshot is a real TicTacToe game: replaying its actions on
+    the env gives its stored observations, rewards and players to move, and it ends
+    terminated. Returns the number of episodes."""
+    env = TicTacToeEnv()
+    with ReplayBuffer.load(snapshot, mmap=True) as snap:
+        refs = snap.episodes()
+        assert refs
+        f = snap.fields
+        for ref in refs:
+            rows = slice(ref.start, ref.start + ref.rows)
+            obs, action, reward, to_play = f["observation"][rows], f["action"][rows], f["reward"][rows], f["to_play"][rows]
+            o, info = env.reset(seed=0)
+            np.testing.assert_array_equal(obs[0], o)
+            assert to_play[0] == info["to_play"]
+            for t in range(1, ref.rows):
+                o, r, terminated, _, info = env.step(int(action[t]))
+                np.testing.assert_array_equal(obs[t], o)
+                assert (reward[t], to_play[t], terminated) == (r, info["to_play"], t == ref.rows - 1), (ref, t)
+            assert ref.terminated
+        return len(refs)
+
+
 @pytest.mark.timeout(120)
 def test_two_workers_train_on_tictactoe_then_play_the_checkpoint(tmp_path):
+    """A short --workers 2 run: the self-play games it stored replay move for move on
+    the env, and its checkpoint plays whole legal games against random and perfect,
+    whose replayed outcomes are the reported results (never a win against perfect)."""
     run_dir = tmp_path / "run"
     args = [sys.executable, "run.py", "--config", "configs/tictactoe.json", "--device", "cpu", "--workers", "2",
             "--max-train-steps", "20", "--time-limit", "90", "--run-dir", str(run_dir), *SMALL]  # fmt: skip
@@ -453,15 +521,18 @@ def test_two_workers_train_on_tictactoe_then_play_the_checkpoint(tmp_path):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert "training finished (20 steps)" in proc.stdout
     last = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
-    assert last["event"] == "end" and last["counters"]["games"] > 0 and last["learner"]["training_step"] == 20
+    assert last["event"] == "end" and last["learner"]["training_step"] == 20
+    stored = assert_stored_games_replay(run_dir / "buffer")
+    assert 0 < stored <= last["counters"]["games"]
 
     agent, config = load_mcts_agent(run_dir, seed=0)
     assert config.mcts.num_simulations == 8
     for first in (True, False):
-        res = play_match(TicTacToeEnv, agent, random_agent(7), agent_first=first, games=4, seed=0)
-        assert sum(res.values()) == 4
-        res = play_match(TicTacToeEnv, agent, perfect_agent(8), agent_first=first, games=4, seed=0)
-        assert sum(res.values()) == 4 and res["wins"] == 0  # nobody beats the perfect player
+        for opponent in (random_agent(7), perfect_agent(8)):
+            games: list = []
+            res = play_match(lambda: GameLog(TicTacToeEnv(), games), agent, opponent, agent_first=first, games=4, seed=0)
+            assert len(games) == 4 and res == replayed_results(games, first)
+        assert res["wins"] == 0  # nobody beats the perfect player
 
 
 def test_mcts_agent_plays_legal_moves_and_refuses_stacked_observations():
@@ -469,8 +540,9 @@ def test_mcts_agent_plays_legal_moves_and_refuses_stacked_observations():
     network = make_network(config.network, (3, 3, 3), 9)
     agent = mcts_agent(config, network, seed=0)
     assert not network.training  # put in eval mode for the search
-    res = play_match(TicTacToeEnv, agent, random_agent(0), agent_first=False, games=3, seed=0)
-    assert sum(res.values()) == 3
+    games: list = []
+    res = play_match(lambda: GameLog(TicTacToeEnv(), games), agent, random_agent(0), agent_first=False, games=3, seed=0)
+    assert len(games) == 3 and res == replayed_results(games, agent_first=False)
     stacked = load_config(ROOT / "configs" / "tictactoe.json", ["training.stacked_observations=1", "training.symmetry_augmentation=false"])
     with pytest.raises(ValueError, match="stacked_observations"):
         mcts_agent(stacked, make_network(stacked.network, (3, 3, 3), 9, 1))

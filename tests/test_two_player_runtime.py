@@ -57,6 +57,24 @@ class Recorder(gym.Wrapper):
         return self.env.step(action)
 
 
+def assert_evaluation_adds_up(ev: dict, games: int) -> None:
+    """A two-player evaluation's figures agree: per opponent ``games`` games, half (rounded
+    up) as the first player, the score is (wins - losses) / games, and the headline
+    ``returns`` are the +1 / 0 / -1 results against the last opponent, perfect, whom
+    nobody beats."""
+    assert list(ev["opponents"]) == ["random", "perfect"] and ev["against"] == "perfect"
+    for r in ev["opponents"].values():
+        assert r["games"] == games
+        assert sum(r["first"].values()) == (games + 1) // 2 and sum(r["second"].values()) == games // 2
+        wins, losses = (r["first"][k] + r["second"][k] for k in ("wins", "losses"))
+        assert r["score"] == pytest.approx((wins - losses) / games)
+    perfect = ev["opponents"]["perfect"]
+    assert perfect["first"]["wins"] == perfect["second"]["wins"] == 0
+    draws = perfect["first"]["draws"] + perfect["second"]["draws"]
+    assert sorted(ev["returns"]) == [-1.0] * (games - draws) + [0.0] * draws
+    assert ev["mean_return"] == pytest.approx(perfect["score"])
+
+
 # --------------------------------------------------------------------------------------
 # Batched arena
 # --------------------------------------------------------------------------------------
@@ -180,10 +198,7 @@ def test_inline_run_evaluates_against_the_opponents_and_stops_on_solve_return(tm
     out = capsys.readouterr().out
     assert rc == 0 and "solved: mean score -" in out and "against perfect >= -1" in out, out
     end = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
-    evaluation = end["evaluation"]
-    assert set(evaluation["opponents"]) == {"random", "perfect"}
-    for r in evaluation["opponents"].values():
-        assert sum(r["first"].values()) + sum(r["second"].values()) == r["games"] == 4
+    assert_evaluation_adds_up(end["evaluation"], games=4)
     best = torch.load(run_dir / "best.pt", weights_only=True)
     assert best["extra"]["against"] == "perfect" and "opponents" in best["extra"]
     # --evaluate on a two-player run plays the same opponents, both sides
@@ -192,10 +207,8 @@ def test_inline_run_evaluates_against_the_opponents_and_stops_on_solve_return(tm
     out = capsys.readouterr().out
     assert "vs random: as first W/D/L" in out and "vs perfect:" in out
     ev = json.loads((run_dir / "evaluation.json").read_text())
-    assert ev["games_per_opponent"] == 6 and ev["against"] == "perfect"
-    for r in ev["opponents"].values():
-        assert sum(r["first"].values()) == 3 and sum(r["second"].values()) == 3
-    assert ev["opponents"]["perfect"]["first"]["wins"] == ev["opponents"]["perfect"]["second"]["wins"] == 0
+    assert ev["games_per_opponent"] == 6
+    assert_evaluation_adds_up(ev, games=6)
 
 
 @pytest.mark.timeout(120)
@@ -216,12 +229,8 @@ def test_two_worker_run_writes_per_opponent_evaluations(tmp_path):
     assert evaluations
     for record in evaluations:
         ev = record["evaluation"]
-        assert ev["against"] == "perfect" and len(ev["returns"]) == 6
-        for name in ("random", "perfect"):
-            r = ev["opponents"][name]
-            assert sum(r["first"].values()) == 3 and sum(r["second"].values()) == 3 and r["games"] == 6
-        assert r["first"]["wins"] + r["second"]["wins"] == 0  # nobody beats the perfect player
-        assert ev["mean_return"] == r["score"] and ev["best_mean_return"] >= ev["mean_return"]
+        assert_evaluation_adds_up(ev, games=6)
+        assert ev["best_mean_return"] >= ev["mean_return"]
     assert (run_dir / "best.pt").exists()
 
 
