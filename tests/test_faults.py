@@ -40,6 +40,7 @@ def forkserver_of(pid: int) -> list[int]:
 def test_sigkill_of_the_supervisor_stops_every_child_and_the_next_run_cleans_up(tmp_path):
     run_dir = tmp_path / "run"
     segments_before = set(shm.mpper_segments())  # other runs (concurrent test sessions) keep theirs
+    left: set[str] = set()
     proc = subprocess.Popen(run_args(run_dir, "--workers", "2", "--max-train-steps", "100000"), cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
     try:
@@ -48,6 +49,8 @@ def test_sigkill_of_the_supervisor_stops_every_child_and_the_next_run_cleans_up(
         helpers = forkserver_of(pids["supervisor"])  # forkserver, resource tracker
         left = {n for n in set(shm.mpper_segments()) - segments_before if n.startswith(f"mpper_{pids['supervisor']}_")}
         assert left, "the run's segments should exist while it runs"
+        for name in left:  # second names, which no mpper cleanup touches (see below)
+            os.link(Path(shm.SHM_DIR) / name, Path(shm.SHM_DIR) / f".keep-{name}")
         # Kill the supervisor and multiprocessing's resource tracker with it (as `kill -9`
         # of the process group would): nobody is left to unlink the segments.
         tracker = [p for p in helpers if b"resource_tracker" in Path(f"/proc/{p}/cmdline").read_bytes()]
@@ -55,27 +58,33 @@ def test_sigkill_of_the_supervisor_stops_every_child_and_the_next_run_cleans_up(
         os.kill(tracker[0], signal.SIGKILL)
         os.kill(pids["supervisor"], signal.SIGKILL)
         proc.communicate(timeout=30)
-        deadline = time.monotonic() + 10  # "within a few seconds"
+        deadline = time.monotonic() + 30  # "within seconds"; generous on a loaded machine
         while [p for p in (*pids.values(), *helpers) if alive(p)] and time.monotonic() < deadline:
             time.sleep(0.1)
         survivors = {name: p for name, p in pids.items() if alive(p)}
         assert not survivors, f"children outlived their killed supervisor: {survivors}"
         assert not [p for p in helpers if alive(p)], "the forkserver outlived the supervisor"
+        # The owner and the tracker are dead: nobody of this run unlinks the segments.
+        # Another mpper test session on this machine may (its leak guard and every start
+        # remove a dead owner's segments), so put back any it took: the next start below
+        # must find them all.
+        for name in left:
+            if not (Path(shm.SHM_DIR) / name).exists():
+                os.link(Path(shm.SHM_DIR) / f".keep-{name}", Path(shm.SHM_DIR) / name)
+        assert left <= set(shm.stale_segments()), "a dead run's segments are not recognised as stale"
+        run2 = tmp_path / "run2"
+        out = subprocess.run(run_args(run2, "--workers", "0", "--max-train-steps", "3"), cwd=ROOT,
+                             capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert not (left & set(shm.mpper_segments())), "the dead run's segments were not removed"
+        removed = re.search(r"mpper: removed (\d+) shared-memory segment\(s\) left by dead runs", out.stderr)
+        assert removed and int(removed.group(1)) >= len(left), out.stderr[-3000:]
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
-    # Nobody may have unlinked them yet (the owner and the tracker are dead): whatever
-    # is left must be recognised as a dead run's, and the next start removes it.
-    remaining = left & set(shm.mpper_segments())
-    assert remaining <= set(shm.stale_segments())
-    run2 = tmp_path / "run2"
-    out = subprocess.run(run_args(run2, "--workers", "0", "--max-train-steps", "3"), cwd=ROOT,
-                         capture_output=True, text=True, timeout=120)  # fmt: skip
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert not (left & set(shm.mpper_segments())), "the dead run's segments were not removed"
-    if remaining:
-        assert "shared-memory segment(s) left by dead runs" in out.stderr
+        for name in left:
+            (Path(shm.SHM_DIR) / f".keep-{name}").unlink(missing_ok=True)
 
 
 @pytest.mark.timeout(180)
