@@ -68,11 +68,7 @@ def check_outputs(run_dir: Path) -> dict:
     assert all(torch.isfinite(t).all() for t in ckpt["network"].values())
     with ReplayBuffer.load(run_dir / "buffer", mmap=True) as snap:
         counters = snap.counters
-    pids = json.loads((run_dir / "processes.json").read_text())
-    deadline = time.monotonic() + 5
-    while any(alive(pid) for pid in pids.values()) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not [name for name, pid in pids.items() if alive(pid)], "a process outlived the run"
+    assert_no_process_left(run_dir)
     return {"records": records, "checkpoint": ckpt, "counters": counters}
 
 
@@ -234,8 +230,9 @@ def segments_of(pid: int) -> list[str]:
     return [name for name in shm.mpper_segments() if shm.owner_pid(name) == pid]
 
 
-def assert_no_process_left(run_dir: Path, within: float = 5.0) -> None:
-    """Every process of ``processes.json`` (supervisor and children) is gone."""
+def assert_no_process_left(run_dir: Path, within: float = 30.0) -> None:
+    """Every process of ``processes.json`` (supervisor and children) is gone (polled for
+    up to ``within`` seconds: they exit at once, but a loaded machine may be slow to)."""
     pids = json.loads((run_dir / "processes.json").read_text())
     deadline = time.monotonic() + within
     while any(alive(pid) for pid in pids.values()) and time.monotonic() < deadline:
@@ -324,6 +321,45 @@ def test_ctrl_c_stops_cleanly_and_a_killed_worker_is_restarted(tmp_path):
     # of the (at most envs_per_worker = 4) episodes the worker stored in its last move.
     reported = len(complete_lines(run_dir / "episodes.jsonl"))
     assert games - 4 <= reported <= games
+
+
+@pytest.mark.timeout(300)
+def test_sigterm_stops_the_run_with_a_final_checkpoint_and_snapshot_and_leaves_nothing(tmp_path):
+    """SIGTERM to a training `python run.py --workers 2`: exit code 143, a checkpoint and
+    a buffer snapshot written after the signal (the learner's last step, every game
+    played), the end record, and nothing left: no process of the run (children,
+    forkserver, resource tracker) and no shared-memory segment of any of them."""
+    from test_faults import forkserver_of
+
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen(run_args(run_dir, "--workers", "2", "--max-train-steps", "100000"), cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        wait_until_training(proc, run_dir)
+        pids = json.loads((run_dir / "processes.json").read_text())
+        helpers = forkserver_of(pids["supervisor"])
+        assert helpers and segments_of(proc.pid)  # while it runs: the forkserver, the segments
+        trained_before = training_step(run_dir)
+        signalled = time.time()
+        proc.send_signal(signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 143, stdout[-2000:] + stderr[-4000:]
+    assert "terminated" in stdout and "run stopped" not in stderr
+    out = check_outputs(run_dir)  # the end record; the checkpoint is the learner's last step
+    ckpt = out["checkpoint"]
+    assert ckpt["training_step"] >= max(trained_before, 5) and ckpt["extra"]["time"] >= signalled
+    manifest = json.loads((run_dir / "buffer" / "manifest.json").read_text())
+    assert manifest["created_unix"] >= signalled  # the final snapshot, not an earlier one
+    with ReplayBuffer.load(run_dir / "buffer", mmap=True) as snap:  # every checksum verified
+        assert_counters_match_the_episodes(snap)
+        assert snap.counters["games"] == out["records"][-1]["games"]
+    assert_no_process_left(run_dir)
+    assert not [p for p in helpers if alive(p)], "the forkserver or the resource tracker outlived the run"
+    assert not [name for pid in pids.values() for name in segments_of(pid)], "a segment of the run is left"
 
 
 @pytest.mark.timeout(240)
