@@ -1,10 +1,11 @@
-"""Learner throughput (issue 3, section 6): training steps/s and the share of the
+"""Learner throughput: training steps/s and the share of the
 learner's time spent waiting for data (sampling and target building included).
 
 Runs the real learner process (``mpper.learner.run_learner``) on a shared buffer filled
 with CartPole-shaped episodes (no self-play, no rate limiter, so any wait is the
 buffer's), with the network and batch of ``configs/cartpole.json``, and reads the
-learner's own once-a-second reports.
+learner's own once-a-second reports. Also counts the torch operator calls of one
+training step (``torch.profiler``, in this process), a figure independent of the load.
 
 Usage::
 
@@ -95,6 +96,29 @@ def measure(batch_size: int, seconds: float, device: str) -> dict:
     }
 
 
+def ops_per_step(batch_size: int, steps: int = 10) -> float:
+    """torch operator calls (``aten::``) per MuZero training step, counted with
+    ``torch.profiler`` in this process on one batch: a figure that, unlike steps/s,
+    does not depend on what else the machine is doing."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from mpper.learner import make_targets, make_trainer
+
+    torch.set_num_threads(1)
+    config = load_config(ROOT / "configs" / "cartpole.json", check_env=False)
+    config = dataclasses.replace(config, training=dataclasses.replace(config.training, batch_size=batch_size))
+    with ReplayBuffer.create(muzero_schema((4,), 2), 100_000, alpha=0.5) as buf:
+        fill(buf, 50, np.random.default_rng(0))
+        trainer = make_trainer(config, make_network(config.network, (4,), 2), torch.device("cpu"))
+        batch = buf.sample(batch_size, 1.0, make_targets(config, 2), np.random.default_rng(1))
+        trainer.train_step(batch)  # first call: allocations and lazy set-up
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in range(steps):
+                trainer.train_step(batch)
+    return sum(e.count for e in prof.key_averages() if e.key.startswith("aten::")) / steps
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=20.0)
@@ -102,11 +126,11 @@ def main() -> int:
     ap.add_argument("--device", default="cpu")
     args = ap.parse_args()
     print(f"# Learner throughput: `python bench/learner.py --seconds {args.seconds:g} --device {args.device}`\n")
-    print("| batch | training steps/s | waiting for data (share of time) |")
-    print("|---|---|---|")
+    print("| batch | training steps/s | waiting for data (share of time) | torch ops per step |")
+    print("|---|---|---|---|")
     for b in args.batch_size:
         r = measure(b, args.seconds, args.device)
-        print(f"| {b} | {r['steps_per_s']:.1f} | {r['wait_fraction']:.2%} |", flush=True)
+        print(f"| {b} | {r['steps_per_s']:.1f} | {r['wait_fraction']:.2%} | {ops_per_step(b):,.0f} |", flush=True)
     return 0
 
 

@@ -1,4 +1,4 @@
-"""Self-play search speed: moves per CPU-second of one process (issue 3, section 6).
+"""Self-play search speed: moves per CPU-second of one process.
 
 One "move" is one root searched: a search over K environments with ``num_simulations``
 simulations yields K moves. The network is the CartPole one (observation (4,), 2 actions,

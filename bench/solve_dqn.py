@@ -1,4 +1,4 @@
-"""DQN on CartPole-v1: mpper beside Stable-Baselines3, and the easy-rl seed's settings (issue 4).
+"""DQN on CartPole-v1: mpper beside Stable-Baselines3, and the settings of easy-rl's PER-DQN notebook.
 
 Two experiments, each printing Markdown tables of what it measured:
 
