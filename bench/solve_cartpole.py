@@ -50,7 +50,10 @@ def run_seed(seed: int, args) -> dict:
         "curve": [(r["time_s"], r["env_steps"], r["evaluation"]["training_step"], r["evaluation"]["mean_return"])
                   for r in evals],
     }  # fmt: skip
-    if solved is not None:
+    if solved is None:  # keep what it said: a run that fails early says why on stderr
+        out["stderr_tail"] = proc.stderr[-3000:]
+        print(out["stderr_tail"], file=sys.stderr, flush=True)
+    else:
         # The run stops at its first solving evaluation: the CPU of the whole run is the
         # CPU to the threshold plus start-up, the final checkpoint and snapshot.
         out |= {"wall_s": solved["time_s"], "launch_s": solved["unix_time"] - launched,
