@@ -53,7 +53,7 @@ def train_inline(config: Config, run_dir: Path, resume: Path | None = None) -> i
     code, reason = 0, ""
     try:
         if resume is not None and snapshot.exists():
-            buf = ReplayBuffer.load(snapshot)
+            buf = ReplayBuffer.load(snapshot, num_actions=spec.num_actions)
         else:
             buf = ReplayBuffer.create(schema_for(cfg.algorithm, spec.observation_shape, spec.num_actions,
                                                  spec.observation_dtype),  # fmt: skip

@@ -128,7 +128,7 @@ class Supervisor:
         self.spec = spec
         snapshot = self.run_dir / "buffer"
         if self.resume is not None and snapshot.exists():
-            self.buffer = ReplayBuffer.load(snapshot)
+            self.buffer = ReplayBuffer.load(snapshot, num_actions=spec.num_actions)
         else:
             schema = schema_for(cfg.algorithm, spec.observation_shape, spec.num_actions, spec.observation_dtype)
             self.buffer = ReplayBuffer.create(

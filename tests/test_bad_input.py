@@ -6,6 +6,7 @@ pickled object is never unpickled. (Config mistakes: the table in tests/test_cli
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -130,8 +131,117 @@ def pickled_object_array(snap: Path, marker: Path) -> list[str]:
     return [str(p), "holds Python objects; refused"]
 
 
+# ---- crafted snapshots: every checksum matches, the contents make no sense ------------------
+def _rewrite_array(snap: Path, name: str, array: np.ndarray) -> None:
+    """Replace ``name`` with ``array`` and list its new checksum, as a crafted file would."""
+    np.save(snap / name, array)
+    m = _manifest(snap)
+    m["files"][name]["sha256"] = hashlib.sha256((snap / name).read_bytes()).hexdigest()
+    _write_manifest(snap, m)
+
+
+def _edit_array(snap: Path, name: str, edit) -> None:
+    array = np.load(snap / name)
+    edit(array)
+    _rewrite_array(snap, name, array)
+
+
+def ring_counters_far_beyond_capacity(snap: Path, marker: Path) -> list[str]:
+    capacity = _manifest(snap)["capacity"]
+    _rewrite_array(snap, "ring.npy", np.array([capacity + 10**9, 10**15, 0, -7], np.int64))
+    return [str(snap / "ring.npy"), f"WRITE_POS {capacity + 10**9} outside [0, {capacity}]"]
+
+
+def next_episode_id_far_ahead(snap: Path, marker: Path) -> list[str]:
+    def edit(ring):
+        ring[1] = 2 * 10**8  # NEXT_ID: 2e8 resident episodes in a table of a few hundred rows
+
+    _edit_array(snap, "ring.npy", edit)
+    return [str(snap / "ring.npy"), "resident episodes (NEXT_ID 200000000"]
+
+
+def episode_past_the_ring(snap: Path, marker: Path) -> list[str]:
+    ring = np.load(snap / "ring.npy")
+    table = np.load(snap / "episodes.npy")
+    row = int(ring[2] % table.shape[0])  # the oldest resident episode
+
+    def edit(t):
+        t[row, 1] = _manifest(snap)["capacity"] - 1  # START: its rows run past the last slot
+
+    _edit_array(snap, "episodes.npy", edit)
+    return [str(snap / "episodes.npy"), f"episode {table[row, 0]} has start", "must lie within the ring"]
+
+
+def episode_with_negative_start(snap: Path, marker: Path) -> list[str]:
+    ring = np.load(snap / "ring.npy")
+    row = int(ring[2] % np.load(snap / "episodes.npy").shape[0])
+
+    def edit(t):
+        t[row, 1] = -5
+
+    _edit_array(snap, "episodes.npy", edit)
+    return [str(snap / "episodes.npy"), "has start -5"]
+
+
+def slot_info_claims_a_huge_episode(snap: Path, marker: Path) -> list[str]:
+    table, ring = np.load(snap / "episodes.npy"), np.load(snap / "ring.npy")
+    newest = table[int((ring[1] - 1) % table.shape[0])]
+    slot = int(newest[1])
+
+    def edit(info):
+        info[slot] = (1 << 30) - 1 << 2  # position 0 of an episode of 2^30 - 1 moves
+
+    _edit_array(snap, "info.npy", edit)
+    return [str(snap / "info.npy"), f"slot {slot} holds"]
+
+
+def manifest_alpha_nan(snap: Path, marker: Path) -> list[str]:
+    m = _manifest(snap)
+    m["alpha"] = float("nan")
+    _write_manifest(snap, m)
+    return [str(snap / "manifest.json"), "alpha must be a finite number >= 0, got nan"]
+
+
+def manifest_alpha_negative(snap: Path, marker: Path) -> list[str]:
+    m = _manifest(snap)
+    m["alpha"] = -0.5
+    _write_manifest(snap, m)
+    return [str(snap / "manifest.json"), "alpha must be a finite number >= 0, got -0.5"]
+
+
+def manifest_initial_priority_wrong_type(snap: Path, marker: Path) -> list[str]:
+    m = _manifest(snap)
+    m["initial_priority"] = [1]
+    _write_manifest(snap, m)
+    return [str(snap / "manifest.json"), 'initial_priority must be "max" or a finite number >= 0, got [1]']
+
+
+def fifo_in_place_of_an_array(snap: Path, marker: Path) -> list[str]:
+    (snap / "ring.npy").unlink()
+    os.mkfifo(snap / "ring.npy")  # a reader that opens it waits for a writer for ever
+    return [str(snap / "ring.npy"), "is a FIFO, not a regular file (refused)"]
+
+
+def fifo_in_place_of_the_manifest(snap: Path, marker: Path) -> list[str]:
+    (snap / "manifest.json").unlink()
+    os.mkfifo(snap / "manifest.json")
+    return [str(snap / "manifest.json"), "is a FIFO, not a regular file (refused)"]
+
+
+def symlink_out_of_the_snapshot(snap: Path, marker: Path) -> list[str]:
+    outside = snap.parent.parent / "elsewhere.npy"  # a file beside the run directory
+    shutil.copyfile(snap / "counters.npy", outside)
+    (snap / "counters.npy").unlink()
+    (snap / "counters.npy").symlink_to(outside)
+    return [str(snap / "counters.npy"), "is a symbolic link"]
+
+
 SNAPSHOT_CASES = [truncated_array, manifest_dtype, manifest_shape, checksum_mismatch, missing_array,
-                  future_format_version, manifest_not_json, pickled_object_array]  # fmt: skip
+                  future_format_version, manifest_not_json, pickled_object_array,
+                  ring_counters_far_beyond_capacity, next_episode_id_far_ahead, episode_past_the_ring,
+                  episode_with_negative_start, slot_info_claims_a_huge_episode, manifest_alpha_nan,
+                  manifest_alpha_negative, manifest_initial_priority_wrong_type, fifo_in_place_of_an_array,
+                  fifo_in_place_of_the_manifest, symlink_out_of_the_snapshot]  # fmt: skip
 
 
 @pytest.mark.parametrize("command", ["inspect", "resume"])
