@@ -69,7 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="continue the run in RUN_DIR from its checkpoint and buffer snapshot")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", dest="overrides",
                    help="override one config key, typed and checked like the file; VALUE is parsed as JSON "
-                        "when it can be, else taken as a string (repeatable; e.g. --set training.batch_size=64)")
+                        "when it can be, else taken as a string (repeatable; e.g. --set training.batch_size=64). "
+                        "With --evaluate and --resume it applies to the run's config.json, which may name a "
+                        "'module:callable' env only when you repeat it here: --set env.id=module:callable")
     p.add_argument("--evaluate", metavar="RUN_DIR",
                    help="play greedy episodes with a run's checkpoint, print return and length statistics, "
                         "write RUN_DIR/evaluation.json, and exit")
@@ -133,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
                 return _fail("--render and --on-snapshot: choose one (--on-snapshot plays no episode to render)")
             from .evaluate_snapshot import evaluate_snapshot_main
 
-            return evaluate_snapshot_main(args.evaluate, args.on_snapshot, args.checkpoint)
+            return evaluate_snapshot_main(args.evaluate, args.on_snapshot, args.checkpoint, args.overrides)
         render = None
         if args.render is not None:
             fmt, render = args.render
@@ -141,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
                 return _fail(f"--render {fmt} {render}: unknown format {fmt!r}; expected: gif")
         from .evaluate import evaluate_main
 
-        return evaluate_main(args.evaluate, args.episodes, args.checkpoint, args.seed or 0, render)
+        return evaluate_main(args.evaluate, args.episodes, args.checkpoint, args.seed or 0, render, args.overrides)
     if args.plot is not None:
         from .plot import plot_main
 
@@ -168,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
             seed=args.seed,
             training_steps=args.max_train_steps,
             time_limit_s=args.time_limit,
+            # a run directory's config.json may come from someone else: it names no code to run
+            env_factory_from_file=args.config is not None,
         )
     except ConfigError as e:
         return _fail(str(e))

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import gymnasium as gym
 import numpy as np
 
-from .config import Config, EnvConfig
+from .config import Config, EnvConfig, is_env_factory
 from .symmetry import env_symmetries
 from .two_player import check_two_player_env, is_two_player
 
@@ -20,7 +20,7 @@ def make_env(config: EnvConfig) -> gym.Env:
 
     ``max_episode_steps`` wraps it in a TimeLimit (a truncation, not a termination).
     """
-    if ":" in config.id and config.id not in gym.envs.registry:
+    if is_env_factory(config.id):
         module, _, name = config.id.partition(":")
         env = getattr(importlib.import_module(module), name)(**config.kwargs)
         if config.max_episode_steps is not None:

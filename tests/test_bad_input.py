@@ -337,3 +337,36 @@ def test_a_buffer_larger_than_dev_shm_is_one_line_before_anything_starts(tmp_pat
     assert "Lower the capacity" in lines[0]
     assert not (run_dir / "processes.json").exists()  # written when the first child starts: none did
     assert not [n for n in shm.mpper_segments() if shm.owner_pid(n) == proc.pid]
+
+
+# ---- a run directory from someone else names code to run ------------------------------------
+def _config_names_factory(run: Path, env_id: str, kwargs: dict) -> None:
+    config = json.loads((run / "config.json").read_text())
+    config["env"]["id"], config["env"]["kwargs"] = env_id, kwargs
+    (run / "config.json").write_text(json.dumps(config))
+
+
+@pytest.mark.parametrize("command", ["evaluate", "on-snapshot", "resume", "resume-workers"])
+def test_a_run_directory_config_never_imports_or_calls_code(run, tmp_path, capsys, command):
+    """config.json says env.id "subprocess:run" with kwargs that would run a shell
+    command: refused before anything is imported, the command never runs."""
+    marker = tmp_path / "ran"
+    _config_names_factory(run, "subprocess:run", {"args": f"touch {marker}", "shell": True})
+    argv = {
+        "evaluate": ["--evaluate", str(run), "--episodes", "1"],
+        "on-snapshot": ["--evaluate", str(run), "--on-snapshot", str(run / "buffer")],
+        "resume": ["--resume", str(run), "--device", "cpu"],
+        "resume-workers": ["--resume", str(run), "--device", "cpu", "--workers", "2"],
+    }[command]
+    fails_cleanly(argv, capsys, run, [f"{run / 'config.json'}: env.id: \"subprocess:run\" names Python code",
+                                      "--set env.id=subprocess:run"])  # fmt: skip
+    assert not marker.exists(), "the run directory's config ran a command"
+
+
+def test_a_run_directory_env_factory_is_used_when_the_user_names_it(run, capsys):
+    """The same refusal for a harmless factory, which the user then names on the command
+    line: --evaluate plays with it."""
+    _config_names_factory(run, "faulty_env:raising", {})
+    fails_cleanly(["--evaluate", str(run), "--episodes", "1"], capsys, run, ['"faulty_env:raising" names Python code'])
+    assert main(["--evaluate", str(run), "--episodes", "1", "--set", "env.id=faulty_env:raising"]) == 0
+    assert "1 greedy episodes" in capsys.readouterr().out
