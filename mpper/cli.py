@@ -6,7 +6,10 @@ only then imports :mod:`mpper.runtime` and calls
 flags or the config is one line ``error: ...`` on stderr and exit code 2, with nothing
 started. So is a run that cannot start on this machine or from this run directory: not
 enough room in /dev/shm for the buffer, or (``--resume``) a checkpoint or snapshot that
-does not load; those are found before any child process starts. (The forkserver that
+does not load; those are found before any child process starts. The run directory is
+held (:mod:`mpper.rundir`) from before the run writes there until this process exits:
+one that another live run holds, one that holds a finished run (without ``--resume``),
+or one that cannot be created or written is refused before anything is written. (The forkserver that
 children are forked from boots as soon as the config is checked, beside the supervisor's
 own imports; it does nothing until a child is asked for and exits with this process.)
 """
@@ -176,14 +179,18 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         return _fail(str(e))
 
+    from .rundir import RunDirError, check_run_dir, claim_run_dir
+
     if args.run_dir is not None:
-        run_dir = Path(args.run_dir)
-        if run_dir.exists() and not run_dir.is_dir():
-            return _fail(f"--run-dir {args.run_dir}: exists and is not a directory")
+        run_dir, flag = Path(args.run_dir), "--run-dir"
     elif resume is not None:
-        run_dir = resume
+        run_dir, flag = resume, "--resume"
     else:
-        run_dir = default_run_dir(config_path)
+        run_dir, flag = default_run_dir(config_path), "run directory"
+    try:  # a live run there, a finished run (without --resume), a file, no write access
+        check_run_dir(run_dir, flag, resume is not None)
+    except RunDirError as e:
+        return _fail(str(e))
 
     from .envs import run_env_spec
 
@@ -195,41 +202,27 @@ def main(argv: list[str] | None = None) -> int:
         problem = _check_resume(resume)
         if problem:
             return _fail(problem)
-    if config.runtime.workers > 0:  # children will be forked from a server: boot it now
-        from .procs import start_process_server
-
-        start_process_server()
-    from .learner import CheckpointError
-    from .shm import SharedMemoryRoomError
-    from .snapshot import SnapshotError
-
-    runtime = importlib.import_module("mpper.runtime")  # only now: config errors never need it
-    try:
-        rc = runtime.train(config, run_dir=run_dir, resume=resume)
-    except (SharedMemoryRoomError, SnapshotError, CheckpointError) as e:
-        # raised while the run sets up, before any child starts (/dev/shm too small for
-        # the buffer; a resumed snapshot whose checksums do not match)
+    try:  # held until this process exits: no second run writes into run_dir meanwhile
+        lock = claim_run_dir(run_dir, flag, resume is not None)
+    except RunDirError as e:
         return _fail(str(e))
+    with lock:
+        if config.runtime.workers > 0:  # children will be forked from a server: boot it now
+            from .procs import start_process_server
+
+            start_process_server()
+        from .learner import CheckpointError
+        from .shm import SharedMemoryRoomError
+        from .snapshot import SnapshotError
+
+        runtime = importlib.import_module("mpper.runtime")  # only now: config errors never need it
+        try:
+            rc = runtime.train(config, run_dir=run_dir, resume=resume)
+        except (SharedMemoryRoomError, SnapshotError, CheckpointError) as e:
+            # raised while the run sets up, before any child starts (/dev/shm too small for
+            # the buffer; a resumed snapshot whose checksums do not match)
+            return _fail(str(e))
     return rc if isinstance(rc, int) else 0
-
-
-def _live_supervisor(run_dir: Path) -> int | None:
-    """The pid of a live mpper supervisor that ``run_dir/processes.json`` names, if any."""
-    import json
-    import os
-
-    try:
-        pid = int(json.loads((run_dir / "processes.json").read_text())["supervisor"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    if pid == os.getpid():
-        return None
-    try:  # alive, not a zombie, and a Python process (not a recycled pid of something else)
-        stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except (OSError, IndexError):
-        return None
-    return pid if stat != "Z" and b"python" in cmdline else None
 
 
 def _check_resume(run_dir: Path) -> str | None:
@@ -239,11 +232,12 @@ def _check_resume(run_dir: Path) -> str | None:
     problem, or None."""
     from .learner import CheckpointError, load_checkpoint
     from .replay_buffer import ReplayBuffer
+    from .rundir import LOCK_NAME, live_run_pid
     from .snapshot import SnapshotError
 
-    live = _live_supervisor(run_dir)
+    live = live_run_pid(run_dir)
     if live is not None:
-        return f"--resume {run_dir}: a run is still writing there (supervisor pid {live}); stop it first"
+        return f"--resume {run_dir}: a run is still writing there (pid {live} holds {run_dir / LOCK_NAME}); stop it first"
     checkpoint = run_dir / "checkpoint.pt"
     if not checkpoint.exists():
         return f"--resume {run_dir}: no checkpoint.pt to resume from (the run stopped before its first checkpoint)"

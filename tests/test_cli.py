@@ -224,11 +224,11 @@ def test_default_run_dir_is_runs_config_name_timestamp(tmp_path, monkeypatch, tr
     run_dir = train.calls[0]["run_dir"]
     assert run_dir.parent == Path("runs") / "cartpole"
     assert re.fullmatch(r"\d{8}-\d{6}", run_dir.name)
-    assert not run_dir.exists()  # the runtime creates it
-    run_dir.mkdir(parents=True)
+    # claimed before the run starts: the directory holds only its lock so far
+    assert sorted(p.name for p in run_dir.iterdir()) == [".lock"]
     assert cli.main(["--config", str(CARTPOLE)]) == 0
     second = train.calls[1]["run_dir"]
-    assert second != run_dir and not second.exists()
+    assert second != run_dir and second.parent == run_dir.parent
 
 
 def test_resume_reads_the_run_config_and_continues_in_place(tmp_path, train):
