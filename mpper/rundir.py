@@ -45,7 +45,7 @@ class RunDirLock:
         if fd is not None:
             os.close(fd)  # closing the only descriptor releases the flock
 
-    def __enter__(self) -> "RunDirLock":
+    def __enter__(self) -> RunDirLock:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -203,7 +203,7 @@ def mpper_segments() -> list[str]:
         return []
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     if pid <= 0:
         return False
     try:
@@ -229,7 +229,7 @@ def owner_pid(name: str) -> int:
 
 def stale_segments() -> list[str]:
     """mpper segments whose owner process no longer exists."""
-    return [n for n in mpper_segments() if not _pid_alive(owner_pid(n))]
+    return [n for n in mpper_segments() if not pid_alive(owner_pid(n))]
 
 
 def remove_stale_segments() -> list[str]:

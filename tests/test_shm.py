@@ -259,7 +259,7 @@ def _fake_segment(pid: int) -> str:
 
 def test_stale_segments_found_and_removed_live_left(small_buffer):
     dead_pid = 2**22 + 12345  # above any pid_max: never a live process
-    assert not mpper_shm._pid_alive(dead_pid)
+    assert not mpper_shm.pid_alive(dead_pid)
     live = small_buffer.handle.segment
     fake = _fake_segment(dead_pid)
     try:
