@@ -37,7 +37,7 @@ import numpy as np
 
 from .config import Config, load_run_config
 from .envs import env_spec, make_env
-from .learner import load_checkpoint
+from .learner import load_checkpoint, load_network_weights
 from .mcts import BatchedMCTS, select_action
 from .networks import MuZeroNetwork, make_network
 from .targets import stacked_observations
@@ -332,7 +332,7 @@ def load_mcts_agent(run_dir: str | Path, checkpoint: str | Path | None = None, s
     spec = env_spec(config.env)
     network = make_network(config.network, spec.observation_shape, spec.num_actions,
                            config.training.stacked_observations)  # fmt: skip
-    network.load_state_dict(state["network"])
+    load_network_weights(network, state["network"], checkpoint if checkpoint is not None else run_dir / "checkpoint.pt")
     return mcts_agent(config, network, seed, tie_break), config
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import importlib
+import json
 import sys
 from pathlib import Path
 
@@ -195,11 +196,11 @@ def main(argv: list[str] | None = None) -> int:
     from .envs import run_env_spec
 
     try:  # the env itself: a broken two-player contract, or an algorithm that cannot train it
-        run_env_spec(config)
+        spec = run_env_spec(config)
     except ValueError as e:
         return _fail(str(e))
     if resume is not None:
-        problem = _check_resume(resume)
+        problem = _check_resume(resume, config, spec)
         if problem:
             return _fail(problem)
     try:  # held until this process exits: no second run writes into run_dir meanwhile
@@ -225,12 +226,16 @@ def main(argv: list[str] | None = None) -> int:
     return rc if isinstance(rc, int) else 0
 
 
-def _check_resume(run_dir: Path) -> str | None:
+def _check_resume(run_dir: Path, config, spec) -> str | None:
     """What ``--resume`` will load, opened before anything starts: the checkpoint (with
-    ``torch.load(weights_only=True)``) and the snapshot's manifest, array headers and
-    sizes (memory-mapped; its checksums are verified as the run loads it). Returns the
+    ``torch.load(weights_only=True)``, its tensors checked against the network of
+    ``config``) and the snapshot (memory-mapped; structure checked, checksums left to
+    the run's own load), whose replay settings ``config`` must repeat: a resumed buffer
+    keeps its capacity, alpha, priority_eps and initial_priority, so an override of
+    one is refused rather than recorded in config.json and ignored. Returns the
     problem, or None."""
-    from .learner import CheckpointError, load_checkpoint
+    from .learner import CheckpointError, load_checkpoint, load_network_weights
+    from .networks import make_model
     from .replay_buffer import ReplayBuffer
     from .rundir import LOCK_NAME, live_run_pid
     from .snapshot import SnapshotError
@@ -242,7 +247,11 @@ def _check_resume(run_dir: Path) -> str | None:
     if not checkpoint.exists():
         return f"--resume {run_dir}: no checkpoint.pt to resume from (the run stopped before its first checkpoint)"
     try:
-        load_checkpoint(checkpoint)
+        state = load_checkpoint(checkpoint)
+        network = make_model(config, spec.observation_shape, spec.num_actions)
+        for entry in ("network", "online_network"):  # online_network: the trained weights beside an average
+            if entry in state:
+                load_network_weights(network, state[entry], checkpoint, entry)
     except (CheckpointError, OSError) as e:
         return f"--resume {run_dir}: {e}"
     snapshot = run_dir / "buffer"
@@ -252,7 +261,16 @@ def _check_resume(run_dir: Path) -> str | None:
               file=sys.stderr)  # fmt: skip
     else:
         try:
-            ReplayBuffer.load(snapshot, mmap=True, verify=False).close()
+            with ReplayBuffer.load(snapshot, mmap=True, verify=False, num_actions=spec.num_actions) as buf:
+                stored = {"capacity": buf.capacity, "alpha": buf.alpha, "priority_eps": buf.priority_eps,
+                          "initial_priority": buf.initial_priority}  # fmt: skip
         except (SnapshotError, OSError) as e:
             return f"--resume {run_dir}: {e}"
+        for key, value in stored.items():
+            wanted = getattr(config.replay, key)
+            if wanted != value:
+                return (f"--resume {run_dir}: replay.{key} is {json.dumps(wanted)} but the buffer snapshot holds "
+                        f"{json.dumps(value)} ({snapshot}); a resumed run keeps its buffer's replay.capacity, "
+                        f"alpha, priority_eps and initial_priority: drop that override, or start a new run "
+                        f"in another --run-dir")  # fmt: skip
     return None

@@ -29,7 +29,7 @@ from tqdm import tqdm
 from .config import ConfigError, EnvConfig, load_run_config
 from .envs import env_spec, make_env
 from .extras import MissingExtraError, require
-from .learner import CheckpointError, load_checkpoint
+from .learner import CheckpointError, load_checkpoint, load_network_weights
 from .networks import make_model
 from .selfplay import play_greedy
 
@@ -56,8 +56,7 @@ def evaluate_run(run_dir: Path, episodes: int = 10, checkpoint: Path | None = No
     state = load_checkpoint(checkpoint)
     spec = env_spec(config.env)
     network = make_model(config, spec.observation_shape, spec.num_actions)
-    network.load_state_dict(state["network"])
-    network.eval()
+    load_network_weights(network, state["network"], checkpoint).eval()
     if spec.two_player and config.algorithm == "muzero":
         if render is not None:
             raise RenderError("--render: not available for a two-player run (its evaluation plays opponents)")

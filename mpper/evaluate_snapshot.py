@@ -34,7 +34,7 @@ from tqdm import tqdm
 from .config import Config, ConfigError, load_run_config
 from .envs import EnvSpec, env_spec
 from .inspect_snapshot import load_snapshot
-from .learner import CheckpointError, load_checkpoint
+from .learner import CheckpointError, load_checkpoint, load_network_weights
 from .networks import make_network, support_to_scalar
 from .replay_buffer import ReplayBuffer
 from .schema import Field, normalize_schema, schema_for
@@ -119,13 +119,7 @@ class SnapshotRun:
     def load_weights(self, network: torch.nn.Module) -> torch.nn.Module:
         """``network`` with the checkpoint's weights, in eval mode; CheckpointError (one
         line) when they do not fit the network the run's config describes."""
-        try:
-            network.load_state_dict(self.checkpoint["network"])
-        except RuntimeError as exc:  # missing/unexpected keys or other shapes: many lines
-            first = str(exc).strip().splitlines()[0]
-            raise CheckpointError(f"checkpoint {self.checkpoint_path}: does not fit the network of the run's "
-                                  f"config ({first})") from None  # fmt: skip
-        return network.eval()
+        return load_network_weights(network, self.checkpoint["network"], self.checkpoint_path).eval()
 
 
 def evaluate_muzero(run: SnapshotRun) -> dict:

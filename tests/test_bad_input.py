@@ -370,3 +370,30 @@ def test_a_run_directory_env_factory_is_used_when_the_user_names_it(run, capsys)
     fails_cleanly(["--evaluate", str(run), "--episodes", "1"], capsys, run, ['"faulty_env:raising" names Python code'])
     assert main(["--evaluate", str(run), "--episodes", "1", "--set", "env.id=faulty_env:raising"]) == 0
     assert "1 greedy episodes" in capsys.readouterr().out
+
+
+# ---- a checkpoint written for another config ---------------------------------------------------
+@pytest.mark.parametrize("command", ["evaluate", "on-snapshot", "resume"])
+def test_a_checkpoint_of_another_config_names_the_tensor_and_both_shapes(run, capsys, command):
+    """The run trained network.hidden [16] (configs/cartpole.json); asked to load it
+    into [32], each command names the first tensor that does not fit and both shapes,
+    in one line."""
+    argv = {
+        "evaluate": ["--evaluate", str(run), "--episodes", "1"],
+        "on-snapshot": ["--evaluate", str(run), "--on-snapshot", str(run / "buffer")],
+        "resume": ["--resume", str(run), "--device", "cpu"],
+    }[command]
+    fails_cleanly([*argv, "--set", "network.hidden=[32]"], capsys, run,
+                  [f"checkpoint {run / 'checkpoint.pt'}: 'network': tensor 'representation_network.0.weight' has "
+                   "shape (16, 4), the network of this config has (32, 4): written for another config"])  # fmt: skip
+
+
+# ---- --resume keeps its buffer's replay settings -------------------------------------------------
+@pytest.mark.parametrize("override, stored", [("replay.capacity=5000", "20000"), ("replay.alpha=0.25", "0.5"),
+                                              ("replay.priority_eps=0.01", "1e-06"),
+                                              ("replay.initial_priority=2.0", '"max"')])  # fmt: skip
+def test_resume_refuses_replay_settings_its_buffer_cannot_take(run, capsys, override, stored):
+    key, value = override.split("=")
+    fails_cleanly(["--resume", str(run), "--device", "cpu", "--max-train-steps", "41", "--set", override], capsys, run,
+                  [f"--resume {run}: {key} is {value} but the buffer snapshot holds {stored} ({run / 'buffer'})",
+                   "drop that override, or start a new run in another --run-dir"])  # fmt: skip
