@@ -4,13 +4,14 @@
 only then imports :mod:`mpper.runtime` and calls
 ``mpper.runtime.train(config, run_dir=Path, resume=Path | None)``. Any mistake in the
 flags or the config is one line ``error: ...`` on stderr and exit code 2, with nothing
-started. So is a run that cannot start on this machine or from this run directory: not
-enough room in /dev/shm for the buffer, or (``--resume``) a checkpoint or snapshot that
-does not load; those are found before any child process starts. The run directory is
-held (:mod:`mpper.rundir`) from before the run writes there until this process exits:
-one that another live run holds, one that holds a finished run (without ``--resume``),
-or one that cannot be created or written is refused before anything is written. (The forkserver that
-children are forked from boots as soon as the config is checked, beside the supervisor's
+started. So is a run that cannot start on this machine or from this run directory: an env
+that cannot be made, sizes that do not fit /dev/shm or the memory (:mod:`mpper.resources`),
+or (``--resume``) a checkpoint or snapshot that does not load or does not fit the config;
+those are found before any child process starts and before anything is written. The run
+directory is held (:mod:`mpper.rundir`) from before the run writes there until this
+process exits: one that another live run holds, one that holds a finished run (without
+``--resume``), or one that cannot be created or written is refused. (The forkserver that
+children are forked from boots as soon as the env is checked, beside the supervisor's
 own imports; it does nothing until a child is asked for and exits with this process.)
 """
 
@@ -23,7 +24,7 @@ import json
 import sys
 from pathlib import Path
 
-from .config import ConfigError, RuntimeConfig, _section_specs, describe_config, load_config
+from .config import MAX_SEED, ConfigError, RuntimeConfig, _section_specs, describe_config, load_config
 
 __all__ = ["build_parser", "default_run_dir", "main"]
 
@@ -127,6 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.help_config:
         print(describe_config())
         return 0
+    if args.seed is not None and not 0 <= args.seed <= MAX_SEED:
+        return _fail(f"--seed: expected an integer in [0, {MAX_SEED}], got {args.seed}")
     if args.evaluate is None:
         for flag, value in (("--render", args.render), ("--on-snapshot", args.on_snapshot)):
             if value is not None:
@@ -194,9 +197,21 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(str(e))
 
     from .envs import run_env_spec
+    from .resources import check_fits
 
-    try:  # the env itself: a broken two-player contract, or an algorithm that cannot train it
+    try:  # the env itself: kwargs it rejects, a broken two-player contract, an algorithm that cannot train it
         spec = run_env_spec(config)
+    except ValueError as e:
+        return _fail(str(e))
+    if config.runtime.workers > 0:
+        # Children will be forked from a server: boot it now, so that its imports run beside
+        # ours (torch, from the checks below on). It does nothing until a child is asked for,
+        # and exits with this process, also when a check below refuses the run.
+        from .procs import start_process_server
+
+        start_process_server()
+    try:  # the sizes against /dev/shm and this machine's memory
+        check_fits(config, spec)
     except ValueError as e:
         return _fail(str(e))
     if resume is not None:
@@ -208,10 +223,6 @@ def main(argv: list[str] | None = None) -> int:
     except RunDirError as e:
         return _fail(str(e))
     with lock:
-        if config.runtime.workers > 0:  # children will be forked from a server: boot it now
-            from .procs import start_process_server
-
-            start_process_server()
         from .learner import CheckpointError
         from .shm import SharedMemoryRoomError
         from .snapshot import SnapshotError

@@ -42,6 +42,7 @@ __all__ = [
     "ConfigError",
     "DQNConfig",
     "EnvConfig",
+    "MAX_SEED",
     "MCTSConfig",
     "NetworkConfig",
     "ReplayConfig",
@@ -146,6 +147,10 @@ def _check_initial_priority(value):
         raise _Invalid(f'expected "max" or a number >= 0, got {_show(value)}')
     return float(value)
 
+
+# Seeds are 32-bit (numpy's legacy range); each process derives its own as seed * 1_000_003
+# + a few small terms, which then stays within what torch.manual_seed accepts.
+MAX_SEED = 2**32 - 1
 
 _FACTORY_RE = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 
@@ -279,7 +284,7 @@ class RuntimeConfig:
     workers: int = _opt(8, ">= 0", "self-play processes; 0: everything in one process, in turns")
     envs_per_worker: int = _opt(8, ">= 1", "K environments searched together by each worker")
     device: str = _opt("auto", ("auto", "cpu", "cuda"), 'learner device: "auto" (cuda when available), "cpu", "cuda"')
-    seed: int = _opt(0, ">= 0", "seed for numpy, torch and the envs; each process derives its own")
+    seed: int = _opt(0, f"[0, {MAX_SEED}]", "seed for numpy, torch and the envs; each process derives its own")
     reanalyse: bool = _opt(True, None, "run the reanalyse process (use_last_model_value)")
     reanalyse_batch_episodes: int = _opt(8, ">= 1", "episodes refreshed per reanalyse batch")
     evaluation_interval_s: float = _opt(10.0, "> 0", "seconds between greedy evaluations")

@@ -397,3 +397,33 @@ def test_resume_refuses_replay_settings_its_buffer_cannot_take(run, capsys, over
     fails_cleanly(["--resume", str(run), "--device", "cpu", "--max-train-steps", "41", "--set", override], capsys, run,
                   [f"--resume {run}: {key} is {value} but the buffer snapshot holds {stored} ({run / 'buffer'})",
                    "drop that override, or start a new run in another --run-dir"])  # fmt: skip
+
+
+# ---- a run that cannot start: one line before anything is written ----------------------------
+CARTPOLE = str(ROOT / "configs" / "cartpole.json")
+
+
+@pytest.mark.parametrize("argv, fragments", [
+    (["--set", 'env.kwargs={"nope": 1}'],
+     ["env.id 'CartPole-v1' with env.kwargs {\"nope\": 1}: the env cannot be made (TypeError: ",
+      "unexpected keyword argument 'nope'"]),
+    (["--set", "env.id=mpper.tictactoe:nothing_here"],
+     ["env.id 'mpper.tictactoe:nothing_here' with env.kwargs {}: the env cannot be made (AttributeError: module "
+      "'mpper.tictactoe' has no attribute 'nothing_here')"]),
+    (["--seed", str(2**64)], [f"--seed: expected an integer in [0, 4294967295], got {2**64}"]),
+    (["--set", "network.hidden=[10000000,10000000]"],
+     ["error: this run needs about ", "but this machine has ", "network ",
+      "(500,001,080,000,060 parameters, network.hidden [10000000, 10000000], encoding_size 8, in every process)"]),
+    (["--workers", "100000"], ["error: this run needs about ", "runtime.workers 100000 x envs_per_worker 8",
+                               "100005 processes "]),
+    (["--set", "runtime.envs_per_worker=30000", "--set", "mcts.num_simulations=100000"],
+     ["error: this run needs about ", "search trees ",
+      "(runtime.workers 2 x envs_per_worker 30000 x (mcts.num_simulations 100000 + 1) nodes)"]),
+], ids=["env-kwargs", "env-attribute", "seed", "network", "workers", "search"])  # fmt: skip
+def test_a_run_that_cannot_start_is_one_line_and_writes_nothing(tmp_path, capsys, argv, fragments):
+    """Sizes are computed from the config (the network on torch's meta device: no
+    memory), so even a config that would need terabytes is refused at once."""
+    run_dir = tmp_path / "run"
+    fails_cleanly(["--config", CARTPOLE, "--run-dir", str(run_dir), "--device", "cpu", "--workers", "2", *argv],
+                  capsys, tmp_path, fragments)  # fmt: skip
+    assert not run_dir.exists()

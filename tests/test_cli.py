@@ -93,7 +93,7 @@ MISTAKES = [
     ("beta-over-1", _set("replay", "beta", 2), [], ["{cfg}: replay.beta: expected a number in [0, 1], got 2"]),
     ("negative-lr", _set("training", "lr_init", -0.1), [], ["{cfg}: training.lr_init: expected a number > 0, got -0.1"]),
     ("grad-clip-zero", _set("training", "grad_clip", 0), [], ["{cfg}: training.grad_clip: expected a number > 0 or null, got 0"]),
-    ("negative-seed", _set("runtime", "seed", -1), [], ["{cfg}: runtime.seed: expected an integer >= 0, got -1"]),
+    ("negative-seed", _set("runtime", "seed", -1), [], ["{cfg}: runtime.seed: expected an integer in [0, 4294967295], got -1"]),
     ("nan", '{"mcts": {"discount": NaN}}', [], ["{cfg}: mcts.discount: expected a number in (0, 1], got NaN"]),
     ("unknown-env-id", _set("env", "id", "CartPole-v9"), [],
      ['{cfg}: env.id: "CartPole-v9" is not a registered gymnasium id', 'did you mean "CartPole-v1"?', "module:callable"]),
@@ -238,7 +238,10 @@ def test_resume_reads_the_run_config_and_continues_in_place(tmp_path, train):
     (run / "config.json").write_text(json.dumps(config_to_dict(saved)))
     import torch
 
-    torch.save({"network": {}, "training_step": 0}, run / "checkpoint.pt")  # --resume needs one that loads
+    from mpper.networks import make_model
+
+    # --resume needs one that loads into the network of the config (CartPole: 4 inputs, 2 actions)
+    torch.save({"network": make_model(saved, (4,), 2).state_dict(), "training_step": 0}, run / "checkpoint.pt")
     assert cli.main(["--resume", str(run), "--time-limit", "60"]) == 0
     call = train.calls[-1]
     assert call["resume"] == run and call["run_dir"] == run
