@@ -253,7 +253,8 @@ def _check_resume(run_dir: Path, config, spec) -> str | None:
 
     live = live_run_pid(run_dir)
     if live is not None:
-        return f"--resume {run_dir}: a run is still writing there (pid {live} holds {run_dir / LOCK_NAME}); stop it first"
+        return (f"--resume {run_dir}: a run is still writing there (pid {live} holds {run_dir / LOCK_NAME}); "
+                "stop it first")
     checkpoint = run_dir / "checkpoint.pt"
     if not checkpoint.exists():
         return f"--resume {run_dir}: no checkpoint.pt to resume from (the run stopped before its first checkpoint)"

@@ -56,7 +56,8 @@ def train_inline(config: Config, run_dir: Path, resume: Path | None = None) -> i
     return code
 
 
-def _train(cfg: Config, run_dir: Path, resume: Path | None, spec, snapshot: Path, signals: StopRequests) -> tuple[int, str]:
+def _train(cfg: Config, run_dir: Path, resume: Path | None, spec, snapshot: Path,
+           signals: StopRequests) -> tuple[int, str]:  # fmt: skip
     """The run of :func:`train_inline`, under its signal handling; returns (exit code, reason)."""
     t = cfg.training
     buf = store = None
@@ -147,8 +148,8 @@ def _train(cfg: Config, run_dir: Path, resume: Path | None, spec, snapshot: Path
             code, reason = 143, f"terminated (exit {exc.code})"
         finally:
             signals.begin_shutdown()  # further Ctrl-Cs are acknowledged; the next one forces
-            bar.close()
             try:
+                bar.close()
                 save_checkpoint(run_dir / "checkpoint.pt", trainer, extra={"config": config_to_dict(cfg)})
                 buf.save(snapshot, extra={"config": config_to_dict(cfg)})
                 metrics_file.write(json.dumps({"event": "end", "time_s": round(time.monotonic() - started, 3),

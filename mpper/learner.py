@@ -422,8 +422,9 @@ def load_network_weights(network: torch.nn.Module, weights: Mapping, path: str |
                                   f"config has {tuple(tensor.shape)}: written for another config")  # fmt: skip
     extra = [name for name in weights if name not in wanted]
     if extra:
-        raise CheckpointError(f"{where} has tensor {extra[0]!r} (shape {tuple(getattr(weights[extra[0]], 'shape', ()))}), "
-                              f"which the network of this config does not: written for another config")  # fmt: skip
+        shape = tuple(getattr(weights[extra[0]], "shape", ()))
+        raise CheckpointError(f"{where} has tensor {extra[0]!r} (shape {shape}), which the network of this config "
+                              f"does not: written for another config")  # fmt: skip
     network.load_state_dict(weights)
     return network
 

@@ -13,7 +13,8 @@ everything on success, on error and on Ctrl-C / SIGTERM:
 
 Children only attach to shared memory; the supervisor owns and unlinks it. Children
 ignore SIGINT, so Ctrl-C reaches the supervisor alone, which sets the stop signal,
-joins every child, writes the final snapshot and unlinks the segments. A child whose
+joins every child, writes the final snapshot and unlinks the segments; a Ctrl-C during
+that is acknowledged, and only the one after it quits at once (``procs.StopRequests``). A child whose
 supervisor was killed sees the stop signal set (its parent is gone) and exits.
 """
 
@@ -79,7 +80,7 @@ class Child:
     restarts: int = 0
     essential: bool = False  # its death stops the run (the learner)
     last_error: str = ""  # the last line of the last traceback it reported
-    terminated_at_shutdown: bool = False  # it did not stop in time and was terminated or killed
+    stopped_by_force: str = ""  # how the shutdown stopped it, when it did not stop by itself
 
 
 class Supervisor:
@@ -142,14 +143,14 @@ class Supervisor:
         if learner is None or learner.process is None:
             return None
         code = learner.process.exitcode
-        if code == 0 and not self.forkserver_lost:
-            return None
-        if self.forkserver_lost:
+        if learner.stopped_by_force:
+            how = f"the learner {learner.stopped_by_force}"
+        elif self.forkserver_lost:
             how = "the learner's exit status is unknown (its forkserver died)"
-        elif learner.terminated_at_shutdown:
-            how = f"the learner did not stop within {_LEARNER_JOIN_TIMEOUT_S:g} s and was stopped by force"
-        else:
-            how = f"the learner ended with {_describe_exit(code)}"
+        elif code is not None and code < 0:
+            how = f"the learner was {_describe_exit(code)}"
+        else:  # 0: it wrote them on its way out; > 0: its own error, reported (it saves what it can first)
+            return None
         return f"the final checkpoint is missing: {how}; {_checkpoint_held(self.run_dir / 'checkpoint.pt')}"
 
     def _start(self) -> None:
@@ -469,7 +470,7 @@ class Supervisor:
             self.stop.set()
         for child in self.children.values():
             if self._alive(child):
-                child.terminated_at_shutdown = True
+                child.stopped_by_force = "was killed by the Ctrl-C that quits at once"
                 self._force_stop(child, signal.SIGKILL)
                 self._wait_for(child, 10.0)
 
@@ -484,14 +485,11 @@ class Supervisor:
         started = time.monotonic()
         for child in self.children.values():
             if child.process is not None:
-                # The learner writes the final checkpoint on its way out: on a loaded
-                # machine that can take longer than the others' plain exit.
-                limit = _LEARNER_JOIN_TIMEOUT_S if child.essential else _JOIN_TIMEOUT_S
-                self._wait_for(child, max(0.1, started + limit - time.monotonic()))
+                self._wait_for(child, max(0.1, started + self._join_limit(child) - time.monotonic()))
         for child in self.children.values():
             if self._alive(child):
                 print(f"mpper: {child.name} did not stop in time; terminating it", file=sys.stderr)
-                child.terminated_at_shutdown = True
+                child.stopped_by_force = f"did not stop within {self._join_limit(child):g} s and was stopped by force"
                 self._force_stop(child, signal.SIGTERM)
                 self._wait_for(child, 3.0)
                 if self._alive(child):
@@ -500,6 +498,12 @@ class Supervisor:
         for child in self.children.values():
             if child.process is not None and not self.forkserver_lost:
                 child.process.join(0.1)  # collect the exit code
+
+    @staticmethod
+    def _join_limit(child: Child) -> float:
+        # The learner writes the final checkpoint on its way out: on a loaded machine that
+        # can take longer than the others' plain exit.
+        return _LEARNER_JOIN_TIMEOUT_S if child.essential else _JOIN_TIMEOUT_S
 
     def _release(self) -> None:
         """Close the files, unlink the shared memory, close the report queue (quick
