@@ -35,9 +35,9 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 
-from .config import Config, load_config
+from .config import Config, load_run_config
 from .envs import env_spec, make_env
-from .learner import load_checkpoint
+from .learner import load_checkpoint, load_network_weights
 from .mcts import BatchedMCTS, select_action
 from .networks import MuZeroNetwork, make_network
 from .targets import stacked_observations
@@ -322,16 +322,17 @@ def mcts_agent(config: Config, network: MuZeroNetwork, seed: int = 0, tie_break:
 
 
 def load_mcts_agent(run_dir: str | Path, checkpoint: str | Path | None = None, seed: int = 0,
-                    tie_break: str = "random") -> tuple[MCTSAgent, Config]:  # fmt: skip
+                    tie_break: str = "random", overrides: Sequence[str] = ()) -> tuple[MCTSAgent, Config]:  # fmt: skip
     """:func:`mcts_agent` with the network of a run's checkpoint (default
-    ``RUN_DIR/checkpoint.pt``) and the run's ``config.json``; returns (agent, config)."""
+    ``RUN_DIR/checkpoint.pt``) and the run's ``config.json`` (read with
+    :func:`mpper.config.load_run_config`, ``overrides`` applied); returns (agent, config)."""
     run_dir = Path(run_dir)
-    config = load_config(run_dir / "config.json")
+    config = load_run_config(run_dir, overrides)
     state = load_checkpoint(Path(checkpoint) if checkpoint is not None else run_dir / "checkpoint.pt")
     spec = env_spec(config.env)
     network = make_network(config.network, spec.observation_shape, spec.num_actions,
                            config.training.stacked_observations)  # fmt: skip
-    network.load_state_dict(state["network"])
+    load_network_weights(network, state["network"], checkpoint if checkpoint is not None else run_dir / "checkpoint.pt")
     return mcts_agent(config, network, seed, tie_break), config
 
 

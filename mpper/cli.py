@@ -4,10 +4,14 @@
 only then imports :mod:`mpper.runtime` and calls
 ``mpper.runtime.train(config, run_dir=Path, resume=Path | None)``. Any mistake in the
 flags or the config is one line ``error: ...`` on stderr and exit code 2, with nothing
-started. So is a run that cannot start on this machine or from this run directory: not
-enough room in /dev/shm for the buffer, or (``--resume``) a checkpoint or snapshot that
-does not load; those are found before any child process starts. (The forkserver that
-children are forked from boots as soon as the config is checked, beside the supervisor's
+started. So is a run that cannot start on this machine or from this run directory: an env
+that cannot be made, sizes that do not fit /dev/shm or the memory (:mod:`mpper.resources`),
+or (``--resume``) a checkpoint or snapshot that does not load or does not fit the config;
+those are found before any child process starts and before anything is written. The run
+directory is held (:mod:`mpper.rundir`) from before the run writes there until this
+process exits: one that another live run holds, one that holds a finished run (without
+``--resume``), or one that cannot be created or written is refused. (The forkserver that
+children are forked from boots as soon as the env is checked, beside the supervisor's
 own imports; it does nothing until a child is asked for and exits with this process.)
 """
 
@@ -16,10 +20,11 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import importlib
+import json
 import sys
 from pathlib import Path
 
-from .config import ConfigError, RuntimeConfig, _section_specs, describe_config, load_config
+from .config import MAX_SEED, ConfigError, RuntimeConfig, _section_specs, describe_config, load_config
 
 __all__ = ["build_parser", "default_run_dir", "main"]
 
@@ -69,7 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="continue the run in RUN_DIR from its checkpoint and buffer snapshot")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", dest="overrides",
                    help="override one config key, typed and checked like the file; VALUE is parsed as JSON "
-                        "when it can be, else taken as a string (repeatable; e.g. --set training.batch_size=64)")
+                        "when it can be, else taken as a string (repeatable; e.g. --set training.batch_size=64). "
+                        "With --evaluate and --resume it applies to the run's config.json, which may name a "
+                        "'module:callable' env only when you repeat it here: --set env.id=module:callable")
     p.add_argument("--evaluate", metavar="RUN_DIR",
                    help="play greedy episodes with a run's checkpoint, print return and length statistics, "
                         "write RUN_DIR/evaluation.json, and exit")
@@ -121,6 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.help_config:
         print(describe_config())
         return 0
+    if args.seed is not None and not 0 <= args.seed <= MAX_SEED:
+        return _fail(f"--seed: expected an integer in [0, {MAX_SEED}], got {args.seed}")
     if args.evaluate is None:
         for flag, value in (("--render", args.render), ("--on-snapshot", args.on_snapshot)):
             if value is not None:
@@ -133,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
                 return _fail("--render and --on-snapshot: choose one (--on-snapshot plays no episode to render)")
             from .evaluate_snapshot import evaluate_snapshot_main
 
-            return evaluate_snapshot_main(args.evaluate, args.on_snapshot, args.checkpoint)
+            return evaluate_snapshot_main(args.evaluate, args.on_snapshot, args.checkpoint, args.overrides)
         render = None
         if args.render is not None:
             fmt, render = args.render
@@ -141,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
                 return _fail(f"--render {fmt} {render}: unknown format {fmt!r}; expected: gif")
         from .evaluate import evaluate_main
 
-        return evaluate_main(args.evaluate, args.episodes, args.checkpoint, args.seed or 0, render)
+        return evaluate_main(args.evaluate, args.episodes, args.checkpoint, args.seed or 0, render, args.overrides)
     if args.plot is not None:
         from .plot import plot_main
 
@@ -168,83 +177,93 @@ def main(argv: list[str] | None = None) -> int:
             seed=args.seed,
             training_steps=args.max_train_steps,
             time_limit_s=args.time_limit,
+            # a run directory's config.json may come from someone else: it names no code to run
+            env_factory_from_file=args.config is not None,
         )
     except ConfigError as e:
         return _fail(str(e))
 
+    from .rundir import RunDirError, check_run_dir, claim_run_dir
+
     if args.run_dir is not None:
-        run_dir = Path(args.run_dir)
-        if run_dir.exists() and not run_dir.is_dir():
-            return _fail(f"--run-dir {args.run_dir}: exists and is not a directory")
+        run_dir, flag = Path(args.run_dir), "--run-dir"
     elif resume is not None:
-        run_dir = resume
+        run_dir, flag = resume, "--resume"
     else:
-        run_dir = default_run_dir(config_path)
+        run_dir, flag = default_run_dir(config_path), "run directory"
+    try:  # a live run there, a finished run (without --resume), a file, no write access
+        check_run_dir(run_dir, flag, resume is not None)
+    except RunDirError as e:
+        return _fail(str(e))
 
     from .envs import run_env_spec
+    from .resources import check_fits
 
-    try:  # the env itself: a broken two-player contract, or an algorithm that cannot train it
-        run_env_spec(config)
+    try:  # the env itself: kwargs it rejects, a broken two-player contract, an algorithm that cannot train it
+        spec = run_env_spec(config)
     except ValueError as e:
         return _fail(str(e))
-    if resume is not None:
-        problem = _check_resume(resume)
-        if problem:
-            return _fail(problem)
-    if config.runtime.workers > 0:  # children will be forked from a server: boot it now
+    if config.runtime.workers > 0:
+        # Children will be forked from a server: boot it now, so that its imports run beside
+        # ours (torch, from the checks below on). It does nothing until a child is asked for,
+        # and exits with this process, also when a check below refuses the run.
         from .procs import start_process_server
 
         start_process_server()
-    from .learner import CheckpointError
-    from .shm import SharedMemoryRoomError
-    from .snapshot import SnapshotError
-
-    runtime = importlib.import_module("mpper.runtime")  # only now: config errors never need it
-    try:
-        rc = runtime.train(config, run_dir=run_dir, resume=resume)
-    except (SharedMemoryRoomError, SnapshotError, CheckpointError) as e:
-        # raised while the run sets up, before any child starts (/dev/shm too small for
-        # the buffer; a resumed snapshot whose checksums do not match)
+    try:  # the sizes against /dev/shm and this machine's memory
+        check_fits(config, spec)
+    except ValueError as e:
         return _fail(str(e))
+    if resume is not None:
+        problem = _check_resume(resume, config, spec)
+        if problem:
+            return _fail(problem)
+    try:  # held until this process exits: no second run writes into run_dir meanwhile
+        lock = claim_run_dir(run_dir, flag, resume is not None)
+    except RunDirError as e:
+        return _fail(str(e))
+    with lock:
+        from .learner import CheckpointError
+        from .shm import SharedMemoryRoomError
+        from .snapshot import SnapshotError
+
+        runtime = importlib.import_module("mpper.runtime")  # only now: config errors never need it
+        try:
+            rc = runtime.train(config, run_dir=run_dir, resume=resume)
+        except (SharedMemoryRoomError, SnapshotError, CheckpointError) as e:
+            # raised while the run sets up, before any child starts (/dev/shm too small for
+            # the buffer; a resumed snapshot whose checksums do not match)
+            return _fail(str(e))
     return rc if isinstance(rc, int) else 0
 
 
-def _live_supervisor(run_dir: Path) -> int | None:
-    """The pid of a live mpper supervisor that ``run_dir/processes.json`` names, if any."""
-    import json
-    import os
-
-    try:
-        pid = int(json.loads((run_dir / "processes.json").read_text())["supervisor"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    if pid == os.getpid():
-        return None
-    try:  # alive, not a zombie, and a Python process (not a recycled pid of something else)
-        stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except (OSError, IndexError):
-        return None
-    return pid if stat != "Z" and b"python" in cmdline else None
-
-
-def _check_resume(run_dir: Path) -> str | None:
+def _check_resume(run_dir: Path, config, spec) -> str | None:
     """What ``--resume`` will load, opened before anything starts: the checkpoint (with
-    ``torch.load(weights_only=True)``) and the snapshot's manifest, array headers and
-    sizes (memory-mapped; its checksums are verified as the run loads it). Returns the
+    ``torch.load(weights_only=True)``, its tensors checked against the network of
+    ``config``) and the snapshot (memory-mapped; structure checked, checksums left to
+    the run's own load), whose replay settings ``config`` must repeat: a resumed buffer
+    keeps its capacity, alpha, priority_eps and initial_priority, so an override of
+    one is refused rather than recorded in config.json and ignored. Returns the
     problem, or None."""
-    from .learner import CheckpointError, load_checkpoint
+    from .learner import CheckpointError, load_checkpoint, load_network_weights
+    from .networks import make_model
     from .replay_buffer import ReplayBuffer
+    from .rundir import LOCK_NAME, live_run_pid
     from .snapshot import SnapshotError
 
-    live = _live_supervisor(run_dir)
+    live = live_run_pid(run_dir)
     if live is not None:
-        return f"--resume {run_dir}: a run is still writing there (supervisor pid {live}); stop it first"
+        return (f"--resume {run_dir}: a run is still writing there (pid {live} holds {run_dir / LOCK_NAME}); "
+                "stop it first")
     checkpoint = run_dir / "checkpoint.pt"
     if not checkpoint.exists():
         return f"--resume {run_dir}: no checkpoint.pt to resume from (the run stopped before its first checkpoint)"
     try:
-        load_checkpoint(checkpoint)
+        state = load_checkpoint(checkpoint)
+        network = make_model(config, spec.observation_shape, spec.num_actions)
+        for entry in ("network", "online_network"):  # online_network: the trained weights beside an average
+            if entry in state:
+                load_network_weights(network, state[entry], checkpoint, entry)
     except (CheckpointError, OSError) as e:
         return f"--resume {run_dir}: {e}"
     snapshot = run_dir / "buffer"
@@ -254,7 +273,16 @@ def _check_resume(run_dir: Path) -> str | None:
               file=sys.stderr)  # fmt: skip
     else:
         try:
-            ReplayBuffer.load(snapshot, mmap=True, verify=False).close()
+            with ReplayBuffer.load(snapshot, mmap=True, verify=False, num_actions=spec.num_actions) as buf:
+                stored = {"capacity": buf.capacity, "alpha": buf.alpha, "priority_eps": buf.priority_eps,
+                          "initial_priority": buf.initial_priority}  # fmt: skip
         except (SnapshotError, OSError) as e:
             return f"--resume {run_dir}: {e}"
+        for key, value in stored.items():
+            wanted = getattr(config.replay, key)
+            if wanted != value:
+                return (f"--resume {run_dir}: replay.{key} is {json.dumps(wanted)} but the buffer snapshot holds "
+                        f"{json.dumps(value)} ({snapshot}); a resumed run keeps its buffer's replay.capacity, "
+                        f"alpha, priority_eps and initial_priority: drop that override, or start a new run "
+                        f"in another --run-dir")  # fmt: skip
     return None

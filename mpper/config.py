@@ -42,6 +42,7 @@ __all__ = [
     "ConfigError",
     "DQNConfig",
     "EnvConfig",
+    "MAX_SEED",
     "MCTSConfig",
     "NetworkConfig",
     "ReplayConfig",
@@ -51,7 +52,9 @@ __all__ = [
     "config_to_dict",
     "describe_config",
     "field_specs",
+    "is_env_factory",
     "load_config",
+    "load_run_config",
 ]
 
 
@@ -144,6 +147,10 @@ def _check_initial_priority(value):
         raise _Invalid(f'expected "max" or a number >= 0, got {_show(value)}')
     return float(value)
 
+
+# Seeds are 32-bit (numpy's legacy range); each process derives its own as seed * 1_000_003
+# + a few small terms, which then stays within what torch.manual_seed accepts.
+MAX_SEED = 2**32 - 1
 
 _FACTORY_RE = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 
@@ -281,7 +288,7 @@ class RuntimeConfig:
     workers: int = _opt(8, ">= 0", "self-play processes; 0: everything in one process, in turns")
     envs_per_worker: int = _opt(8, ">= 1", "K environments searched together by each worker")
     device: str = _opt("auto", ("auto", "cpu", "cuda"), 'learner device: "auto" (cuda when available), "cpu", "cuda"')
-    seed: int = _opt(0, ">= 0", "seed for numpy, torch and the envs; each process derives its own")
+    seed: int = _opt(0, f"[0, {MAX_SEED}]", "seed for numpy, torch and the envs; each process derives its own")
     reanalyse: bool = _opt(True, None, "run the reanalyse process (use_last_model_value)")
     reanalyse_batch_episodes: int = _opt(8, ">= 1", "episodes refreshed per reanalyse batch")
     evaluation_interval_s: float = _opt(10.0, "> 0", "seconds between greedy evaluations")
@@ -714,6 +721,7 @@ def config_from_dict(
     flags: Iterable[tuple[str, str, Any]] = (),
     check_env: bool = True,
     check_device: bool = True,
+    env_factory_from_file: bool = True,
 ) -> Config:
     """Validate a parsed JSON object into a :class:`Config`.
 
@@ -721,6 +729,10 @@ def config_from_dict(
     ``(label, dotted key, value)`` triples for command-line flags (applied last, so a flag
     wins over ``--set`` and the file). Missing keys take their defaults. Raises
     :class:`ConfigError` naming ``source`` (or the override/flag that set the bad value).
+
+    ``env_factory_from_file=False``: ``data`` did not come from the user (a run
+    directory's ``config.json``), so an ``env.id`` of the form ``module:callable`` is
+    refused unless an override or flag set it; see :func:`load_run_config`.
     """
     sources = _Sources(source)
     _check_structure(data, source)
@@ -740,7 +752,7 @@ def config_from_dict(
             'machine; use "auto" or "cpu"'
         )
     if check_env:
-        _check_env_late(config, sources)
+        _check_env_late(config, sources, env_factory_from_file)
     return config
 
 
@@ -763,11 +775,27 @@ def _check_algorithm(config: Config, sources: _Sources) -> None:
                           f'got {config.training.stacked_observations}')  # fmt: skip
 
 
-def _check_env_late(config: Config, sources: _Sources) -> None:
+def is_env_factory(env_id: str) -> bool:
+    """Whether ``env_id`` names a ``module:callable`` factory (code to import and call)
+    rather than an id in gymnasium's registry."""
+    import gymnasium
+
+    return ":" in env_id and env_id not in gymnasium.envs.registry
+
+
+def _check_env_late(config: Config, sources: _Sources, env_factory_from_file: bool) -> None:
     # env.id is checked here, not in _build, so that a default id is checked too and the
     # gymnasium import happens only for configs that are otherwise valid
+    source = sources("env.id")
+    if not env_factory_from_file and source == sources.file and is_env_factory(config.env.id):
+        # Checked before the module is even looked up: finding a submodule imports its package.
+        raise ConfigError(
+            f"{source}: env.id: {_show(config.env.id)} names Python code to import and call; a run directory's "
+            f"config.json may only name a registered gymnasium id. If that code is yours and you trust it, "
+            f"name it yourself: --set env.id={config.env.id}"
+        )
     spec = _section_specs(EnvConfig)["id"]
-    _check_value(spec, config.env.id, sources("env.id"), late=True)
+    _check_value(spec, config.env.id, source, late=True)
 
 
 def load_config(
@@ -781,6 +809,7 @@ def load_config(
     time_limit_s: float | None = None,
     check_env: bool = True,
     check_device: bool = True,
+    env_factory_from_file: bool = True,
 ) -> Config:
     """Read a JSON config file and validate it (see :func:`config_from_dict`).
 
@@ -819,7 +848,18 @@ def load_config(
         )
         if value is not None
     ]
-    return config_from_dict(data, label, overrides, flags=flags, check_env=check_env, check_device=check_device)
+    return config_from_dict(data, label, overrides, flags=flags, check_env=check_env, check_device=check_device,
+                            env_factory_from_file=env_factory_from_file)  # fmt: skip
+
+
+def load_run_config(run_dir: str | Path, overrides: Iterable[str] = (), **flags) -> Config:
+    """The config of a run directory, ``RUN_DIR/config.json``, which may have come from
+    someone else: its ``env.id`` may only be a registered gymnasium id (gymnasium's own,
+    ``mpper/TicTacToe-v0``, or one an installed package registers). A ``module:callable``
+    factory there is a ConfigError, checked before anything is imported, unless the
+    user names it in ``overrides`` (``--set env.id=module:callable``). ``flags``: as
+    :func:`load_config`'s keyword arguments."""
+    return load_config(Path(run_dir) / "config.json", overrides, env_factory_from_file=False, **flags)
 
 
 def config_to_dict(config: Config) -> dict:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import importlib
+import json
 from dataclasses import dataclass
 
 import gymnasium as gym
 import numpy as np
 
-from .config import Config, EnvConfig
+from .config import Config, ConfigError, EnvConfig, is_env_factory
 from .symmetry import env_symmetries
 from .two_player import check_two_player_env, is_two_player
 
@@ -20,13 +21,25 @@ def make_env(config: EnvConfig) -> gym.Env:
 
     ``max_episode_steps`` wraps it in a TimeLimit (a truncation, not a termination).
     """
-    if ":" in config.id and config.id not in gym.envs.registry:
+    if is_env_factory(config.id):
         module, _, name = config.id.partition(":")
         env = getattr(importlib.import_module(module), name)(**config.kwargs)
         if config.max_episode_steps is not None:
             env = gym.wrappers.TimeLimit(env, config.max_episode_steps)
         return env
     return gym.make(config.id, max_episode_steps=config.max_episode_steps, **config.kwargs)
+
+
+def _make_checked(config: EnvConfig) -> gym.Env:
+    """:func:`make_env` for the checks before a run: whatever stops the env from being
+    made (kwargs it rejects, a factory the module lacks, a missing dependency) is a
+    one-line ConfigError naming env.id and env.kwargs instead of a traceback."""
+    try:
+        return make_env(config)
+    except Exception as exc:
+        detail = " ".join(str(exc).split()) or "no message"
+        raise ConfigError(f"env.id {config.id!r} with env.kwargs {json.dumps(config.kwargs)}: the env cannot be "
+                          f"made ({type(exc).__name__}: {detail})") from exc  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -44,7 +57,7 @@ def env_spec(config: EnvConfig) -> EnvSpec:
     of :mod:`mpper.two_player` (one reset and one step), so that a broken one stops the
     run here, with a message naming it, rather than in a worker later.
     """
-    env = make_env(config)
+    env = _make_checked(config)
     try:
         space = env.observation_space
         if not isinstance(env.action_space, gym.spaces.Discrete):
@@ -85,7 +98,7 @@ def config_symmetries(config: Config) -> np.ndarray:
     """The checked ``(G, A)`` board symmetries the env of ``config`` declares (one env
     instance, then closed); ``ValueError`` naming the env when it declares none or
     malformed ones (:mod:`mpper.symmetry`)."""
-    env = make_env(config.env)
+    env = _make_checked(config.env)
     try:
         space = env.observation_space
         return env_symmetries(env, tuple(space.shape), int(env.action_space.n), f"env {config.env.id!r}")

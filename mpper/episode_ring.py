@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .shm import _pid_alive
+from .shm import pid_alive
 from .sum_tree import SumTree
 
 # Episode table columns.
@@ -162,7 +162,7 @@ class EpisodeRing:
         state = int(row[STATE])
         start, rows = int(row[START]), int(row[ROWS])
         if state == RESERVED:
-            if _pid_alive(int(row[PID])):
+            if pid_alive(int(row[PID])):
                 raise RingBusy()
             self.counters[self._c["episodes_abandoned"]] += 1  # its writer died mid-copy
         elif state == PUBLISHED:

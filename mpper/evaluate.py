@@ -19,16 +19,17 @@ import secrets
 import sys
 import time
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
 from tqdm import tqdm
 
-from .config import ConfigError, EnvConfig, load_config
+from .config import ConfigError, EnvConfig, load_run_config
 from .envs import env_spec, make_env
 from .extras import MissingExtraError, require
-from .learner import CheckpointError, load_checkpoint
+from .learner import CheckpointError, load_checkpoint, load_network_weights
 from .networks import make_model
 from .selfplay import play_greedy
 
@@ -40,21 +41,22 @@ class RenderError(ValueError):
 
 
 def evaluate_run(run_dir: Path, episodes: int = 10, checkpoint: Path | None = None, seed: int = 0,
-                 render: Path | None = None) -> dict:  # fmt: skip
+                 render: Path | None = None, overrides: Sequence[str] = ()) -> dict:  # fmt: skip
     """Play ``episodes`` greedy episodes with the run's checkpoint; returns the statistics
     (also written to ``run_dir/evaluation.json``).
 
     ``render``: also write the first episode, as the env draws it, to this GIF. Every
     check (Pillow installed, the env renders ``rgb_array``, the directory exists) runs
-    before the first move, so a failed check writes nothing.
+    before the first move, so a failed check writes nothing. ``overrides``: ``--set``
+    strings applied to the run's config (:func:`mpper.config.load_run_config`: the only
+    way a ``module:callable`` env of a run directory gets imported).
     """
-    config = load_config(run_dir / "config.json")
+    config = load_run_config(run_dir, overrides)
     checkpoint = checkpoint or run_dir / "checkpoint.pt"
     state = load_checkpoint(checkpoint)
     spec = env_spec(config.env)
     network = make_model(config, spec.observation_shape, spec.num_actions)
-    network.load_state_dict(state["network"])
-    network.eval()
+    load_network_weights(network, state["network"], checkpoint).eval()
     if spec.two_player and config.algorithm == "muzero":
         if render is not None:
             raise RenderError("--render: not available for a two-player run (its evaluation plays opponents)")
@@ -220,7 +222,8 @@ def _describe(x: np.ndarray) -> dict:
     return {"mean": float(x.mean()), "std": float(x.std()), "min": float(x.min()), "max": float(x.max())}
 
 
-def evaluate_main(run_dir: str, episodes: int, checkpoint: str | None, seed: int, render: str | None = None) -> int:
+def evaluate_main(run_dir: str, episodes: int, checkpoint: str | None, seed: int, render: str | None = None,
+                  overrides: Sequence[str] = ()) -> int:  # fmt: skip
     """``--evaluate``: clear one-line errors (exit code 2) for a missing or broken run."""
     path = Path(run_dir)
     if not (path / "config.json").is_file():
@@ -228,7 +231,7 @@ def evaluate_main(run_dir: str, episodes: int, checkpoint: str | None, seed: int
         return 2
     try:
         stats = evaluate_run(path, episodes, None if checkpoint is None else Path(checkpoint), seed,
-                             None if render is None else Path(render))  # fmt: skip
+                             None if render is None else Path(render), overrides)  # fmt: skip
     except (ConfigError, CheckpointError, FileNotFoundError, RenderError, MissingExtraError) as exc:
         print(f"error: {' '.join(str(exc).splitlines())}", file=sys.stderr)
         return 2

@@ -23,7 +23,7 @@ import os
 import secrets
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,10 +31,10 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from .config import Config, ConfigError, load_config
+from .config import Config, ConfigError, load_run_config
 from .envs import EnvSpec, env_spec
 from .inspect_snapshot import load_snapshot
-from .learner import CheckpointError, load_checkpoint
+from .learner import CheckpointError, load_checkpoint, load_network_weights
 from .networks import make_network, support_to_scalar
 from .replay_buffer import ReplayBuffer
 from .schema import Field, normalize_schema, schema_for
@@ -119,13 +119,7 @@ class SnapshotRun:
     def load_weights(self, network: torch.nn.Module) -> torch.nn.Module:
         """``network`` with the checkpoint's weights, in eval mode; CheckpointError (one
         line) when they do not fit the network the run's config describes."""
-        try:
-            network.load_state_dict(self.checkpoint["network"])
-        except RuntimeError as exc:  # missing/unexpected keys or other shapes: many lines
-            first = str(exc).strip().splitlines()[0]
-            raise CheckpointError(f"checkpoint {self.checkpoint_path}: does not fit the network of the run's "
-                                  f"config ({first})") from None  # fmt: skip
-        return network.eval()
+        return load_network_weights(network, self.checkpoint["network"], self.checkpoint_path).eval()
 
 
 def evaluate_muzero(run: SnapshotRun) -> dict:
@@ -275,7 +269,7 @@ def _describe(f: Field) -> str:
 
 
 def evaluate_on_snapshot(run_dir: Path, snapshot_dir: Path, checkpoint: Path | None = None,
-                         batch_size: int = 1024) -> dict:  # fmt: skip
+                         batch_size: int = 1024, overrides: Sequence[str] = ()) -> dict:  # fmt: skip
     """Run the checkpoint (default ``run_dir/checkpoint.pt``) over every position of the
     snapshot, in batches of ``batch_size`` positions; returns the report (also written to
     ``run_dir/snapshot_evaluation.json``, atomically).
@@ -286,7 +280,7 @@ def evaluate_on_snapshot(run_dir: Path, snapshot_dir: Path, checkpoint: Path | N
     run_dir, snapshot_dir = Path(run_dir), Path(snapshot_dir)
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    config = load_config(run_dir / "config.json")
+    config = load_run_config(run_dir, overrides)  # names no code to import unless an override does
     evaluator = EVALUATORS.get(config.algorithm)
     if evaluator is None:
         raise SnapshotMismatchError(f"--on-snapshot: no snapshot evaluation for algorithm {config.algorithm!r} "
@@ -356,7 +350,8 @@ def format_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def evaluate_snapshot_main(run_dir: str, snapshot_dir: str, checkpoint: str | None) -> int:
+def evaluate_snapshot_main(run_dir: str, snapshot_dir: str, checkpoint: str | None,
+                           overrides: Sequence[str] = ()) -> int:  # fmt: skip
     """``--evaluate RUN_DIR --on-snapshot SNAPSHOT_DIR``: the table, or one line
     ``error: ...`` on stderr and exit code 2 (nothing written)."""
     path = Path(run_dir)
@@ -364,7 +359,8 @@ def evaluate_snapshot_main(run_dir: str, snapshot_dir: str, checkpoint: str | No
         print(f"error: --evaluate {run_dir}: no run directory with a config.json there", file=sys.stderr)
         return 2
     try:
-        report = evaluate_on_snapshot(path, Path(snapshot_dir), None if checkpoint is None else Path(checkpoint))
+        report = evaluate_on_snapshot(path, Path(snapshot_dir), None if checkpoint is None else Path(checkpoint),
+                                      overrides=overrides)  # fmt: skip
     except (ConfigError, CheckpointError, FileNotFoundError, SnapshotError, SnapshotMismatchError) as exc:
         print(f"error: {' '.join(str(exc).splitlines())}", file=sys.stderr)
         return 2

@@ -33,6 +33,7 @@ from .reanalyse import Reanalyser
 from .replay_buffer import ReplayBuffer
 from .runtime import create_buffer, solved_text, write_json_atomic
 from .selfplay import best_checkpoint_extra, best_so_far, evaluate, make_player
+from .procs import ForcedStop, StopRequests
 from .weights import WeightStore
 
 __all__ = ["train_inline"]
@@ -40,7 +41,7 @@ __all__ = ["train_inline"]
 
 def train_inline(config: Config, run_dir: Path, resume: Path | None = None) -> int:
     """Train in this process only; returns the exit code (0 done, 130 Ctrl-C)."""
-    cfg, t = config, config.training
+    cfg = config
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.json").write_text(json.dumps(config_to_dict(cfg), indent=2) + "\n")
     write_json_atomic(run_dir / "processes.json", {"supervisor": os.getpid()})
@@ -48,11 +49,21 @@ def train_inline(config: Config, run_dir: Path, resume: Path | None = None) -> i
     torch.set_num_threads(max(1, cfg.runtime.torch_threads))
     spec = run_env_spec(cfg)
     snapshot = run_dir / "buffer"
+    with StopRequests() as signals:
+        code, reason = _train(cfg, run_dir, resume, spec, snapshot, signals)
+    print(f"mpper: {reason}; run directory {run_dir}")
+    return code
+
+
+def _train(cfg: Config, run_dir: Path, resume: Path | None, spec, snapshot: Path,
+           signals: StopRequests) -> tuple[int, str]:  # fmt: skip
+    """The run of :func:`train_inline`, under its signal handling; returns (exit code, reason)."""
+    t = cfg.training
     buf = store = None
     code, reason = 0, ""
     try:
         if resume is not None and snapshot.exists():
-            buf = ReplayBuffer.load(snapshot)
+            buf = ReplayBuffer.load(snapshot, num_actions=spec.num_actions)
         else:
             buf = create_buffer(cfg, spec)
         device = pick_device(cfg.runtime.device)
@@ -129,20 +140,26 @@ def train_inline(config: Config, run_dir: Path, resume: Path | None = None) -> i
             reason = reason or f"training finished ({t.training_steps} steps)"
         except KeyboardInterrupt:
             code, reason = 130, "interrupted (Ctrl-C)"
+        except SystemExit as exc:  # SIGTERM (StopRequests)
+            code, reason = 143, f"terminated (exit {exc.code})"
         finally:
-            bar.close()
-            save_checkpoint(run_dir / "checkpoint.pt", trainer, extra={"config": config_to_dict(cfg)})
-            buf.save(snapshot, extra={"config": config_to_dict(cfg)})
-            metrics_file.write(json.dumps({"event": "end", "time_s": round(time.monotonic() - started, 3),
-                                           "unix_time": round(time.time(), 3), "counters": buf.counters, "learner": losses,
-                                           "evaluation": evaluation}) + "\n")  # fmt: skip
+            signals.begin_shutdown()  # further Ctrl-Cs are acknowledged; the next one forces
+            try:
+                bar.close()
+                save_checkpoint(run_dir / "checkpoint.pt", trainer, extra={"config": config_to_dict(cfg)})
+                buf.save(snapshot, extra={"config": config_to_dict(cfg)})
+                metrics_file.write(json.dumps({"event": "end", "time_s": round(time.monotonic() - started, 3),
+                                               "unix_time": round(time.time(), 3), "counters": buf.counters,
+                                               "learner": losses, "evaluation": evaluation}) + "\n")  # fmt: skip
+            except ForcedStop:
+                code = code or 130
+                reason = f"{reason}; quit at once (Ctrl-C): final checkpoint and snapshot may be missing"
             metrics_file.close()
     finally:
         for obj in (buf, store):
             if obj is not None:
                 obj.close()
-    print(f"mpper: {reason}; run directory {run_dir}")
-    return code
+    return code, reason
 
 
 def _may_train(buf: ReplayBuffer, cfg: Config) -> bool:

@@ -23,6 +23,7 @@ import math
 import os
 import tempfile
 import time
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -46,6 +47,7 @@ __all__ = [
     "cross_entropy",
     "beta_schedule",
     "load_checkpoint",
+    "load_network_weights",
     "make_targets",
     "make_trainer",
     "pick_device",
@@ -394,6 +396,35 @@ def load_checkpoint(path: str | os.PathLike) -> dict:
     if not isinstance(state, dict) or "network" not in state:
         raise CheckpointError(f"checkpoint {path}: not an mpper checkpoint (no 'network' entry)")
     return state
+
+
+def load_network_weights(network: torch.nn.Module, weights: Mapping, path: str | os.PathLike,
+                         entry: str = "network") -> torch.nn.Module:  # fmt: skip
+    """Load ``weights`` (the ``entry`` state dict of checkpoint ``path``) into ``network``
+    after checking that they fit it; CheckpointError, one line naming the first tensor
+    that is missing, extra or of another shape (with both shapes), when they do not: a
+    checkpoint written for another config (network sizes, env, algorithm)."""
+    wanted = network.state_dict()
+    where = f"checkpoint {path}: '{entry}'"
+    if not isinstance(weights, Mapping):
+        raise CheckpointError(f"{where} is not a state dict of tensors")
+    for name, tensor in wanted.items():
+        if name not in weights:
+            raise CheckpointError(f"{where} has no tensor {name!r} (shape {tuple(tensor.shape)} in the network of "
+                                  f"this config): written for another config")  # fmt: skip
+        stored = weights[name]
+        if not isinstance(stored, torch.Tensor):
+            raise CheckpointError(f"{where}: {name!r} is a {type(stored).__name__}, not a tensor")
+        if tuple(stored.shape) != tuple(tensor.shape):
+            raise CheckpointError(f"{where}: tensor {name!r} has shape {tuple(stored.shape)}, the network of this "
+                                  f"config has {tuple(tensor.shape)}: written for another config")  # fmt: skip
+    extra = [name for name in weights if name not in wanted]
+    if extra:
+        shape = tuple(getattr(weights[extra[0]], "shape", ()))
+        raise CheckpointError(f"{where} has tensor {extra[0]!r} (shape {shape}), which the network of this config "
+                              f"does not: written for another config")  # fmt: skip
+    network.load_state_dict(weights)
+    return network
 
 
 # --------------------------------------------------------------------------------------

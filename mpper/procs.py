@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import ctypes
 import multiprocessing as mp
+import os
 import signal
+import threading
 import time
 import traceback
 
-__all__ = ["StopSignal", "child_init", "process_context", "report_error", "start_process_server"]
+__all__ = ["ForcedStop", "StopRequests", "StopSignal", "child_init", "forkserver_pid", "process_context",
+           "report_error", "start_process_server"]
 
 
 # What every child imports anyway; the forkserver imports it once for all of them.
@@ -47,6 +50,83 @@ def start_process_server() -> None:
         from multiprocessing import forkserver
 
         forkserver.ensure_running()
+
+
+def forkserver_pid() -> int | None:
+    """The pid of this process's forkserver, if it started one."""
+    from multiprocessing import forkserver
+
+    # multiprocessing keeps it on its private singleton; there is no public accessor
+    return getattr(forkserver._forkserver, "_forkserver_pid", None)
+
+
+class ForcedStop(BaseException):
+    """Raised by :class:`StopRequests` at the Ctrl-C that overrides a clean stop."""
+
+
+class StopRequests:
+    """How a run's own process answers Ctrl-C (SIGINT) and SIGTERM, from the moment the
+    run starts until it returns (a context manager; main thread only, elsewhere it does
+    nothing).
+
+    The first signal stops the run: ``KeyboardInterrupt`` (Ctrl-C) or ``SystemExit(143)``
+    (SIGTERM) unwinds what the run was doing into its shutdown. From then on, and from
+    :meth:`begin_shutdown` on when the run ends by itself, a signal is acknowledged
+    with one line and not obeyed, so that the final checkpoint and snapshot get
+    written; the next one after that raises :class:`ForcedStop`, which the shutdown
+    catches to quit at once, saying what is lost. Messages go out with ``os.write``:
+    a handler that ``print``-ed while the interrupted code was printing would fail
+    (buffered streams are not reentrant).
+    """
+
+    def __init__(self) -> None:
+        self.stopping = False
+        self.forced = False
+        self._during_shutdown = 0
+        self._previous: dict[int, object] = {}
+
+    def __enter__(self) -> StopRequests:
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous.clear()
+
+    def begin_shutdown(self) -> None:
+        """From now on a signal is acknowledged, not obeyed (the run is stopping)."""
+        self.stopping = True
+
+    def _handle(self, signum, frame) -> None:
+        name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+        if self.forced:
+            return
+        if not self.stopping:
+            self.stopping = True
+            _say(f"mpper: {name}: stopping; the final checkpoint and buffer snapshot are being written "
+                 f"(press Ctrl-C twice more to quit at once without them)")  # fmt: skip
+            if signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            raise SystemExit(128 + signum)
+        self._during_shutdown += 1
+        if self._during_shutdown == 1:
+            _say(f"mpper: {name}: still stopping: writing the final checkpoint and buffer snapshot "
+                 f"(once more quits at once without them)")  # fmt: skip
+            return
+        self.forced = True
+        _say(f"mpper: {name}: quitting at once; the final checkpoint and buffer snapshot are lost "
+             f"(the previous ones, if any, are whole)")  # fmt: skip
+        raise ForcedStop
+
+
+def _say(line: str) -> None:
+    try:
+        os.write(2, (line + "\n").encode())
+    except OSError:
+        pass
 
 
 class StopSignal:

@@ -431,7 +431,14 @@ class ReplayBuffer(shm_mod.SharedObject):
 
         ``mmap=False``: into a new shared-memory buffer owned by this process (to resume
         training). ``mmap=True``: read-only, fields memory-mapped from the files (for
-        evaluation; a snapshot larger than RAM still opens).
+        evaluation; a snapshot larger than RAM still opens). ``verify=False`` skips the
+        checksums; ``num_actions`` (the env's) bounds the stored actions of a schema
+        without ``child_visits``.
+
+        A snapshot may come from someone else: its files must be regular files of the
+        directory, and its manifest, episode table, ring, slot records, priorities and
+        the published rows' data are checked for consistency before anything is
+        allocated; any problem is a SnapshotError naming the file and the entry.
         """
         from .snapshot import load_snapshot
 

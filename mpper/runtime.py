@@ -13,7 +13,8 @@ everything on success, on error and on Ctrl-C / SIGTERM:
 
 Children only attach to shared memory; the supervisor owns and unlinks it. Children
 ignore SIGINT, so Ctrl-C reaches the supervisor alone, which sets the stop signal,
-joins every child, writes the final snapshot and unlinks the segments. A child whose
+joins every child, writes the final snapshot and unlinks the segments; a Ctrl-C during
+that is acknowledged, and only the one after it quits at once (``procs.StopRequests``). A child whose
 supervisor was killed sees the stop signal set (its parent is gone) and exits.
 """
 
@@ -39,7 +40,7 @@ from . import shm
 from .config import Config, config_to_dict
 from .envs import run_env_spec
 from .networks import make_model
-from .procs import StopSignal, process_context
+from .procs import ForcedStop, StopRequests, StopSignal, forkserver_pid, process_context
 from .replay_buffer import ReplayBuffer
 from .schema import schema_for
 from .weights import WeightStore
@@ -79,6 +80,7 @@ class Child:
     restarts: int = 0
     essential: bool = False  # its death stops the run (the learner)
     last_error: str = ""  # the last line of the last traceback it reported
+    stopped_by_force: str = ""  # how the shutdown stopped it, when it did not stop by itself
 
 
 class Supervisor:
@@ -100,25 +102,56 @@ class Supervisor:
         self.recent_returns: deque = deque(maxlen=100)
         self.worker_weights: dict[str, int] = {}  # weight version each worker last played with
         self.tensorboard = None  # a SummaryWriter when tensorboard is installed
+        self.signals = StopRequests()  # replaced by the live one in run()
+        # The forkserver died: multiprocessing then reports every child as exited (code
+        # 255), though they run on, orphaned. Their pids are watched directly instead.
+        self.forkserver_lost = False
 
     # ---- lifecycle ------------------------------------------------------------------
     def run(self) -> int:
         code = 1
-        try:
-            self._start()
-            code = self._supervise()
-        except KeyboardInterrupt:
-            self.finished_reason = "interrupted (Ctrl-C)"
-            code = 130
-        except SystemExit as exc:  # SIGTERM, turned into SystemExit by mpper.shm
-            self.finished_reason = f"terminated (exit {exc.code})"
-            code = 143
-        finally:
-            self._shutdown()
+        with StopRequests() as self.signals:
+            try:
+                self._start()
+                code = self._supervise()
+            except KeyboardInterrupt:
+                self.finished_reason = "interrupted (Ctrl-C)"
+                code = 130
+            except SystemExit as exc:  # SIGTERM (mpper.procs.StopRequests)
+                self.finished_reason = f"terminated (exit {exc.code})"
+                code = 143
+            except ForcedStop:  # all three Ctrl-Cs came before the shutdown began
+                self.finished_reason = "interrupted (Ctrl-C)"
+                code = 130
+            finally:
+                self._shutdown()
+        missing = self._missing_final_checkpoint()
+        if missing:
+            self.finished_reason = f"{self.finished_reason or 'stopped'}, but {missing}"
+            code = code or 1  # a run that lost its final weights did not finish
+        if self.signals.forced:
+            code = code or 130
         if self.error:
             print(f"mpper: run stopped: {self.error}", file=sys.stderr)
         print(f"mpper: {self.finished_reason or 'stopped'}; run directory {self.run_dir}")
         return code
+
+    def _missing_final_checkpoint(self) -> str | None:
+        """Why ``checkpoint.pt`` does not hold the learner's final weights, or None when
+        it does (the learner writes them on its way out, and only then exits with 0)."""
+        learner = self.children.get("learner")
+        if learner is None or learner.process is None:
+            return None
+        code = learner.process.exitcode
+        if learner.stopped_by_force:
+            how = f"the learner {learner.stopped_by_force}"
+        elif self.forkserver_lost:
+            how = "the learner's exit status is unknown (its forkserver died)"
+        elif code is not None and code < 0:
+            how = f"the learner was {_describe_exit(code)}"
+        else:  # 0: it wrote them on its way out; > 0: its own error, reported (it saves what it can first)
+            return None
+        return f"the final checkpoint is missing: {how}; {_checkpoint_held(self.run_dir / 'checkpoint.pt')}"
 
     def _start(self) -> None:
         cfg = self.config
@@ -128,7 +161,7 @@ class Supervisor:
         self.spec = spec
         snapshot = self.run_dir / "buffer"
         if self.resume is not None and snapshot.exists():
-            self.buffer = ReplayBuffer.load(snapshot)
+            self.buffer = ReplayBuffer.load(snapshot, num_actions=spec.num_actions)
         else:
             self.buffer = create_buffer(cfg, spec, self.ctx)
         torch.manual_seed(cfg.runtime.seed)  # the learner's own first weights, bit for bit
@@ -264,13 +297,20 @@ class Supervisor:
                 self.error = f"{name} failed: {child.last_error}"
 
     def _check_children(self) -> int | None:
-        """Restart dead workers (up to the limit); an exited learner ends the run."""
+        """Restart dead workers (up to the limit); an exited learner ends the run, and so
+        does the death of the forkserver (the children are then still running, but
+        multiprocessing can no longer tell their state)."""
         for child in list(self.children.values()):
             proc = child.process
             if proc.is_alive():
                 continue
             proc.join()
             code = proc.exitcode
+            if self._forkserver_died():
+                running = [f"{c.name} (pid {c.process.pid})" for c in self.children.values() if self._alive(c)]
+                self.error = (f"the forkserver (pid {forkserver_pid()}) that starts and watches mpper's processes "
+                              f"died; still running, now stopped: {', '.join(running) or 'none'}")  # fmt: skip
+                return 1
             if child.essential:
                 if code == 0:
                     self.finished_reason = f"training finished ({self.config.training.training_steps} steps)"
@@ -351,31 +391,61 @@ class Supervisor:
         self.buffer.save(self.run_dir / "buffer", extra={"config": config_to_dict(self.config)})
         print(f"mpper: buffer snapshot written in {time.monotonic() - t0:.1f} s", file=sys.stderr)
 
+    def _forkserver_died(self) -> bool:
+        """Whether the forkserver this run's children came from is gone (remembered)."""
+        if not self.forkserver_lost and self.ctx.get_start_method() == "forkserver":
+            pid = forkserver_pid()
+            self.forkserver_lost = pid is not None and not shm.pid_alive(pid)
+        return self.forkserver_lost
+
+    def _alive(self, child: Child) -> bool:
+        """Whether the child's process still runs (by its pid once the forkserver is gone)."""
+        proc = child.process
+        if proc is None:
+            return False
+        if self.forkserver_lost:
+            return shm.pid_alive(proc.pid)
+        return proc.is_alive()
+
+    def _wait_for(self, child: Child, timeout: float) -> None:
+        if not self.forkserver_lost:
+            child.process.join(timeout)
+            return
+        deadline = time.monotonic() + timeout
+        while self._alive(child) and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    def _force_stop(self, child: Child, sig: int) -> None:
+        try:
+            os.kill(child.process.pid, sig)
+        except ProcessLookupError:
+            pass
+
     # ---- stopping -------------------------------------------------------------------
     def _shutdown(self) -> None:
         """Stop every child, join it, final snapshot, unlink shared memory. Runs on
-        success, error, Ctrl-C and SIGTERM; each step is guarded so the next still runs."""
-        if hasattr(self, "stop"):
-            self.stop.set()
-            if self.rate is not None:
-                self.rate.notify()
-        started = time.monotonic()
-        for child in self.children.values():
-            proc = child.process
-            if proc is not None:
-                # The learner writes the final checkpoint on its way out: on a loaded
-                # machine that can take longer than the others' plain exit.
-                limit = _LEARNER_JOIN_TIMEOUT_S if child.essential else _JOIN_TIMEOUT_S
-                proc.join(max(0.1, started + limit - time.monotonic()))
-        for child in self.children.values():
-            proc = child.process
-            if proc is not None and proc.is_alive():
-                print(f"mpper: {child.name} did not stop in time; terminating it", file=sys.stderr)
-                proc.terminate()
-                proc.join(3)
-                if proc.is_alive():
-                    proc.kill()
-                    proc.join()
+        success, error, Ctrl-C and SIGTERM. Signal-safe from its first line: further
+        Ctrl-Cs are acknowledged, and the one that forces (``ForcedStop``) skips to
+        killing the children and unlinking the segments."""
+        self.signals.begin_shutdown()
+        if not self.signals.forced:
+            try:
+                self._stop_cleanly()
+            except ForcedStop:
+                pass
+        try:
+            if self.signals.forced:
+                self._quit_at_once()
+        finally:
+            try:
+                self._release()
+            except ForcedStop:  # the forcing Ctrl-C came while releasing: finish (no later one is obeyed)
+                self._release()
+
+    def _stop_cleanly(self) -> None:
+        """Children stopped in order (the learner writes its final checkpoint), their
+        last reports read, the final snapshot and the "end" record written."""
+        self._stop_children()
         if hasattr(self, "reports"):
             try:
                 self._drain_reports()
@@ -384,14 +454,63 @@ class Supervisor:
         if self.buffer is not None:
             try:
                 self._snapshot()
-            except BaseException as exc:  # a second Ctrl-C cuts the snapshot short; the previous one stays whole
+            except Exception as exc:  # disk full...: the previous snapshot stays whole
                 print(f"mpper: final {_snapshot_failed(self.run_dir / 'buffer', exc)}", file=sys.stderr)
+        self._write_metrics(event="end")
+
+    def _quit_at_once(self) -> None:
+        """After the Ctrl-C that forces: kill every child still running, write nothing."""
+        self.finished_reason = (f"{self.finished_reason or 'stopped'}; quit at once (Ctrl-C): final checkpoint "
+                                "and snapshot not written")  # fmt: skip
+        if hasattr(self, "stop"):
+            self.stop.set()
+        for child in self.children.values():
+            if self._alive(child):
+                child.stopped_by_force = "was killed by the Ctrl-C that quits at once"
+                self._force_stop(child, signal.SIGKILL)
+                self._wait_for(child, 10.0)
+
+    def _stop_children(self) -> None:
+        """Set the stop signal, give each child its time to exit, then terminate (and
+        kill) the ones still running."""
+        if hasattr(self, "stop"):
+            self.stop.set()
+            if self.rate is not None:
+                self.rate.notify()
+        self._forkserver_died()
+        started = time.monotonic()
+        for child in self.children.values():
+            if child.process is not None:
+                self._wait_for(child, max(0.1, started + self._join_limit(child) - time.monotonic()))
+        for child in self.children.values():
+            if self._alive(child):
+                print(f"mpper: {child.name} did not stop in time; terminating it", file=sys.stderr)
+                child.stopped_by_force = f"did not stop within {self._join_limit(child):g} s and was stopped by force"
+                self._force_stop(child, signal.SIGTERM)
+                self._wait_for(child, 3.0)
+                if self._alive(child):
+                    self._force_stop(child, signal.SIGKILL)
+                    self._wait_for(child, 10.0)
+        for child in self.children.values():
+            if child.process is not None and not self.forkserver_lost:
+                child.process.join(0.1)  # collect the exit code
+
+    @staticmethod
+    def _join_limit(child: Child) -> float:
+        # The learner writes the final checkpoint on its way out: on a loaded machine that
+        # can take longer than the others' plain exit.
+        return _LEARNER_JOIN_TIMEOUT_S if child.essential else _JOIN_TIMEOUT_S
+
+    def _release(self) -> None:
+        """Close the files, unlink the shared memory, close the report queue (quick
+        steps, each guarded so that the next still runs)."""
         if hasattr(self, "metrics_file"):
-            self._write_metrics(event="end")
-            self.metrics_file.close()
-            self.episodes_file.close()
-            if self.tensorboard is not None:
-                self.tensorboard.close()
+            for f in (self.metrics_file, self.episodes_file, self.tensorboard):
+                if f is not None:
+                    try:
+                        f.close()
+                    except Exception:
+                        pass
         for obj in (self.buffer, self.store):
             if obj is not None:
                 obj.close()
@@ -476,6 +595,19 @@ def _snapshot_failed(path: Path, exc: BaseException) -> str:
     what = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
     kept = "the previous snapshot there is unchanged" if path.exists() else "there is no earlier snapshot"
     return f"buffer snapshot not written to {path} ({' '.join(what.splitlines())}); {kept}"
+
+
+def _checkpoint_held(path: Path) -> str:
+    """What ``path`` holds now, for the message about a missing final checkpoint."""
+    from .learner import CheckpointError, load_checkpoint
+
+    if not path.exists():
+        return f"there is no {path.name}"
+    try:
+        step = int(load_checkpoint(path)["training_step"])
+    except (CheckpointError, OSError, KeyError, TypeError, ValueError):
+        return f"{path.name} does not load"
+    return f"{path.name} holds the weights of training step {step}, an earlier checkpoint"
 
 
 def _describe_exit(code: int | None) -> str:

@@ -1,8 +1,12 @@
 """Shared-memory segments: naming, the /dev/shm room check, create, attach, cleanup.
 
 Every segment mpper creates is named ``mpper_<owner pid>_<random token>_<tag>``: the
-prefix lets tests and the supervisor find mpper's segments, and the owner pid lets a
-later run tell a dead run's leftovers from a live run's (``stale_segments``).
+prefix lets tests and the supervisor find mpper's segments, and the owner pid says who
+made it. A later run tells a dead run's leftovers from a live run's by a lock, not by
+that pid (which another pid namespace, such as a container sharing /dev/shm, does not
+see, and which the system may reuse): the owner holds an exclusive ``flock`` on the
+segment for its whole life, dropped by the kernel when the owner's descriptor closes,
+at ``close()`` or at its death, however it dies (``stale_segments``).
 
 Ownership: the process that creates a segment owns it and is the only one that
 unlinks it, on ``close()``, at interpreter exit, on SIGTERM (turned into SystemExit so
@@ -15,6 +19,7 @@ children are gone. Other processes attach without registering (see ``attach``).
 from __future__ import annotations
 
 import atexit
+import fcntl
 import os
 import secrets
 import signal
@@ -109,7 +114,7 @@ def create(nbytes: int, tag: str, what: str | None = None) -> shared_memory.Shar
     what = what or f"the '{tag}' segment"
     nbytes = max(int(nbytes), 1)
     check_room(nbytes, what)
-    shm = shared_memory.SharedMemory(name=_new_name(tag), create=True, size=nbytes)
+    shm = _create_locked(tag, nbytes)
     try:
         if hasattr(os, "posix_fallocate"):
             os.posix_fallocate(shm._fd, 0, nbytes)  # noqa: SLF001 - only handle to the fd
@@ -124,6 +129,26 @@ def create(nbytes: int, tag: str, what: str | None = None) -> shared_memory.Shar
         _owned[shm.name] = shm
     _install_cleanup()
     return shm
+
+
+def _create_locked(tag: str, nbytes: int) -> shared_memory.SharedMemory:
+    """A new segment whose exclusive flock this process holds (see the module docstring).
+
+    Between the creation and the lock another process's ``remove_stale_segments`` may
+    find it unlocked and unlink it: the name then no longer leads to this segment, so
+    it is given up and another one made."""
+    for _ in range(100):
+        shm = shared_memory.SharedMemory(name=_new_name(tag), create=True, size=nbytes)
+        fcntl.flock(shm._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # noqa: SLF001 - only handle to the fd
+        try:
+            same = os.stat(os.path.join(SHM_DIR, shm.name)).st_ino == os.fstat(shm._fd).st_ino  # noqa: SLF001
+        except FileNotFoundError:
+            same = False
+        if same or not os.path.isdir(SHM_DIR):
+            return shm
+        shm.close()
+        resource_tracker.unregister(shm._name, "shared_memory")  # noqa: SLF001 - already unlinked by the remover
+    raise RuntimeError("could not create a shared-memory segment: every new one was removed at once")
 
 
 @contextmanager
@@ -203,7 +228,7 @@ def mpper_segments() -> list[str]:
         return []
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     if pid <= 0:
         return False
     try:
@@ -227,9 +252,28 @@ def owner_pid(name: str) -> int:
         return -1
 
 
+def _held(name: str) -> bool:
+    """Whether a live process holds the flock of segment ``name`` (its owner does for
+    the segment's life). A non-blocking shared lock, taken and dropped at once, fails
+    exactly when some process holds the exclusive one."""
+    try:
+        fd = os.open(os.path.join(SHM_DIR, name), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return True  # gone already: nothing to remove
+    except OSError:
+        return True  # not ours to judge (another user's, or not a plain segment)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
 def stale_segments() -> list[str]:
-    """mpper segments whose owner process no longer exists."""
-    return [n for n in mpper_segments() if not _pid_alive(owner_pid(n))]
+    """mpper segments that no live process owns: nobody holds their lock."""
+    return [n for n in mpper_segments() if not _held(n)]
 
 
 def remove_stale_segments() -> list[str]:

@@ -17,15 +17,23 @@ Consistency with live writers: the small bookkeeping arrays are copied under the
 the big field arrays are written without it (so training goes on). Episodes that a
 writer was still copying, or that were evicted while the fields were being written
 (their generation changed), are saved as holes: priority 0, never sampled.
+
+Loading trusts nothing but the format: files are opened only as regular files inside
+the directory (a symbolic link, FIFO or device is refused), and the manifest's numbers,
+the episode table, the ring, the slot records, the priorities and the published rows'
+data are checked once, before anything is allocated or sampled (see "loading" below).
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
+import math
 import os
 import secrets
 import shutil
+import stat
 import threading
 import time
 import warnings
@@ -35,7 +43,8 @@ from types import SimpleNamespace
 import numpy as np
 
 from .episode_ring import (
-    FREE, HEAD_ID, NEXT_ID, NUM_POSITIONS, PUBLISHED, ROWS, START, STATE, make_unsampleable,
+    FREE, HEAD_ID, ID, MAX_CAPACITY, MOVES_SHIFT, NEXT_ID, NUM_POSITIONS, POS_SHIFT, PUBLISHED, ROWS, START, STATE,
+    TERMINATED, TERMINATED_BIT, make_unsampleable,
 )  # fmt: skip
 from .schema import schema_from_json, schema_to_json
 
@@ -161,6 +170,21 @@ def _make_holes(meta: dict, leaves: np.ndarray, changed: np.ndarray) -> None:
 
 
 # ---- loading ---------------------------------------------------------------------------
+# A snapshot may come from someone else. Its checksums prove that its files are the ones
+# its manifest lists, not that they make sense: every file is opened as a regular file
+# of the snapshot (no FIFO, device or symbolic link), and every sizing and bookkeeping
+# value is checked once, here, before anything is allocated or sampled. The compiled
+# kernels trust the episode table and the slot records: these checks are what keeps
+# them inside their arrays.
+_MANIFEST_MAX_BYTES = 64 << 20  # far above any real manifest (schema, counters, run config)
+_MAX_EPISODE_ID = 1 << 62  # ids count episodes ever stored; above this int64 arithmetic nears overflow
+_CHECK_CHUNK_BYTES = 16 << 20  # field data is checked in blocks of about this size
+# A stored priority (tree leaf) is min(p + eps, clip) ** alpha. Sampling divides leaves by
+# their sum and importance weights divide the smallest drawn probability by the others:
+# within this range, over 2^30 slots, every such ratio stays a normal float64.
+_LEAF_RANGE = (1e-100, 1e100)
+
+
 def _resolve(path: Path) -> Path:
     if (path / MANIFEST).exists():
         return path
@@ -175,10 +199,39 @@ def _resolve(path: Path) -> Path:
     raise SnapshotError(f"{path / MANIFEST}: missing (not an mpper snapshot, or a save was cut short)")
 
 
+def _open_regular(path: Path):
+    """``path`` opened for reading (binary), refused unless it is a regular file of its
+    own: a symbolic link (which could lead anywhere) and a FIFO or device (whose reads
+    never end) are SnapshotErrors. Opened without blocking, so a FIFO cannot hang the
+    open itself."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise SnapshotError(f"{path}: missing") from None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise SnapshotError(f"{path}: is a symbolic link; a snapshot's files must be regular files "
+                                "inside it (refused)") from None  # fmt: skip
+        raise SnapshotError(f"{path}: cannot be opened ({exc.strerror})") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        kind = "a FIFO" if stat.S_ISFIFO(mode) else "a directory" if stat.S_ISDIR(mode) else "a device or socket"
+        raise SnapshotError(f"{path}: is {kind}, not a regular file (refused)")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
+
+
 def _read_manifest(path: Path) -> dict:
     mpath = path / MANIFEST
+    with _open_regular(mpath) as f:
+        size = os.fstat(f.fileno()).st_size
+        if size > _MANIFEST_MAX_BYTES:
+            raise SnapshotError(f"{mpath}: {size} bytes, larger than any mpper manifest (at most "
+                                f"{_MANIFEST_MAX_BYTES >> 20} MiB)")  # fmt: skip
+        raw = f.read(size)
     try:
-        manifest = json.loads(mpath.read_text())
+        manifest = json.loads(raw.decode("utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise SnapshotError(f"{mpath}: not valid JSON ({exc})") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
@@ -192,28 +245,61 @@ def _read_manifest(path: Path) -> dict:
                 "initial_priority", "schema", "files"):  # fmt: skip
         if key not in manifest:
             raise SnapshotError(f"{mpath}: missing key {key!r}")
+    if not isinstance(manifest["files"], dict):
+        raise SnapshotError(f"{mpath}: 'files' must be an object, got {type(manifest['files']).__name__}")
     return manifest
 
 
-def _sha256(path: Path) -> str:
-    sha = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            sha.update(chunk)
-    return sha.hexdigest()
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _load_array(path: Path, entry: dict | None, shape: tuple, dtype: np.dtype, mmap: bool, verify: bool):
-    if entry is None:
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _manifest_sizes(mpath: Path, manifest: dict) -> tuple[int, int]:
+    """(capacity, max_episodes), checked: integers the buffer can have."""
+    capacity, max_episodes = manifest["capacity"], manifest["max_episodes"]
+    if not (_is_int(capacity) and 2 <= capacity <= MAX_CAPACITY):
+        raise SnapshotError(f"{mpath}: capacity must be an integer in [2, {MAX_CAPACITY}], got {capacity!r}")
+    if not (_is_int(max_episodes) and 1 <= max_episodes <= MAX_CAPACITY):
+        raise SnapshotError(f"{mpath}: max_episodes must be an integer in [1, {MAX_CAPACITY}], got {max_episodes!r}")
+    return capacity, max_episodes
+
+
+def _manifest_priorities(mpath: Path, manifest: dict) -> dict:
+    """alpha, priority_eps, priority_clip, initial_priority, checked as
+    ``ReplayBuffer.create`` needs them (finite numbers, the right types)."""
+    alpha, eps, clip, initial = (manifest[k] for k in ("alpha", "priority_eps", "priority_clip", "initial_priority"))
+    if not (_is_number(alpha) and alpha >= 0):
+        raise SnapshotError(f"{mpath}: alpha must be a finite number >= 0, got {alpha!r}")
+    if not (_is_number(eps) and eps >= 0):
+        raise SnapshotError(f"{mpath}: priority_eps must be a finite number >= 0, got {eps!r}")
+    if not (clip is None or (_is_number(clip) and clip > 0)):
+        raise SnapshotError(f"{mpath}: priority_clip must be null or a finite number > 0, got {clip!r}")
+    if not (initial == "max" or (_is_number(initial) and initial >= 0)):
+        raise SnapshotError(f'{mpath}: initial_priority must be "max" or a finite number >= 0, got {initial!r}')
+    return dict(alpha=float(alpha), priority_eps=float(eps), priority_clip=None if clip is None else float(clip),
+                initial_priority=initial if initial == "max" else float(initial))  # fmt: skip
+
+
+def _load_array(path: Path, entry, shape: tuple, dtype: np.dtype, verify: bool) -> np.ndarray:
+    """The array of one ``.npy`` file, memory-mapped read-only, after checking that the
+    manifest lists it with ``shape`` and ``dtype``, that its header says the same, that
+    its size is exactly that, and (``verify``) its sha256."""
+    if not isinstance(entry, dict):
         raise SnapshotError(f"{path.parent / MANIFEST}: lists no entry for {path.name}")
-    if not path.exists():
-        raise SnapshotError(f"{path}: missing")
-    if list(entry.get("shape", [])) != list(shape) or np.dtype(entry.get("dtype", "V")) != dtype:
+    try:
+        listed_dtype = np.dtype(entry.get("dtype", "V"))
+    except (TypeError, ValueError):
+        listed_dtype = None
+    if list(entry.get("shape", [])) != list(shape) or listed_dtype != dtype:
         raise SnapshotError(
             f"{path.parent / MANIFEST}: {path.name} is listed as {entry.get('dtype')} {entry.get('shape')}, "
             f"the schema needs {dtype.str} {list(shape)}"
         )
-    with open(path, "rb") as f:
+    with _open_regular(path) as f:
         try:
             version = np.lib.format.read_magic(f)
             if version == (1, 0):
@@ -225,51 +311,230 @@ def _load_array(path: Path, entry: dict | None, shape: tuple, dtype: np.dtype, m
         except (ValueError, EOFError) as exc:
             raise SnapshotError(f"{path}: not a valid .npy file ({exc})") from None
         data_offset = f.tell()
-    if fdtype.hasobject:
-        raise SnapshotError(f"{path}: holds Python objects; refused (snapshots never load pickle)")
-    if tuple(fshape) != tuple(shape) or fdtype != dtype or fortran:
-        raise SnapshotError(f"{path}: holds {fdtype} {fshape}, expected {dtype} {tuple(shape)}")
-    expected = data_offset + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    actual = path.stat().st_size
-    if actual != expected:
-        raise SnapshotError(f"{path}: truncated or padded: {actual} bytes, expected {expected}")
-    if verify and _sha256(path) != entry.get("sha256"):
-        raise SnapshotError(f"{path}: sha256 checksum mismatch (file corrupted or edited)")
-    return np.load(path, allow_pickle=False, mmap_mode="r" if mmap else None)
+        if fdtype.hasobject:
+            raise SnapshotError(f"{path}: holds Python objects; refused (snapshots never load pickle)")
+        if tuple(fshape) != tuple(shape) or fdtype != dtype or fortran:
+            raise SnapshotError(f"{path}: holds {fdtype} {fshape}, expected {dtype} {tuple(shape)}")
+        expected = data_offset + math.prod(shape) * dtype.itemsize
+        actual = os.fstat(f.fileno()).st_size
+        if actual != expected:
+            raise SnapshotError(f"{path}: truncated or padded: {actual} bytes, expected {expected}")
+        if verify:
+            f.seek(0)
+            sha = hashlib.sha256()
+            for chunk in iter(lambda: f.read(1 << 22), b""):
+                sha.update(chunk)
+            if sha.hexdigest() != entry.get("sha256"):
+                raise SnapshotError(f"{path}: sha256 checksum mismatch (file corrupted or edited)")
+        # mapped from this open file, so the data read is the file checked above
+        return np.memmap(f, dtype=dtype, mode="r", offset=data_offset, shape=shape)
 
 
-def load_snapshot(cls, path, mmap: bool = False, verify: bool = True, mp_context=None):
-    """See ``ReplayBuffer.load``. ``verify=False`` skips the checksums (faster)."""
+def _first(bad: np.ndarray) -> int:
+    return int(np.flatnonzero(bad)[0])
+
+
+def _check_bookkeeping(path: Path, capacity: int, internal: dict, leaves: np.ndarray) -> np.ndarray:
+    """The invariants the episode ring, the sampler and the target kernels rely on;
+    SnapshotError naming the file and the entry that breaks one. Returns the (capacity,)
+    bool mask of the slots that belong to a published episode (checked field data).
+
+    - ring: 0 <= WRITE_POS <= capacity, 0 <= HEAD_ID <= NEXT_ID < 2^62, at most
+      max_episodes resident episodes (HEAD_ID .. NEXT_ID - 1);
+    - each resident episode's table row holds its id, a known state (free or published;
+      a save turns episodes still being written into free holes), 2 <= rows, and lies
+      within the ring; resident episodes follow each other in ring order without
+      overlapping, the newest ending at WRITE_POS;
+    - NUM_POSITIONS is the number of positions (moves) of the published episodes;
+    - every slot of a published episode has an even generation (sampleable) and the
+      info of its place in that episode; no other slot, and no episode's last row, has
+      a priority, and each priority is 0 or within ``_LEAF_RANGE``;
+    - generations, counters and the running maximum priority are >= 0 (and finite).
+    """
+    ring, table = internal["_ring"], internal["_episodes"]
+    generation, info = internal["_generation"], internal["_info"]
+    max_episodes = table.shape[0]
+    rfile, tfile = path / "ring.npy", path / "episodes.npy"
+    write_pos, next_id, head_id, positions = (int(v) for v in ring[:4])
+    if not 0 <= write_pos <= capacity:
+        raise SnapshotError(f"{rfile}: WRITE_POS {write_pos} outside [0, {capacity}] (the capacity)")
+    if not 0 <= head_id <= next_id < _MAX_EPISODE_ID:
+        raise SnapshotError(f"{rfile}: needs 0 <= HEAD_ID <= NEXT_ID < 2^62, got HEAD_ID {head_id}, NEXT_ID {next_id}")
+    if next_id - head_id > max_episodes:
+        raise SnapshotError(f"{rfile}: {next_id - head_id} resident episodes (NEXT_ID {next_id} - HEAD_ID {head_id}) "
+                            f"but the episode table has {max_episodes} rows")  # fmt: skip
+    ids = np.arange(head_id, next_id, dtype=np.int64)
+    rows = ids % max_episodes
+    ep = table[rows]
+    wrong = ep[:, ID] != ids
+    if wrong.any():
+        j = _first(wrong)
+        raise SnapshotError(f"{tfile}: row {rows[j]} holds episode id {ep[j, ID]}, the ring says episode {ids[j]}")
+    state = ep[:, STATE]
+    wrong = (state != FREE) & (state != PUBLISHED)
+    if wrong.any():
+        j = _first(wrong)
+        raise SnapshotError(f"{tfile}: episode {ids[j]} has state {state[j]}; a snapshot holds only free (0) "
+                            f"and published (2) episodes")  # fmt: skip
+    start, length = ep[:, START], ep[:, ROWS]
+    wrong = (start < 0) | (start >= capacity) | (length < 2) | (length > capacity - start)
+    if wrong.any():
+        j = _first(wrong)
+        raise SnapshotError(f"{tfile}: episode {ids[j]} has start {start[j]} and {length[j]} rows; "
+                            f"it must lie within the ring of {capacity} slots and have >= 2 rows")  # fmt: skip
+    terminated = ep[:, TERMINATED]
+    wrong = (terminated != 0) & (terminated != 1)
+    if wrong.any():
+        j = _first(wrong)
+        raise SnapshotError(f"{tfile}: episode {ids[j]} has terminated flag {terminated[j]}, expected 0 or 1")
+    if ids.size:
+        offset = (start - write_pos) % capacity  # slots after the write position: oldest first
+        end = offset + length
+        wrong = np.append(end[:-1] > offset[1:], end[-1] != capacity)
+        if wrong.any():
+            j = _first(wrong)
+            raise SnapshotError(f"{tfile}: episode {ids[j]} (slots {start[j]}..{start[j] + length[j] - 1}) "
+                                f"overlaps the next or breaks the ring order ending at WRITE_POS {write_pos}")  # fmt: skip
+
+    published = state == PUBLISHED
+    p_start, p_rows, p_term = start[published], length[published], terminated[published]
+    moves = int((p_rows - 1).sum())
+    if positions != moves:
+        raise SnapshotError(f"{rfile}: NUM_POSITIONS {positions}, but the published episodes hold {moves} positions")
+    first_row = np.repeat(np.cumsum(p_rows) - p_rows, p_rows)
+    place = np.arange(int(p_rows.sum()), dtype=np.int64) - first_row  # each slot's position in its episode
+    slots = np.repeat(p_start, p_rows) + place
+    big_t = np.repeat(p_rows - 1, p_rows)
+    expected = (place << POS_SHIFT) | (big_t << MOVES_SHIFT) | (np.repeat(p_term, p_rows) * TERMINATED_BIT)
+    wrong = info[slots] != expected
+    if wrong.any():
+        j = _first(wrong)
+        raise SnapshotError(f"{path / 'info.npy'}: slot {slots[j]} holds {info[slots[j]]}, expected {expected[j]} "
+                            f"(position {place[j]} of an episode of {big_t[j]} moves)")  # fmt: skip
+    gen = generation[slots]
+    wrong = (gen & 1) != 0
+    if wrong.any():
+        j = _first(wrong)
+        raise SnapshotError(f"{path / 'generation.npy'}: slot {slots[j]} of a published episode has the odd "
+                            f"generation {gen[j]} (odd: not sampleable)")  # fmt: skip
+    if (generation < 0).any():
+        j = _first(generation < 0)
+        raise SnapshotError(f"{path / 'generation.npy'}: slot {j} has the negative generation {generation[j]}")
+    in_episode = np.zeros(capacity, bool)
+    in_episode[slots] = True
+    position = np.zeros(capacity, bool)
+    position[slots[place < big_t]] = True
+    wrong = (leaves > 0) & ~position
+    if wrong.any():
+        j = _first(wrong)
+        raise SnapshotError(f"{path / 'tree_leaves.npy'}: slot {j} has priority {leaves[j]} but holds no position "
+                            f"of a published episode")  # fmt: skip
+    low, high = _LEAF_RANGE
+    wrong = (leaves != 0) & ((leaves < low) | (leaves > high))
+    if wrong.any():
+        j = _first(wrong)
+        raise SnapshotError(f"{path / 'tree_leaves.npy'}: slot {j} has priority {leaves[j]}; a stored priority is 0 "
+                            f"or within [{low:g}, {high:g}]")  # fmt: skip
+    counters = internal["_counters"]
+    if (counters < 0).any():
+        j = _first(counters < 0)
+        raise SnapshotError(f"{path / 'counters.npy'}: counter {j} is negative ({counters[j]})")
+    top = float(internal["_max_priority"][0])
+    if not (math.isfinite(top) and top >= 0):
+        raise SnapshotError(f"{path / 'max_priority.npy'}: must be finite and >= 0, got {top}")
+    return in_episode
+
+
+def _check_new_priorities(path: Path, params: dict, max_priority: float) -> None:
+    """New episodes get the priority ``initial_priority`` (``"max"``: the running
+    maximum); the leaf it makes must be 0 or in ``_LEAF_RANGE`` like the stored ones."""
+    use_max = params["initial_priority"] == "max"
+    raw = max_priority if use_max else params["initial_priority"]
+    clip = math.inf if params["priority_clip"] is None else params["priority_clip"]
+    try:
+        leaf = min(raw + params["priority_eps"], clip) ** params["alpha"]
+    except OverflowError:
+        leaf = math.inf
+    low, high = _LEAF_RANGE
+    if leaf != 0 and not low <= leaf <= high:
+        where = path / ("max_priority.npy" if use_max else MANIFEST)
+        raise SnapshotError(f"{where}: new episodes would get the priority {leaf:g} (min({raw:g} + priority_eps, "
+                            f"priority_clip) ** alpha {params['alpha']:g}); a priority is 0 or within "
+                            f"[{low:g}, {high:g}]")  # fmt: skip
+
+
+def _check_field_data(path: Path, fields, arrays: dict, in_episode: np.ndarray, num_actions: int | None) -> None:
+    """The rows of published episodes, which the targets are built from: float fields
+    finite (NaN where the field's fill is NaN: "not set"), actions in [0, num_actions)
+    (num_actions: the width of child_visits, else the caller's). Read in blocks, so a
+    memory-mapped snapshot is not copied whole."""
+    if num_actions is None and "child_visits" in arrays:
+        num_actions = int(arrays["child_visits"].shape[1])
+    capacity = in_episode.shape[0]
+    for f in fields:
+        checks_action = f.name == "action" and f.dtype.kind in "iu"
+        if f.dtype.kind != "f" and not checks_action:
+            continue
+        data = arrays[f.name]
+        row_bytes = max(1, math.prod(f.shape) * f.dtype.itemsize)
+        step = max(1, _CHECK_CHUNK_BYTES // row_bytes)
+        for lo in range(0, capacity, step):
+            mask = in_episode[lo : lo + step]
+            if not mask.any():
+                continue
+            block = np.asarray(data[lo : lo + step])
+            if checks_action:
+                bad = (block < 0) | (block >= num_actions) if num_actions is not None else block < 0
+                what = f"an action outside [0, {num_actions})" if num_actions is not None else "a negative action"
+            else:
+                finite = np.isfinite(block)
+                if math.isnan(f.fill):
+                    finite |= np.isnan(block)
+                bad = ~finite.reshape(block.shape[0], -1).all(axis=1)
+                what = "a value that is not finite"
+            bad &= mask
+            if bad.any():
+                slot = lo + _first(bad)
+                raise SnapshotError(f"{path / f'field.{f.name}.npy'}: slot {slot}, in a published episode, "
+                                    f"holds {what}")  # fmt: skip
+
+
+def load_snapshot(cls, path, mmap: bool = False, verify: bool = True, mp_context=None, num_actions: int | None = None):
+    """See ``ReplayBuffer.load``. ``verify=False`` skips the checksums (faster); the
+    structure is checked either way (``_check_bookkeeping``, ``_check_field_data``).
+    ``num_actions``: the action count of the env that will use the buffer, to check
+    stored actions against (a schema with ``child_visits`` carries its own)."""
     path = _resolve(Path(path))
     manifest = _read_manifest(path)
+    mpath = path / MANIFEST
+    capacity, max_episodes = _manifest_sizes(mpath, manifest)
+    params = _manifest_priorities(mpath, manifest)
     try:
         fields = schema_from_json(manifest["schema"])
-        capacity, max_episodes = int(manifest["capacity"]), int(manifest["max_episodes"])
-    except (KeyError, TypeError, ValueError) as exc:
-        raise SnapshotError(f"{path / MANIFEST}: bad schema or sizes ({exc})") from None
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise SnapshotError(f"{mpath}: bad schema ({exc})") from None
     from .replay_buffer import array_specs
 
     layout = array_specs(fields, capacity, max_episodes)
     files = manifest["files"]
 
-    def load(fname, key, use_mmap=False):
+    def load(fname, key):
         shape, dtype = layout[key]
         if key == "_tree":
             shape = (capacity,)
-        return _load_array(path / fname, files.get(fname), shape, dtype, use_mmap, verify)
+        return _load_array(path / fname, files.get(fname), shape, dtype, verify)
 
-    arrays = {f.name: load(f"field.{f.name}.npy", f.name, mmap) for f in fields}
-    leaves = load("tree_leaves.npy", "_tree")
-    internal = {"_" + name: load(f"{name}.npy", "_" + name) for name in _INTERNAL}
+    arrays = {f.name: load(f"field.{f.name}.npy", f.name) for f in fields}
+    leaves = np.array(load("tree_leaves.npy", "_tree"))
+    internal = {"_" + name: np.array(load(f"{name}.npy", "_" + name)) for name in _INTERNAL}
     if not (np.isfinite(leaves).all() and (leaves >= 0).all()):
         raise SnapshotError(f"{path / 'tree_leaves.npy'}: priorities must be finite and >= 0")
+    in_episode = _check_bookkeeping(path, capacity, internal, leaves)
+    _check_new_priorities(path, params, float(internal["_max_priority"][0]))
+    _check_field_data(path, fields, arrays, in_episode, num_actions)
 
-    params = dict(
-        alpha=float(manifest["alpha"]), priority_eps=float(manifest["priority_eps"]),
-        priority_clip=manifest["priority_clip"], initial_priority=manifest["initial_priority"],
-    )  # fmt: skip
     if mmap:
-        arrays.update({k: np.array(v) for k, v in internal.items()})
+        arrays.update(internal)
         arrays["_tree"] = np.zeros(layout["_tree"][0], np.float64)
         info = SimpleNamespace(fields=fields, capacity=capacity, max_episodes=max_episodes, **params)
         buf = cls(None, arrays, threading.Lock(), read_only=True, params=info)

@@ -24,7 +24,7 @@ from mpper import shm as mpper_shm
 
 def _ours_or_dead(name: str) -> bool:
     pid = mpper_shm.owner_pid(name)
-    return pid == os.getpid() or not mpper_shm._pid_alive(pid)
+    return pid == os.getpid() or not mpper_shm.pid_alive(pid)
 
 
 def _leftovers(before: set[str]) -> list[str]:

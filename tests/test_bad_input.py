@@ -6,6 +6,7 @@ pickled object is never unpickled. (Config mistakes: the table in tests/test_cli
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -130,8 +131,117 @@ def pickled_object_array(snap: Path, marker: Path) -> list[str]:
     return [str(p), "holds Python objects; refused"]
 
 
+# ---- crafted snapshots: every checksum matches, the contents make no sense ------------------
+def _rewrite_array(snap: Path, name: str, array: np.ndarray) -> None:
+    """Replace ``name`` with ``array`` and list its new checksum, as a crafted file would."""
+    np.save(snap / name, array)
+    m = _manifest(snap)
+    m["files"][name]["sha256"] = hashlib.sha256((snap / name).read_bytes()).hexdigest()
+    _write_manifest(snap, m)
+
+
+def _edit_array(snap: Path, name: str, edit) -> None:
+    array = np.load(snap / name)
+    edit(array)
+    _rewrite_array(snap, name, array)
+
+
+def ring_counters_far_beyond_capacity(snap: Path, marker: Path) -> list[str]:
+    capacity = _manifest(snap)["capacity"]
+    _rewrite_array(snap, "ring.npy", np.array([capacity + 10**9, 10**15, 0, -7], np.int64))
+    return [str(snap / "ring.npy"), f"WRITE_POS {capacity + 10**9} outside [0, {capacity}]"]
+
+
+def next_episode_id_far_ahead(snap: Path, marker: Path) -> list[str]:
+    def edit(ring):
+        ring[1] = 2 * 10**8  # NEXT_ID: 2e8 resident episodes in a table of a few hundred rows
+
+    _edit_array(snap, "ring.npy", edit)
+    return [str(snap / "ring.npy"), "resident episodes (NEXT_ID 200000000"]
+
+
+def episode_past_the_ring(snap: Path, marker: Path) -> list[str]:
+    ring = np.load(snap / "ring.npy")
+    table = np.load(snap / "episodes.npy")
+    row = int(ring[2] % table.shape[0])  # the oldest resident episode
+
+    def edit(t):
+        t[row, 1] = _manifest(snap)["capacity"] - 1  # START: its rows run past the last slot
+
+    _edit_array(snap, "episodes.npy", edit)
+    return [str(snap / "episodes.npy"), f"episode {table[row, 0]} has start", "must lie within the ring"]
+
+
+def episode_with_negative_start(snap: Path, marker: Path) -> list[str]:
+    ring = np.load(snap / "ring.npy")
+    row = int(ring[2] % np.load(snap / "episodes.npy").shape[0])
+
+    def edit(t):
+        t[row, 1] = -5
+
+    _edit_array(snap, "episodes.npy", edit)
+    return [str(snap / "episodes.npy"), "has start -5"]
+
+
+def slot_info_claims_a_huge_episode(snap: Path, marker: Path) -> list[str]:
+    table, ring = np.load(snap / "episodes.npy"), np.load(snap / "ring.npy")
+    newest = table[int((ring[1] - 1) % table.shape[0])]
+    slot = int(newest[1])
+
+    def edit(info):
+        info[slot] = (1 << 30) - 1 << 2  # position 0 of an episode of 2^30 - 1 moves
+
+    _edit_array(snap, "info.npy", edit)
+    return [str(snap / "info.npy"), f"slot {slot} holds"]
+
+
+def manifest_alpha_nan(snap: Path, marker: Path) -> list[str]:
+    m = _manifest(snap)
+    m["alpha"] = float("nan")
+    _write_manifest(snap, m)
+    return [str(snap / "manifest.json"), "alpha must be a finite number >= 0, got nan"]
+
+
+def manifest_alpha_negative(snap: Path, marker: Path) -> list[str]:
+    m = _manifest(snap)
+    m["alpha"] = -0.5
+    _write_manifest(snap, m)
+    return [str(snap / "manifest.json"), "alpha must be a finite number >= 0, got -0.5"]
+
+
+def manifest_initial_priority_wrong_type(snap: Path, marker: Path) -> list[str]:
+    m = _manifest(snap)
+    m["initial_priority"] = [1]
+    _write_manifest(snap, m)
+    return [str(snap / "manifest.json"), 'initial_priority must be "max" or a finite number >= 0, got [1]']
+
+
+def fifo_in_place_of_an_array(snap: Path, marker: Path) -> list[str]:
+    (snap / "ring.npy").unlink()
+    os.mkfifo(snap / "ring.npy")  # a reader that opens it waits for a writer for ever
+    return [str(snap / "ring.npy"), "is a FIFO, not a regular file (refused)"]
+
+
+def fifo_in_place_of_the_manifest(snap: Path, marker: Path) -> list[str]:
+    (snap / "manifest.json").unlink()
+    os.mkfifo(snap / "manifest.json")
+    return [str(snap / "manifest.json"), "is a FIFO, not a regular file (refused)"]
+
+
+def symlink_out_of_the_snapshot(snap: Path, marker: Path) -> list[str]:
+    outside = snap.parent.parent / "elsewhere.npy"  # a file beside the run directory
+    shutil.copyfile(snap / "counters.npy", outside)
+    (snap / "counters.npy").unlink()
+    (snap / "counters.npy").symlink_to(outside)
+    return [str(snap / "counters.npy"), "is a symbolic link"]
+
+
 SNAPSHOT_CASES = [truncated_array, manifest_dtype, manifest_shape, checksum_mismatch, missing_array,
-                  future_format_version, manifest_not_json, pickled_object_array]  # fmt: skip
+                  future_format_version, manifest_not_json, pickled_object_array,
+                  ring_counters_far_beyond_capacity, next_episode_id_far_ahead, episode_past_the_ring,
+                  episode_with_negative_start, slot_info_claims_a_huge_episode, manifest_alpha_nan,
+                  manifest_alpha_negative, manifest_initial_priority_wrong_type, fifo_in_place_of_an_array,
+                  fifo_in_place_of_the_manifest, symlink_out_of_the_snapshot]  # fmt: skip
 
 
 @pytest.mark.parametrize("command", ["inspect", "resume"])
@@ -227,3 +337,93 @@ def test_a_buffer_larger_than_dev_shm_is_one_line_before_anything_starts(tmp_pat
     assert "Lower the capacity" in lines[0]
     assert not (run_dir / "processes.json").exists()  # written when the first child starts: none did
     assert not [n for n in shm.mpper_segments() if shm.owner_pid(n) == proc.pid]
+
+
+# ---- a run directory from someone else names code to run ------------------------------------
+def _config_names_factory(run: Path, env_id: str, kwargs: dict) -> None:
+    config = json.loads((run / "config.json").read_text())
+    config["env"]["id"], config["env"]["kwargs"] = env_id, kwargs
+    (run / "config.json").write_text(json.dumps(config))
+
+
+@pytest.mark.parametrize("command", ["evaluate", "on-snapshot", "resume", "resume-workers"])
+def test_a_run_directory_config_never_imports_or_calls_code(run, tmp_path, capsys, command):
+    """config.json says env.id "subprocess:run" with kwargs that would run a shell
+    command: refused before anything is imported, the command never runs."""
+    marker = tmp_path / "ran"
+    _config_names_factory(run, "subprocess:run", {"args": f"touch {marker}", "shell": True})
+    argv = {
+        "evaluate": ["--evaluate", str(run), "--episodes", "1"],
+        "on-snapshot": ["--evaluate", str(run), "--on-snapshot", str(run / "buffer")],
+        "resume": ["--resume", str(run), "--device", "cpu"],
+        "resume-workers": ["--resume", str(run), "--device", "cpu", "--workers", "2"],
+    }[command]
+    fails_cleanly(argv, capsys, run, [f"{run / 'config.json'}: env.id: \"subprocess:run\" names Python code",
+                                      "--set env.id=subprocess:run"])  # fmt: skip
+    assert not marker.exists(), "the run directory's config ran a command"
+
+
+def test_a_run_directory_env_factory_is_used_when_the_user_names_it(run, capsys):
+    """The same refusal for a harmless factory, which the user then names on the command
+    line: --evaluate plays with it."""
+    _config_names_factory(run, "faulty_env:raising", {})
+    fails_cleanly(["--evaluate", str(run), "--episodes", "1"], capsys, run, ['"faulty_env:raising" names Python code'])
+    assert main(["--evaluate", str(run), "--episodes", "1", "--set", "env.id=faulty_env:raising"]) == 0
+    assert "1 greedy episodes" in capsys.readouterr().out
+
+
+# ---- a checkpoint written for another config ---------------------------------------------------
+@pytest.mark.parametrize("command", ["evaluate", "on-snapshot", "resume"])
+def test_a_checkpoint_of_another_config_names_the_tensor_and_both_shapes(run, capsys, command):
+    """The run trained network.hidden [16] (configs/cartpole.json); asked to load it
+    into [32], each command names the first tensor that does not fit and both shapes,
+    in one line."""
+    argv = {
+        "evaluate": ["--evaluate", str(run), "--episodes", "1"],
+        "on-snapshot": ["--evaluate", str(run), "--on-snapshot", str(run / "buffer")],
+        "resume": ["--resume", str(run), "--device", "cpu"],
+    }[command]
+    fails_cleanly([*argv, "--set", "network.hidden=[32]"], capsys, run,
+                  [f"checkpoint {run / 'checkpoint.pt'}: 'network': tensor 'representation_network.0.weight' has "
+                   "shape (16, 4), the network of this config has (32, 4): written for another config"])  # fmt: skip
+
+
+# ---- --resume keeps its buffer's replay settings -------------------------------------------------
+@pytest.mark.parametrize("override, stored", [("replay.capacity=5000", "20000"), ("replay.alpha=0.25", "0.5"),
+                                              ("replay.priority_eps=0.01", "1e-06"),
+                                              ("replay.initial_priority=2.0", '"max"')])  # fmt: skip
+def test_resume_refuses_replay_settings_its_buffer_cannot_take(run, capsys, override, stored):
+    key, value = override.split("=")
+    fails_cleanly(["--resume", str(run), "--device", "cpu", "--max-train-steps", "41", "--set", override], capsys, run,
+                  [f"--resume {run}: {key} is {value} but the buffer snapshot holds {stored} ({run / 'buffer'})",
+                   "drop that override, or start a new run in another --run-dir"])  # fmt: skip
+
+
+# ---- a run that cannot start: one line before anything is written ----------------------------
+CARTPOLE = str(ROOT / "configs" / "cartpole.json")
+
+
+@pytest.mark.parametrize("argv, fragments", [
+    (["--set", 'env.kwargs={"nope": 1}'],
+     ["env.id 'CartPole-v1' with env.kwargs {\"nope\": 1}: the env cannot be made (TypeError: ",
+      "unexpected keyword argument 'nope'"]),
+    (["--set", "env.id=mpper.tictactoe:nothing_here"],
+     ["env.id 'mpper.tictactoe:nothing_here' with env.kwargs {}: the env cannot be made (AttributeError: module "
+      "'mpper.tictactoe' has no attribute 'nothing_here')"]),
+    (["--seed", str(2**64)], [f"--seed: expected an integer in [0, 4294967295], got {2**64}"]),
+    (["--set", "network.hidden=[10000000,10000000]"],
+     ["error: this run needs about ", "but this machine has ", "network ",
+      "(500,001,080,000,060 parameters, network.hidden [10000000, 10000000], encoding_size 8, in every process)"]),
+    (["--workers", "100000"], ["error: this run needs about ", "runtime.workers 100000 x envs_per_worker 8",
+                               "100005 processes "]),
+    (["--set", "runtime.envs_per_worker=30000", "--set", "mcts.num_simulations=100000"],
+     ["error: this run needs about ", "search trees ",
+      "(runtime.workers 2 x envs_per_worker 30000 x (mcts.num_simulations 100000 + 1) nodes)"]),
+], ids=["env-kwargs", "env-attribute", "seed", "network", "workers", "search"])  # fmt: skip
+def test_a_run_that_cannot_start_is_one_line_and_writes_nothing(tmp_path, capsys, argv, fragments):
+    """Sizes are computed from the config (the network on torch's meta device: no
+    memory), so even a config that would need terabytes is refused at once."""
+    run_dir = tmp_path / "run"
+    fails_cleanly(["--config", CARTPOLE, "--run-dir", str(run_dir), "--device", "cpu", "--workers", "2", *argv],
+                  capsys, tmp_path, fragments)  # fmt: skip
+    assert not run_dir.exists()

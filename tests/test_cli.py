@@ -93,7 +93,7 @@ MISTAKES = [
     ("beta-over-1", _set("replay", "beta", 2), [], ["{cfg}: replay.beta: expected a number in [0, 1], got 2"]),
     ("negative-lr", _set("training", "lr_init", -0.1), [], ["{cfg}: training.lr_init: expected a number > 0, got -0.1"]),
     ("grad-clip-zero", _set("training", "grad_clip", 0), [], ["{cfg}: training.grad_clip: expected a number > 0 or null, got 0"]),
-    ("negative-seed", _set("runtime", "seed", -1), [], ["{cfg}: runtime.seed: expected an integer >= 0, got -1"]),
+    ("negative-seed", _set("runtime", "seed", -1), [], ["{cfg}: runtime.seed: expected an integer in [0, 4294967295], got -1"]),
     ("nan", '{"mcts": {"discount": NaN}}', [], ["{cfg}: mcts.discount: expected a number in (0, 1], got NaN"]),
     ("unknown-env-id", _set("env", "id", "CartPole-v9"), [],
      ['{cfg}: env.id: "CartPole-v9" is not a registered gymnasium id', 'did you mean "CartPole-v1"?', "module:callable"]),
@@ -224,11 +224,11 @@ def test_default_run_dir_is_runs_config_name_timestamp(tmp_path, monkeypatch, tr
     run_dir = train.calls[0]["run_dir"]
     assert run_dir.parent == Path("runs") / "cartpole"
     assert re.fullmatch(r"\d{8}-\d{6}", run_dir.name)
-    assert not run_dir.exists()  # the runtime creates it
-    run_dir.mkdir(parents=True)
+    # claimed before the run starts: the directory holds only its lock so far
+    assert sorted(p.name for p in run_dir.iterdir()) == [".lock"]
     assert cli.main(["--config", str(CARTPOLE)]) == 0
     second = train.calls[1]["run_dir"]
-    assert second != run_dir and not second.exists()
+    assert second != run_dir and second.parent == run_dir.parent
 
 
 def test_resume_reads_the_run_config_and_continues_in_place(tmp_path, train):
@@ -238,7 +238,10 @@ def test_resume_reads_the_run_config_and_continues_in_place(tmp_path, train):
     (run / "config.json").write_text(json.dumps(config_to_dict(saved)))
     import torch
 
-    torch.save({"network": {}, "training_step": 0}, run / "checkpoint.pt")  # --resume needs one that loads
+    from mpper.networks import make_model
+
+    # --resume needs one that loads into the network of the config (CartPole: 4 inputs, 2 actions)
+    torch.save({"network": make_model(saved, (4,), 2).state_dict(), "training_step": 0}, run / "checkpoint.pt")
     assert cli.main(["--resume", str(run), "--time-limit", "60"]) == 0
     call = train.calls[-1]
     assert call["resume"] == run and call["run_dir"] == run

@@ -150,13 +150,12 @@ def test_render_on_an_env_without_rgb_array(tmp_path, capsys, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))  # the env module, for the in-process calls below
     gif = tmp_path / "out" / "episode.gif"
     gif.parent.mkdir()
-    config = (run_dir / "config.json").read_text()
+    # a run directory's env factory is used only when named on the command line
     for factory, fragment in (("NoFrames", "cannot render rgb_array frames (its render_modes: ['human'])"),
                               ("no_render_mode", "cannot be made with render_mode='rgb_array'")):  # fmt: skip
-        (run_dir / "config.json").write_text(config.replace('"noframes_env:NoFrames"', f'"noframes_env:{factory}"'))
-        fails_cleanly(["--evaluate", str(run_dir), "--render", "gif", str(gif)], capsys, tmp_path,
-                      f"error: --render: env 'noframes_env:{factory}' {fragment}")  # fmt: skip
+        argv = ["--evaluate", str(run_dir), "--render", "gif", str(gif), "--set", f"env.id=noframes_env:{factory}"]
+        fails_cleanly(argv, capsys, tmp_path, f"error: --render: env 'noframes_env:{factory}' {fragment}")
     # no GIF, no temp file, no evaluation.json (fails_cleanly compared the whole tree);
     # the same run evaluates without --render: the error was about frames only
-    assert main(["--evaluate", str(run_dir), "--episodes", "1"]) == 0
+    assert main(["--evaluate", str(run_dir), "--episodes", "1", "--set", "env.id=noframes_env:NoFrames"]) == 0
     assert "return: mean 12.00" in capsys.readouterr().out

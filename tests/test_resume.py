@@ -6,6 +6,7 @@ step and learning rate); the resumed run goes on from there to 40 steps."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -154,18 +155,22 @@ def test_resume_refuses_a_live_run_and_a_run_without_checkpoint(trained_run, tmp
 
     run_dir = tmp_path / "run"
     shutil.copytree(trained_run, run_dir)
-    # a live supervisor still writing there (a sleeping Python process stands in for it)
-    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    # a live run still writing there (a Python process holding the directory as a run
+    # does stands in for it)
+    hold = ("import sys; from pathlib import Path; from mpper.rundir import claim_run_dir; "
+            "lock = claim_run_dir(Path(sys.argv[1]), '--resume', True); print('held', flush=True); sys.stdin.read()")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    live = subprocess.Popen([sys.executable, "-c", hold, str(run_dir)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, env=env)  # fmt: skip
     try:
-        (run_dir / "processes.json").write_text(json.dumps({"supervisor": live.pid}))
+        assert live.stdout.readline() == "held\n"
         assert main(["--resume", str(run_dir)]) == 2
     finally:
         live.kill()
-        live.wait()
+        live.communicate()
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "still writing there" in err[0] and str(live.pid) in err[0]
     # a dead one is fine to resume from; but not without a checkpoint
-    (run_dir / "processes.json").write_text(json.dumps({"supervisor": 2**22 + 7}))
     (run_dir / "checkpoint.pt").unlink()
     assert main(["--resume", str(run_dir)]) == 2
     err = capsys.readouterr().err.strip().splitlines()

@@ -259,7 +259,7 @@ def _fake_segment(pid: int) -> str:
 
 def test_stale_segments_found_and_removed_live_left(small_buffer):
     dead_pid = 2**22 + 12345  # above any pid_max: never a live process
-    assert not mpper_shm._pid_alive(dead_pid)
+    assert not mpper_shm.pid_alive(dead_pid)
     live = small_buffer.handle.segment
     fake = _fake_segment(dead_pid)
     try:
@@ -349,3 +349,42 @@ def test_a_start_removes_a_dead_owners_segments_and_keeps_a_live_owners():
                 proc.communicate()
         if dead_name and _segment_exists(dead_name):
             os.unlink(os.path.join(mpper_shm.SHM_DIR, dead_name))
+
+
+def _unused_pid() -> int:
+    """A pid no process here has: what a process in another pid namespace looks like."""
+    with open("/proc/sys/kernel/pid_max") as f:
+        pid = int(f.read()) - 1
+    while os.path.exists(f"/proc/{pid}"):
+        pid -= 1
+    return pid
+
+
+def test_a_live_owner_whose_pid_is_not_visible_keeps_its_segment():
+    """A live owner in another pid namespace (a container sharing /dev/shm): the pid in
+    its segment's name is not one this namespace sees. Stood in for by renaming a live
+    owner's segment to name a pid that no process here has. A start keeps it, because
+    its owner holds its lock; once the owner is gone (SIGKILL, its resource tracker
+    too), the lock is gone with it and the next start removes the segment."""
+    owner = subprocess.Popen([sys.executable, "-c", _OWNER_SCRIPT], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env=_ENV)  # fmt: skip
+    foreign = ""
+    try:
+        name = owner.stdout.readline().strip()
+        assert name.startswith(f"mpper_{owner.pid}_"), name
+        foreign = f"mpper_{_unused_pid()}_{name.split('_', 2)[2]}"
+        os.rename(os.path.join(mpper_shm.SHM_DIR, name), os.path.join(mpper_shm.SHM_DIR, foreign))
+        assert not mpper_shm.pid_alive(mpper_shm.owner_pid(foreign))
+        assert foreign not in mpper_shm.stale_segments()
+        assert foreign not in mpper_shm.remove_stale_segments() and _segment_exists(foreign)
+        tracker = [p for p in _children(owner.pid) if b"resource_tracker" in open(f"/proc/{p}/cmdline", "rb").read()]
+        for pid in (*tracker, owner.pid):  # nobody left to unlink it: only the lock tells
+            os.kill(pid, signal.SIGKILL)
+        owner.communicate(timeout=30)
+        assert foreign in mpper_shm.remove_stale_segments() and not _segment_exists(foreign)
+    finally:
+        if owner.poll() is None:
+            owner.kill()
+            owner.communicate()
+        if foreign and _segment_exists(foreign):
+            os.unlink(os.path.join(mpper_shm.SHM_DIR, foreign))

@@ -1,0 +1,154 @@
+"""Snapshots from someone else: randomly corrupted copies of a real snapshot, with every
+checksum recomputed so that they pass it. Loading one either fails with a SnapshotError
+that names a file of it, or gives a buffer whose samples are finite and in range and
+that takes new episodes and saves again; never a crash, a hang or a huge allocation."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import shutil
+import tempfile
+import tracemalloc
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import make_episode
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from mpper import MuZeroTargets, ReplayBuffer, SnapshotError, muzero_schema
+from mpper.inspect_snapshot import snapshot_stats
+
+pytestmark = pytest.mark.timeout(900)
+
+CAPACITY = 64
+NUM_ACTIONS = 3
+ALLOCATION_LIMIT = 64 << 20  # bytes; a sane snapshot of 64 slots needs well under 1 MiB
+ARRAYS = ["ring.npy", "episodes.npy", "info.npy", "generation.npy", "tree_leaves.npy", "counters.npy",
+          "max_priority.npy", "field.action.npy", "field.reward.npy", "field.root_value.npy",
+          "field.child_visits.npy", "field.reanalysed_value.npy", "field.to_play.npy"]  # fmt: skip
+MANIFEST_KEYS = ["capacity", "max_episodes", "alpha", "priority_eps", "priority_clip", "initial_priority"]
+
+SPECIAL_INTS = [0, 1, 2, -1, -7, CAPACITY - 1, CAPACITY, CAPACITY + 1, 2 * 10**8, 1 << 30, 1 << 31, 1 << 32,
+                1 << 62, 10**15, 2**63 - 1, -(2**63)]  # fmt: skip
+SPECIAL_FLOATS = [math.nan, math.inf, -math.inf, -1.0, 0.0, 1e-300, 5e-324, 1e308]
+ints = st.one_of(st.sampled_from(SPECIAL_INTS), st.integers(-3, CAPACITY + 3), st.integers(-(2**63), 2**63 - 1))
+floats = st.one_of(st.sampled_from(SPECIAL_FLOATS), st.floats(allow_nan=True, allow_infinity=True))
+# a slot's info as a writer packs it (position << 32 | T << 2 | terminated << 1), for any numbers
+packed_infos = st.builds(lambda pos, moves, term: (pos << 32) | (moves << 2) | (term << 1),
+                         st.integers(0, 70), st.integers(0, 70), st.integers(0, 1))  # fmt: skip
+json_values = st.one_of(ints, floats, st.none(), st.booleans(), st.text(max_size=3), st.lists(st.integers(), max_size=2))
+
+
+@pytest.fixture(scope="module")
+def snapshot(tmp_path_factory) -> Path:
+    """A real snapshot that wrapped its ring: evicted episodes, holes, a truncated one, a
+    reanalysed one, updated priorities."""
+    path = tmp_path_factory.mktemp("fuzz") / "snapshot"
+    buf = ReplayBuffer.create(muzero_schema((4,), NUM_ACTIONS), CAPACITY, alpha=0.6, priority_eps=1e-3)
+    try:
+        rng = np.random.default_rng(0)
+        for k in range(30):
+            T = int(rng.integers(1, 12))
+            pr = None if k % 4 == 0 else rng.uniform(0.01, 5.0, T)
+            buf.add_episode(make_episode(rng, T, num_actions=NUM_ACTIONS), priorities=pr, terminated=k % 5 != 2)
+        batch = buf.sample(16, 0.4, rng=rng)
+        buf.update_priorities(batch.indices, batch.generations, rng.uniform(0, 3, 16))
+        ref = buf.episodes()[-1]
+        buf.store_reanalysed_values(ref, np.linspace(-1, 1, ref.rows - 1))
+        res = buf._reserve(3, True)  # an episode still being written when the save starts: a hole
+        buf.save(path)
+        buf._ring.abandon(res)
+    finally:
+        buf.close()
+    return path
+
+
+def _recompute_checksum(snap: Path, name: str) -> None:
+    manifest = json.loads((snap / "manifest.json").read_text())
+    manifest["files"][name]["sha256"] = hashlib.sha256((snap / name).read_bytes()).hexdigest()
+    (snap / "manifest.json").write_text(json.dumps(manifest))
+
+
+def _corrupt(snap: Path, data) -> None:
+    """One random edit of one file, checksum recomputed."""
+    target = data.draw(st.sampled_from(ARRAYS + ["manifest.json"]), label="file")
+    if target == "manifest.json":
+        manifest = json.loads((snap / target).read_text())
+        key = data.draw(st.sampled_from(MANIFEST_KEYS), label="key")
+        manifest[key] = data.draw(json_values, label="value")
+        (snap / target).write_text(json.dumps(manifest))
+        return
+    array = np.load(snap / target)
+    flat = array.reshape(-1)
+    index = data.draw(st.integers(0, flat.size - 1), label="index")
+    if target == "info.npy":
+        value = data.draw(st.one_of(packed_infos, ints), label="value")
+    elif array.dtype.kind == "f":
+        value = data.draw(floats, label="value")
+    else:
+        info = np.iinfo(array.dtype)
+        value = data.draw(ints, label="value")
+        value = min(max(value, info.min), info.max)
+    with np.errstate(over="ignore"):  # 1e308 stored as float32: inf, on purpose
+        flat[index] = value
+    np.save(snap / target, array)
+    _recompute_checksum(snap, target)
+
+
+def _check_usable(buf: ReplayBuffer, snap: Path) -> None:
+    """Samples finite and in range; the buffer reports, takes new episodes and saves."""
+    snapshot_stats(buf)  # what --inspect prints
+    if len(buf) > 0:
+        targets = MuZeroTargets(num_unroll_steps=5, td_steps=30_000_000, discount=0.997, num_actions=NUM_ACTIONS,
+                                stacked_observations=2)  # fmt: skip
+        batch = buf.sample(32, 0.4, targets=targets, rng=np.random.default_rng(1))
+        assert ((batch.indices >= 0) & (batch.indices < buf.capacity)).all()
+        assert np.isfinite(batch.weights).all() and np.isfinite(batch.probabilities).all()
+        for name, value in batch.data.items():
+            assert np.isfinite(value).all(), name
+        assert ((batch.data["actions"] >= 0) & (batch.data["actions"] < NUM_ACTIONS)).all()
+    if not buf.read_only:
+        rng = np.random.default_rng(2)
+        for T in (5, 20, 40, 63):  # wraps the ring, evicting what the snapshot held
+            assert buf.add_episode(make_episode(rng, T, num_actions=NUM_ACTIONS))
+        with tempfile.TemporaryDirectory(dir=snap.parent) as again:
+            buf.save(Path(again) / "snapshot")
+            ReplayBuffer.load(Path(again) / "snapshot", mmap=True).close()
+
+
+@pytest.mark.parametrize("mmap", [True, False], ids=["mmap", "shm"])
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_corrupted_snapshot_with_valid_checksums_is_refused_or_usable(snapshot, mmap, data):
+    with tempfile.TemporaryDirectory(dir=snapshot.parent) as work:
+        snap = Path(work) / "snapshot"
+        shutil.copytree(snapshot, snap)
+        for _ in range(data.draw(st.integers(1, 3), label="edits")):
+            _corrupt(snap, data)
+        tracemalloc.start()
+        try:
+            try:
+                buf = ReplayBuffer.load(snap, mmap=mmap)
+            except SnapshotError as exc:
+                assert str(snap) in str(exc) and "\n" not in str(exc), str(exc)
+                event("refused")
+            else:
+                event("loaded")
+                with buf:
+                    _check_usable(buf, snap)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert peak < ALLOCATION_LIMIT, f"loading allocated {peak} bytes"
+
+
+def test_the_uncorrupted_snapshot_loads_and_is_usable(snapshot):
+    """The fuzzed snapshot itself is valid: refusals above come from the edits."""
+    for mmap in (True, False):
+        with ReplayBuffer.load(snapshot, mmap=mmap) as buf:
+            assert len(buf) > 0 and any(not ref.terminated for ref in buf.episodes())
+            _check_usable(buf, snapshot)
