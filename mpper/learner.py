@@ -286,7 +286,8 @@ class MuZeroTrainer(Trainer):
                 predicted = support_to_scalar(logits.reshape(-1, logits.shape[-1]), support).view(batch_size, k1)
                 priorities = (predicted - d["target_value"]).abs().reshape(-1)
             else:
-                priorities = (support_to_scalar(unrolled.value_logits[:, 0].detach(), support) - d["target_value"][:, 0]).abs()
+                root_value = support_to_scalar(unrolled.value_logits[:, 0].detach(), support)
+                priorities = (root_value - d["target_value"][:, 0]).abs()
             # The reported component losses are IS-weighted batch means like the total,
             # so total = value_loss_weight * value + reward + policy holds exactly.
             stats = torch.stack([
