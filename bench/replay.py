@@ -1,4 +1,4 @@
-"""Replay benchmark: mpper against cpprb and tianshou (issue 2, section 6).
+"""Replay benchmark: mpper against cpprb and tianshou.
 
 One run measures, with the libraries interleaved (every repetition visits every
 library, in a rotating order, so machine noise hits all alike):
@@ -750,14 +750,14 @@ def markdown(report: dict) -> str:
                              f"| {r['learner_vs_alone']:.0%} | {ln['p50_ms']:.3f} | {ln['p99_ms']:.3f} "
                              f"| {ln['max_ms']:.1f} |")  # fmt: skip
     if report.get("targets"):
-        lines += ["", "## Targets (issue 2)", "", "| target | measured | met |", "|---|---|---|"]
+        lines += ["", "## Targets", "", "| target | measured | met |", "|---|---|---|"]
         for t in report["targets"]:
             lines.append(f"| {t['target']} | {t['measured']} | {'yes' if t['met'] else 'NO'} |")
     return "\n".join(lines)
 
 
 def check_targets(report: dict) -> list[dict]:
-    """The issue's targets, evaluated on this run's numbers (where measured)."""
+    """The replay targets, evaluated on this run's numbers (where measured)."""
     out = []
     sp = report["single_process"]
     if sp:
@@ -818,7 +818,7 @@ def versions(libs: dict) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="mpper replay benchmark (issue 2, section 6)")
+    ap = argparse.ArgumentParser(description="mpper replay benchmark")
     ap.add_argument("--quick", action="store_true",
                     help="smoke run: 3 reps, capacity 1e5 only, 2 s multi-process runs")  # fmt: skip
     ap.add_argument("--reps", type=int, default=None, help="repetitions (default 7, quick 3)")

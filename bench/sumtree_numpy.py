@@ -1,6 +1,6 @@
 """Vectorised-numpy sum tree, timed beside ``mpper.SumTree`` (numba).
 
-This is the evidence for mpper's numba dependency (issue 2, section 2): the best
+This is the evidence for mpper's numba dependency: the best
 pure-numpy tree we could write, with the same layout, the same checks and the same
 rounding guard as ``mpper/sum_tree.py``, walks the tree level by level for the whole
 batch (all B descents advance one level together; updates recompute the parents level
