@@ -154,7 +154,7 @@ def _create_locked(tag: str, nbytes: int) -> shared_memory.SharedMemory:
 @contextmanager
 def _untracked():
     # Python < 3.13 registers every attached segment with the resource tracker, which
-    # then unlinks it when *this* process exits (cpython issue 82300): a reader would
+    # then unlinks it when *this* process exits (CPython gh-82300): a reader would
     # destroy the owner's buffer. Only the owner may unlink, so attach untracked.
     original = resource_tracker.register
 

@@ -550,6 +550,20 @@ def test_beta_schedule_anneals_linearly_to_one():
     assert [beta_schedule(config, s) for s in (0, 2, 4, 8, 20)] == pytest.approx([0.2, 0.4, 0.6, 1.0, 1.0])
 
 
+def record_train_steps(monkeypatch) -> list:
+    """Patch ``MuZeroTrainer.train_step`` to record (training step, importance weights,
+    P(i)) of every batch it trains on, in this process; returns the growing list."""
+    seen = []
+    train_step = MuZeroTrainer.train_step
+
+    def recording_train_step(self, batch):
+        seen.append((self.training_step, batch.weights.copy(), batch.probabilities.copy()))
+        return train_step(self, batch)
+
+    monkeypatch.setattr(MuZeroTrainer, "train_step", recording_train_step)
+    return seen
+
+
 def test_run_learner_trains_with_the_annealed_importance_weights(tmp_path, monkeypatch):
     """Every batch the learner trains on carries the importance weights of the annealed
     beta at its step, ``(P(i) / min_j P(j)) ** -beta_schedule(step)``, and the metrics
@@ -559,14 +573,7 @@ def test_run_learner_trains_with_the_annealed_importance_weights(tmp_path, monke
     config.replay.beta, config.replay.beta_anneal_steps = 0.2, 4
     buf = ReplayBuffer.create(muzero_schema(OBS, ACTIONS), capacity=512, alpha=0.6)
     store = _store_for(config)
-    seen = []
-    train_step = MuZeroTrainer.train_step
-
-    def recording_train_step(self, batch):
-        seen.append((self.training_step, batch.weights.copy(), batch.probabilities.copy()))
-        return train_step(self, batch)
-
-    monkeypatch.setattr(MuZeroTrainer, "train_step", recording_train_step)
+    seen = record_train_steps(monkeypatch)
     try:
         rng = np.random.default_rng(5)
         for _ in range(12):
@@ -593,14 +600,7 @@ def test_inline_run_trains_with_the_annealed_importance_weights(tmp_path, monkey
     from mpper import cli
     from test_train_e2e import ROOT, SMALL
 
-    seen = []
-    train_step = MuZeroTrainer.train_step
-
-    def recording_train_step(self, batch):
-        seen.append((self.training_step, batch.weights.copy(), batch.probabilities.copy()))
-        return train_step(self, batch)
-
-    monkeypatch.setattr(MuZeroTrainer, "train_step", recording_train_step)
+    seen = record_train_steps(monkeypatch)
     sets = ["replay.beta=0.2", "replay.beta_anneal_steps=4", "training.min_buffer_steps=64", "training.batch_size=16",
             "runtime.reanalyse=false", "runtime.evaluation_interval_s=1000"]  # fmt: skip
     rc = cli.main(["--config", str(ROOT / "configs" / "cartpole.json"), "--workers", "0", "--device", "cpu",
