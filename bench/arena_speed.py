@@ -20,10 +20,10 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from mpper.arena import mcts_agent, play_match  # noqa: E402
+from mpper.algos.muzero.arena import mcts_agent, play_match  # noqa: E402
+from mpper.algos.registry import algorithm_of  # noqa: E402
 from mpper.config import load_config  # noqa: E402
-from mpper.networks import make_model  # noqa: E402
-from mpper.tictactoe import TicTacToeEnv, perfect_agent, random_agent  # noqa: E402
+from mpper.envs.tictactoe import TicTacToeEnv, perfect_agent, random_agent  # noqa: E402
 
 
 def main() -> int:
@@ -34,7 +34,7 @@ def main() -> int:
     torch.set_num_threads(1)
     torch.manual_seed(0)
     config = load_config(ROOT / "configs" / "tictactoe.json")
-    network = make_model(config, (3, 3, 3), 9).eval()
+    network = algorithm_of(config).make_network(config, (3, 3, 3), 9).eval()
     print("| path | opponent | games | seconds | games/s |\n|---|---|---|---|---|")
     for path in args.paths:
         for name, make in (("random", random_agent), ("perfect", perfect_agent)):

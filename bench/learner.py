@@ -1,7 +1,7 @@
 """Learner throughput: training steps/s and the share of the
 learner's time spent waiting for data (sampling and target building included).
 
-Runs the real learner process (``mpper.learner.run_learner``) on a shared buffer filled
+Runs the real learner process (``mpper.runtime.learner.run_learner``) on a shared buffer filled
 with CartPole-shaped episodes (no self-play, no rate limiter, so any wait is the
 buffer's), with the network and batch of ``configs/cartpole.json``, and reads the
 learner's own once-a-second reports. Also counts the torch operator calls of one
@@ -30,12 +30,14 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from mpper import ReplayBuffer, muzero_schema  # noqa: E402
+from mpper import ReplayBuffer  # noqa: E402
+from mpper.algos.muzero.networks import make_network  # noqa: E402
+from mpper.algos.muzero.targets import muzero_schema  # noqa: E402
+from mpper.algos.registry import algorithm_of  # noqa: E402
 from mpper.config import load_config  # noqa: E402
-from mpper.learner import run_learner  # noqa: E402
-from mpper.networks import make_network  # noqa: E402
-from mpper.procs import StopSignal  # noqa: E402
-from mpper.weights import WeightStore  # noqa: E402
+from mpper.runtime.learner import run_learner  # noqa: E402
+from mpper.runtime.procs import StopSignal  # noqa: E402
+from mpper.runtime.weights import WeightStore  # noqa: E402
 
 
 def fill(buf: ReplayBuffer, episodes: int, rng: np.random.Generator) -> None:
@@ -103,15 +105,13 @@ def ops_per_step(batch_size: int, steps: int = 10) -> float:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from mpper.learner import make_targets, make_trainer
-
     torch.set_num_threads(1)
     config = load_config(ROOT / "configs" / "cartpole.json", check_env=False)
     config = dataclasses.replace(config, training=dataclasses.replace(config.training, batch_size=batch_size))
     with ReplayBuffer.create(muzero_schema((4,), 2), 100_000, alpha=0.5) as buf:
         fill(buf, 50, np.random.default_rng(0))
-        trainer = make_trainer(config, make_network(config.network, (4,), 2), torch.device("cpu"))
-        batch = buf.sample(batch_size, 1.0, make_targets(config, 2), np.random.default_rng(1))
+        trainer = algorithm_of(config).make_trainer(config, make_network(config.network, (4,), 2), torch.device("cpu"))
+        batch = buf.sample(batch_size, 1.0, algorithm_of(config).make_targets(config, 2), np.random.default_rng(1))
         trainer.train_step(batch)  # first call: allocations and lazy set-up
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             for _ in range(steps):

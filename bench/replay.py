@@ -189,7 +189,8 @@ class MpperBench:
     name = "mpper"
 
     def __init__(self, capacity: int, chunks: list[dict], seed: int):
-        from mpper import ReplayBuffer, dqn_schema
+        from mpper import ReplayBuffer
+        from mpper.algos.dqn.targets import dqn_schema
 
         self.buf = ReplayBuffer.create(dqn_schema(OBS_SHAPE), capacity=capacity, alpha=ALPHA)
         self.rng = np.random.default_rng(seed)
@@ -234,7 +235,7 @@ class MpperNStepBench(MpperBench):
     name = "mpper n-step 3"
 
     def __init__(self, raw: MpperBench):
-        from mpper import NStepTargets
+        from mpper.algos.dqn.targets import NStepTargets
 
         self.buf, self.rng, self.prios = raw.buf, np.random.default_rng(1), raw.prios
         self.targets = NStepTargets(n=3, gamma=0.99)
@@ -445,7 +446,8 @@ def muzero_episode(rng: np.random.Generator, moves: int) -> dict:
 
 
 def bench_muzero(reps: int, target_s: float) -> dict:
-    from mpper import MuZeroTargets, ReplayBuffer, muzero_schema
+    from mpper import ReplayBuffer
+    from mpper.algos.muzero.targets import MuZeroTargets, muzero_schema
 
     rng = np.random.default_rng(5)
     moves = rng.integers(200, 501, MUZERO_EPISODES)
@@ -643,7 +645,8 @@ def bench_multiprocess(capacity: int, libs: dict, duration: float, reps: int) ->
     closers = []
     try:
         if "mpper" in libs:
-            from mpper import ReplayBuffer, dqn_schema
+            from mpper import ReplayBuffer
+            from mpper.algos.dqn.targets import dqn_schema
 
             buf = ReplayBuffer.create(dqn_schema(OBS_SHAPE), capacity=capacity, alpha=ALPHA)
             closers.append(buf.close)

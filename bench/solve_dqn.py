@@ -11,7 +11,7 @@ when solved and its agent is the evaluator's ``best.pt`` (the weights with the b
 evaluation; the final ``checkpoint.pt`` is reported too); SB3 trains its 5e4 steps
 and its final model is judged.
 
-``seed``: ``configs/cartpole_dqn_seed.json`` (the notebook's hyperparameters, one
+``easyrl``: ``configs/cartpole_dqn_easyrl.json`` (the notebook's hyperparameters, one
 worker, 100 episodes of at most 200 steps) over 5 seeds: the first training episode
 that reached 200, whether that was by episode 70 (the notebook's printed run), the mean
 of the last 10 training episodes, and 20 greedy test episodes at the end.
@@ -19,7 +19,7 @@ of the last 10 training episodes, and 20 greedy test episodes at the end.
 Usage::
 
     python bench/solve_dqn.py --seeds 0 1 2 3 4
-    python bench/solve_dqn.py --experiment seed --seeds 0 1 2 3 4
+    python bench/solve_dqn.py --experiment easyrl --seeds 0 1 2 3 4
 
 SB3 evaluates every ``--sb3-eval-every`` env steps; the time spent in its evaluations
 is excluded from its wall and CPU seconds (mpper's evaluator is a process of the run and
@@ -45,6 +45,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import proctree  # noqa: E402
+
 RESULTS = ROOT / "bench" / "results"
 THRESHOLD = 475.0
 
@@ -218,14 +219,14 @@ def print_solve_report(results: list[dict], seeds: list[int]) -> None:
                       f"({launch_medians[s] / sb3_launch:.2f}x counted from the launch of each process)")
 
 
-def seed_experiment(args) -> list[dict]:
+def easyrl_experiment(args) -> list[dict]:
     results = []
     for seed in args.seeds:
-        print(f"seed {seed}: configs/cartpole_dqn_seed.json ...", file=sys.stderr, flush=True)
+        print(f"seed {seed}: configs/cartpole_dqn_easyrl.json ...", file=sys.stderr, flush=True)
         run_dir = RESULTS / f"dqn-seedcfg-seed{seed}"
         subprocess.run(["rm", "-rf", str(run_dir)], check=True)
         t0 = time.monotonic()
-        cmd = [sys.executable, "run.py", "--config", "configs/cartpole_dqn_seed.json", "--seed", str(seed),
+        cmd = [sys.executable, "run.py", "--config", "configs/cartpole_dqn_easyrl.json", "--seed", str(seed),
                "--run-dir", str(run_dir), "--device", "cpu"]  # fmt: skip
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
         wall = time.monotonic() - t0
@@ -234,8 +235,8 @@ def seed_experiment(args) -> list[dict]:
         results.append({"seed": seed, "exit_code": proc.returncode, "wall_s": wall, "episodes": len(returns),
                         "first_200": first, "last10": float(np.mean(returns[-10:])),
                         "test_return": greedy_eval(run_dir, "checkpoint.pt", 20), "returns": returns})  # fmt: skip
-    print("# easy-rl PER-DQN hyperparameters (configs/cartpole_dqn_seed.json): "
-          f"`python bench/solve_dqn.py --experiment seed --seeds {' '.join(map(str, args.seeds))}`\n")
+    print("# easy-rl PER-DQN hyperparameters (configs/cartpole_dqn_easyrl.json): "
+          f"`python bench/solve_dqn.py --experiment easyrl --seeds {' '.join(map(str, args.seeds))}`\n")
     print("| seed | episodes | first episode with return 200 | by episode 70 | mean of last 10 | 20 greedy test episodes | wall s |")
     print("|---|---|---|---|---|---|---|")
     for r in results:
@@ -249,7 +250,7 @@ def seed_experiment(args) -> list[dict]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--experiment", choices=("solve", "seed"), default="solve")
+    ap.add_argument("--experiment", choices=("solve", "easyrl"), default="solve")
     ap.add_argument("--config", default="configs/cartpole_dqn.json")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     ap.add_argument("--time-limit", type=float, default=300.0, help="mpper: seconds per run")
@@ -263,7 +264,7 @@ def main() -> int:
         sb3_child(args.sb3_child, args.sb3_eval_every, args.out)
         return 0
     RESULTS.mkdir(parents=True, exist_ok=True)
-    results = solve_experiment(args) if args.experiment == "solve" else seed_experiment(args)
+    results = solve_experiment(args) if args.experiment == "solve" else easyrl_experiment(args)
     out = Path(args.out or RESULTS / f"dqn_{args.experiment}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=1))

@@ -1,10 +1,9 @@
 """Vectorised-numpy sum tree, timed beside ``mpper.SumTree`` (numba).
 
-This is the evidence for mpper's numba dependency: the best
-pure-numpy tree we could write, with the same layout, the same checks and the same
-rounding guard as ``mpper/sum_tree.py``, walks the tree level by level for the whole
-batch (all B descents advance one level together; updates recompute the parents level
-by level). Each level still costs several numpy calls, and at 1e6 leaves there are 20
+This is the evidence for mpper's numba dependency: a pure-numpy tree with the same
+layout, the same checks and the same rounding guard as ``mpper/replay/sum_tree.py``
+walks the tree level by level for the whole batch (all B descents advance one level
+together; updates recompute the parents level by level). Each level still costs several numpy calls, and at 1e6 leaves there are 20
 levels.
 
 Usage::

@@ -1,4 +1,4 @@
-"""TicTacToe benchmark (issue "Two-player self-play: TicTacToe"): how fast does
+"""TicTacToe benchmark: how fast does
 ``python run.py --config configs/tictactoe.json --workers 8`` learn to beat the random
 player and to hold the perfect player to a draw?
 
@@ -61,7 +61,7 @@ def met_perfect(opponents: dict) -> bool:
 
 def run_seed(seed: int, args, out_dir: Path) -> dict:
     run_dir = out_dir / f"seed{seed}-run"
-    if run_dir.exists():  # a run cut short: start the seed again
+    if run_dir.exists():  # a run cut short: start this seed's run again
         shutil.rmtree(run_dir)
     cmd = [sys.executable, "run.py", "--config", args.config, "--workers", str(args.workers), "--seed", str(seed),
            "--device", args.device, "--run-dir", str(run_dir), "--time-limit", str(args.minutes * 60),
@@ -105,8 +105,8 @@ def final_evaluation(run_dir: Path, games: int, seed: int) -> dict:
     second (the batched arena), per side."""
     import torch
 
-    from mpper.arena import load_mcts_agent, play_match
-    from mpper.tictactoe import TicTacToeEnv, perfect_agent, random_agent
+    from mpper.algos.muzero.arena import load_mcts_agent, play_match
+    from mpper.envs.tictactoe import TicTacToeEnv, perfect_agent, random_agent
 
     torch.set_num_threads(1)
     if not (run_dir / "checkpoint.pt").exists():
@@ -133,7 +133,7 @@ def move_quality(agent) -> dict:
     opponent leads to, not only those the agent's own play reaches."""
     import numpy as np
 
-    from mpper.tictactoe import position_scores, reachable_positions
+    from mpper.envs.tictactoe import position_scores, reachable_positions
 
     positions = reachable_positions()
     masks = positions[:, :2].sum(axis=1).reshape(-1, 9) == 0

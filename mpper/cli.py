@@ -1,14 +1,14 @@
 """Command line: ``python run.py --config configs/cartpole.json --workers 8``.
 
 ``main`` parses the flags, validates the config (file, ``--set`` overrides and flags) and
-only then imports :mod:`mpper.runtime` and calls
-``mpper.runtime.train(config, run_dir=Path, resume=Path | None)``. Any mistake in the
+only then imports :mod:`mpper.runtime.supervisor` and calls
+``mpper.runtime.supervisor.train(config, run_dir=Path, resume=Path | None)``. Any mistake in the
 flags or the config is one line ``error: ...`` on stderr and exit code 2, with nothing
 started. So is a run that cannot start on this machine or from this run directory: an env
-that cannot be made, sizes that do not fit /dev/shm or the memory (:mod:`mpper.resources`),
+that cannot be made, sizes that do not fit /dev/shm or the memory (:mod:`mpper.runtime.resources`),
 or (``--resume``) a checkpoint or snapshot that does not load or does not fit the config;
 those are found before any child process starts and before anything is written. The run
-directory is held (:mod:`mpper.rundir`) from before the run writes there until this
+directory is held (:mod:`mpper.runtime.rundir`) from before the run writes there until this
 process exits: one that another live run holds, one that holds a finished run (without
 ``--resume``), or one that cannot be created or written is refused. (The forkserver that
 children are forked from boots as soon as the env is checked, beside the supervisor's
@@ -26,7 +26,7 @@ from pathlib import Path
 
 from .config import MAX_SEED, ConfigError, RuntimeConfig, _section_specs, describe_config, load_config
 
-__all__ = ["build_parser", "default_run_dir", "main"]
+__all__ = ["build_parser", "console", "default_run_dir", "main", "resolve_config", "shipped_configs"]
 
 EXIT_USAGE = 2
 
@@ -56,8 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
             "in the config are reported as one line on stderr with exit code 2, before anything starts."
         ),
     )
-    p.add_argument("--config", metavar="PATH",
-                   help="JSON config file (required, except with --resume, which defaults to RUN_DIR/config.json)")
+    p.add_argument("--config", metavar="PATH|NAME",
+                   help="JSON config file, or the name of a config mpper ships (" + ", ".join(shipped_configs())
+                        + "); required, except with --resume, which defaults to RUN_DIR/config.json")
     p.add_argument("--workers", type=int, metavar="N",
                    help="self-play processes (overrides runtime.workers; 0: everything in one process, in turns)")
     p.add_argument("--device", choices=devices,
@@ -101,6 +102,29 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+SHIPPED_CONFIGS = Path(__file__).resolve().parent / "configs"
+
+
+def shipped_configs() -> list[str]:
+    """The names of the configs that come with mpper (``mpper/configs/NAME.json``)."""
+    return sorted(p.stem for p in SHIPPED_CONFIGS.glob("*.json"))
+
+
+def resolve_config(name: str) -> Path:
+    """``--config``: a path to a JSON file, or the name of a shipped config (``cartpole``
+    is ``mpper/configs/cartpole.json``, which works after ``pip install`` outside a clone).
+    A path that exists wins; FileNotFoundError, naming both places and the shipped names,
+    when neither does."""
+    path = Path(name)
+    if path.exists() or path.suffix == ".json" or len(path.parts) > 1:
+        return path  # a path the user named: load_config reports it if it is missing
+    shipped = SHIPPED_CONFIGS / f"{name}.json"
+    if shipped.is_file():
+        return shipped
+    raise FileNotFoundError(f"--config {name}: no such file, and mpper ships no config of that name "
+                            f"(shipped: {', '.join(shipped_configs())})")  # fmt: skip
+
+
 def default_run_dir(config_path: str | Path, now: _dt.datetime | None = None, root: str | Path = "runs") -> Path:
     """``runs/<config-name>/<timestamp>/``, with a ``-2``, ``-3``... suffix if it exists."""
     stamp = (now or _dt.datetime.now()).strftime("%Y%m%d-%H%M%S")
@@ -140,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.on_snapshot is not None:
             if args.render is not None:
                 return _fail("--render and --on-snapshot: choose one (--on-snapshot plays no episode to render)")
-            from .evaluate_snapshot import evaluate_snapshot_main
+            from .tools.evaluate_snapshot import evaluate_snapshot_main
 
             return evaluate_snapshot_main(args.evaluate, args.on_snapshot, args.checkpoint, args.overrides)
         render = None
@@ -148,15 +172,15 @@ def main(argv: list[str] | None = None) -> int:
             fmt, render = args.render
             if fmt != "gif":
                 return _fail(f"--render {fmt} {render}: unknown format {fmt!r}; expected: gif")
-        from .evaluate import evaluate_main
+        from .tools.evaluate import evaluate_main
 
         return evaluate_main(args.evaluate, args.episodes, args.checkpoint, args.seed or 0, render, args.overrides)
     if args.plot is not None:
-        from .plot import plot_main
+        from .tools.plot import plot_main
 
         return plot_main(args.plot)
     if args.inspect is not None:
-        from .inspect_snapshot import inspect_main
+        from .tools.inspect_snapshot import inspect_main
 
         return inspect_main(args.inspect, args.json)
 
@@ -167,7 +191,13 @@ def main(argv: list[str] | None = None) -> int:
             return _fail(f"--resume {args.resume}: no such run directory")
     if args.config is None and resume is None:
         return _fail("--config PATH is required (or --resume RUN_DIR); see --help")
-    config_path = args.config if args.config is not None else str(resume / "config.json")
+    if args.config is not None:
+        try:
+            config_path = str(resolve_config(args.config))
+        except FileNotFoundError as e:
+            return _fail(str(e))
+    else:
+        config_path = str(resume / "config.json")
     try:
         config = load_config(
             config_path,
@@ -183,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         return _fail(str(e))
 
-    from .rundir import RunDirError, check_run_dir, claim_run_dir
+    from .runtime.rundir import RunDirError, check_run_dir, claim_run_dir
 
     if args.run_dir is not None:
         run_dir, flag = Path(args.run_dir), "--run-dir"
@@ -196,8 +226,8 @@ def main(argv: list[str] | None = None) -> int:
     except RunDirError as e:
         return _fail(str(e))
 
-    from .envs import run_env_spec
-    from .resources import check_fits
+    from .algos.registry import run_env_spec
+    from .runtime.resources import check_fits
 
     try:  # the env itself: kwargs it rejects, a broken two-player contract, an algorithm that cannot train it
         spec = run_env_spec(config)
@@ -207,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
         # Children will be forked from a server: boot it now, so that its imports run beside
         # ours (torch, from the checks below on). It does nothing until a child is asked for,
         # and exits with this process, also when a check below refuses the run.
-        from .procs import start_process_server
+        from .runtime.procs import start_process_server
 
         start_process_server()
     try:  # the sizes against /dev/shm and this machine's memory
@@ -223,11 +253,11 @@ def main(argv: list[str] | None = None) -> int:
     except RunDirError as e:
         return _fail(str(e))
     with lock:
-        from .learner import CheckpointError
+        from .checkpoint import CheckpointError
+        from .replay.snapshot import SnapshotError
         from .shm import SharedMemoryRoomError
-        from .snapshot import SnapshotError
 
-        runtime = importlib.import_module("mpper.runtime")  # only now: config errors never need it
+        runtime = importlib.import_module("mpper.runtime.supervisor")  # only now: config errors never need it
         try:
             rc = runtime.train(config, run_dir=run_dir, resume=resume)
         except (SharedMemoryRoomError, SnapshotError, CheckpointError) as e:
@@ -245,11 +275,11 @@ def _check_resume(run_dir: Path, config, spec) -> str | None:
     keeps its capacity, alpha, priority_eps and initial_priority, so an override of
     one is refused rather than recorded in config.json and ignored. Returns the
     problem, or None."""
-    from .learner import CheckpointError, load_checkpoint, load_network_weights
-    from .networks import make_model
-    from .replay_buffer import ReplayBuffer
-    from .rundir import LOCK_NAME, live_run_pid
-    from .snapshot import SnapshotError
+    from .algos.registry import algorithm_of
+    from .checkpoint import CheckpointError, load_checkpoint, load_network_weights
+    from .replay.buffer import ReplayBuffer
+    from .replay.snapshot import SnapshotError
+    from .runtime.rundir import LOCK_NAME, live_run_pid
 
     live = live_run_pid(run_dir)
     if live is not None:
@@ -260,7 +290,7 @@ def _check_resume(run_dir: Path, config, spec) -> str | None:
         return f"--resume {run_dir}: no checkpoint.pt to resume from (the run stopped before its first checkpoint)"
     try:
         state = load_checkpoint(checkpoint)
-        network = make_model(config, spec.observation_shape, spec.num_actions)
+        network = algorithm_of(config).make_network(config, spec.observation_shape, spec.num_actions)
         for entry in ("network", "online_network"):  # online_network: the trained weights beside an average
             if entry in state:
                 load_network_weights(network, state[entry], checkpoint, entry)
@@ -286,3 +316,9 @@ def _check_resume(run_dir: Path, config, spec) -> str | None:
                         f"alpha, priority_eps and initial_priority: drop that override, or start a new run "
                         f"in another --run-dir")  # fmt: skip
     return None
+
+
+def console() -> None:
+    """The ``mpper`` command (installed with the package): ``mpper --config cartpole
+    --workers 8`` is ``python run.py --config configs/cartpole.json --workers 8``."""
+    sys.exit(main())

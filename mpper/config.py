@@ -2,8 +2,8 @@
 
 Every key of every section is a dataclass field below. Its default, its allowed values
 and its one-line description live together in the field (``_opt(default, allowed, doc)``),
-so the checks, ``python run.py --help-config`` and the README table all come from the same
-place. Names follow muzero-general (and the MuZero paper) where a counterpart exists.
+so the checks and ``python run.py --help-config`` (plain or as a Markdown table) come from
+the same place. Names follow muzero-general (and the MuZero paper) where a counterpart exists.
 
 ``allowed`` is one of:
 
@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
-from .episode_ring import MAX_CAPACITY
+from .replay.episode_ring import MAX_CAPACITY
 
 __all__ = [
     "CROSS_RULES",
@@ -268,7 +268,8 @@ class TrainingConfig:
     lr_decay_steps: int = _opt(1000, ">= 1", "training steps per factor lr_decay_rate")
     weight_decay: float = _opt(1e-4, ">= 0", "L2 weight regularisation")
     grad_clip: float | None = _opt(None, "> 0", "max global gradient norm; null: off")
-    checkpoint_interval: int = _opt(10, ">= 1", "publish weights to self-play every N training steps")
+    publish_interval: int = _opt(10, ">= 1", "publish the weights to self-play, the evaluator and the reanalyser "
+                                 "every N training steps (checkpoint.pt: runtime.checkpoint_interval_s)")
     samples_per_insert: float | None = _opt(None, "> 0", "training samples per stored step; null: off")
     samples_per_insert_tolerance: float = _opt(0.2, ">= 0", "relative slack before a side waits")
     min_buffer_steps: int = _opt(500, ">= 1", "stored steps before learning starts")
@@ -318,7 +319,7 @@ class DQNConfig:
     target_update: str = _opt("hard", ("hard", "soft"), '"hard": copy every target_update_interval steps; "soft": Polyak tau each step')
     target_update_interval: int = _opt(100, ">= 1", "hard updates: training steps between target-network copies")
     tau: float = _opt(0.005, "(0, 1]", "soft updates: target = tau * online + (1 - tau) * target, each step")
-    grad_clip_value: float | None = _opt(None, "> 0", "clamp each gradient element to [-v, v] (the seed's clamp_(-1, 1)); null: off")
+    grad_clip_value: float | None = _opt(None, "> 0", "clamp each gradient element to [-v, v] (easy-rl's PER-DQN notebook: clamp_(-1, 1)); null: off")
     exploration: str = _opt("apex", ("apex", "decay"), '"apex": a constant epsilon per actor; "decay": one exponential schedule')
     apex_epsilon: float = _opt(0.4, "[0, 1]", "apex: eps_i = apex_epsilon ** (1 + i * apex_alpha / (N - 1)), actor i of N")
     apex_alpha: float = _opt(7.0, ">= 0", "apex: exponent spread of the per-actor epsilons")
@@ -326,7 +327,7 @@ class DQNConfig:
     epsilon_end: float = _opt(0.05, "[0, 1]", "decay: epsilon it decays to")
     epsilon_decay: float = _opt(10_000.0, "> 0", "decay: eps = end + (start - end) * exp(-steps / decay), steps of each worker")
     initial_priority: str = _opt("td", ("td", "max"), '"td": |TD error| from the actor\'s own weights (Ape-X); "max": replay.initial_priority')
-    priority_clip: float | None = _opt(None, "> 0", "raw priorities |TD| clipped to at most this (the seed's abs_err_upper); null: off")
+    priority_clip: float | None = _opt(None, "> 0", "raw priorities |TD| clipped to at most this (easy-rl's notebook: abs_err_upper); null: off")
 
 
 @dataclass
@@ -504,9 +505,15 @@ def _pairs_hook(pairs):
     return obj
 
 
+# Keys that had another name: an old name is an error that names the new one.
+RENAMED = {"training.checkpoint_interval": "training.publish_interval"}
+
+
 def _unknown_key(source: str, key: str, section: str | None, known: Iterable[str]) -> ConfigError:
     """``unknown key`` with a did-you-mean from the same section, else from any section."""
     dotted = f"{section}.{key}" if section else key
+    if dotted in RENAMED:
+        return ConfigError(f"{source}: {dotted}: renamed to {RENAMED[dotted]} (same meaning)")
     known = list(known)
     close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
     if close:
@@ -876,7 +883,7 @@ def _default_text(v: Any) -> str:
 
 def describe_config(markdown: bool = False) -> str:
     """Every key with its type, default, allowed values and description: plain text for
-    ``--help-config``, or a Markdown table (``markdown=True``) for the README."""
+    ``--help-config``, or a Markdown table (``markdown=True``)."""
     specs = field_specs()
     rows = [(s.key, s.type_name, _default_text(s.default), s.allowed_text, s.doc) for s in specs]
     rules = [f"{a} {op} {b}" for a, op, b in CROSS_RULES]

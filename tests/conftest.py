@@ -18,8 +18,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mpper import ReplayBuffer, muzero_schema
+from mpper import ReplayBuffer
 from mpper import shm as mpper_shm
+from mpper.algos.muzero.targets import muzero_schema
 
 
 def _ours_or_dead(name: str) -> bool:

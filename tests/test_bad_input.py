@@ -19,9 +19,9 @@ import torch
 from test_train_e2e import ROOT, run_args
 
 from mpper import shm
+from mpper.algos.registry import get_algorithm
 from mpper.cli import main
-from mpper.replay_buffer import _layout, _offsets
-from mpper.schema import normalize_schema, schema_for
+from mpper.replay.buffer import segment_bytes
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -244,6 +244,7 @@ SNAPSHOT_CASES = [truncated_array, manifest_dtype, manifest_shape, checksum_mism
                   fifo_in_place_of_the_manifest, symlink_out_of_the_snapshot]  # fmt: skip
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ["inspect", "resume"])
 @pytest.mark.parametrize("corrupt", SNAPSHOT_CASES, ids=lambda f: f.__name__)
 def test_corrupt_snapshot(run, tmp_path, capsys, corrupt, command):
@@ -310,13 +311,14 @@ def test_corrupt_checkpoint(run, tmp_path, capsys, corrupt, command):
 
 
 # ---- the machine ---------------------------------------------------------------------------
+@pytest.mark.slow
 def test_a_buffer_larger_than_dev_shm_is_one_line_before_anything_starts(tmp_path):
     """The largest capacity mpper allows (2^30 steps) of a CartPole MuZero buffer needs
     about 86 GiB of shared memory: `python run.py` says so in one line, exit code 2,
     before any child process or segment exists."""
     capacity = 1 << 30
-    schema = schema_for("muzero", (4,), 2, np.dtype(np.float32))
-    needed = _offsets(_layout(normalize_schema(schema), capacity, capacity // 2))[1]
+    schema = get_algorithm("muzero").schema((4,), 2, np.dtype(np.float32))
+    needed = segment_bytes(schema, capacity)
     free = shm.free_bytes()
     if needed + shm._ROOM_MARGIN <= free:
         pytest.skip(f"/dev/shm has {shm._human(free)} free, room for the largest buffer ({shm._human(needed)})")
@@ -407,9 +409,9 @@ CARTPOLE = str(ROOT / "configs" / "cartpole.json")
     (["--set", 'env.kwargs={"nope": 1}'],
      ["env.id 'CartPole-v1' with env.kwargs {\"nope\": 1}: the env cannot be made (TypeError: ",
       "unexpected keyword argument 'nope'"]),
-    (["--set", "env.id=mpper.tictactoe:nothing_here"],
-     ["env.id 'mpper.tictactoe:nothing_here' with env.kwargs {}: the env cannot be made (AttributeError: module "
-      "'mpper.tictactoe' has no attribute 'nothing_here')"]),
+    (["--set", "env.id=mpper.envs.tictactoe:nothing_here"],
+     ["env.id 'mpper.envs.tictactoe:nothing_here' with env.kwargs {}: the env cannot be made (AttributeError: module "
+      "'mpper.envs.tictactoe' has no attribute 'nothing_here')"]),
     (["--seed", str(2**64)], [f"--seed: expected an integer in [0, 4294967295], got {2**64}"]),
     (["--set", "network.hidden=[10000000,10000000]"],
      ["error: this run needs about ", "but this machine has ", "network ",

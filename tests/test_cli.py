@@ -1,10 +1,11 @@
 """Command line: every config mistake is one line on stderr and exit code 2 with nothing
 started; --help and --help-config; the resolved config and run dir handed to
-``mpper.runtime.train`` (a stub installed in sys.modules by the test, never a file)."""
+``mpper.runtime.supervisor.train`` (a stub installed in sys.modules by the test, never a file)."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -15,6 +16,7 @@ import pytest
 
 from mpper import cli
 from mpper import config as cfg
+from mpper.algos.registry import algorithm_of
 from mpper.config import config_to_dict, field_specs, load_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,11 +37,11 @@ class TrainStub:
 
 @pytest.fixture
 def train(monkeypatch):
-    """A stand-in ``mpper.runtime`` whose ``train`` records its calls."""
+    """A stand-in ``mpper.runtime.supervisor`` whose ``train`` records its calls."""
     stub = TrainStub()
-    module = types.ModuleType("mpper.runtime")
+    module = types.ModuleType("mpper.runtime.supervisor")
     module.train = stub
-    monkeypatch.setitem(sys.modules, "mpper.runtime", module)
+    monkeypatch.setitem(sys.modules, "mpper.runtime.supervisor", module)
     return stub
 
 
@@ -238,10 +240,9 @@ def test_resume_reads_the_run_config_and_continues_in_place(tmp_path, train):
     (run / "config.json").write_text(json.dumps(config_to_dict(saved)))
     import torch
 
-    from mpper.networks import make_model
 
     # --resume needs one that loads into the network of the config (CartPole: 4 inputs, 2 actions)
-    torch.save({"network": make_model(saved, (4,), 2).state_dict(), "training_step": 0}, run / "checkpoint.pt")
+    torch.save({"network": algorithm_of(saved).make_network(saved, (4,), 2).state_dict(), "training_step": 0}, run / "checkpoint.pt")
     assert cli.main(["--resume", str(run), "--time-limit", "60"]) == 0
     call = train.calls[-1]
     assert call["resume"] == run and call["run_dir"] == run
@@ -259,9 +260,9 @@ def test_resume_with_a_broken_run_config_names_it(tmp_path, capsys, train):
 
 def test_train_return_code_is_the_exit_code(monkeypatch, tmp_path):
     stub = TrainStub(rc=3)
-    module = types.ModuleType("mpper.runtime")
+    module = types.ModuleType("mpper.runtime.supervisor")
     module.train = stub
-    monkeypatch.setitem(sys.modules, "mpper.runtime", module)
+    monkeypatch.setitem(sys.modules, "mpper.runtime.supervisor", module)
     assert cli.main(["--config", str(CARTPOLE), "--run-dir", str(tmp_path / "r")]) == 3
 
 
@@ -273,3 +274,34 @@ def test_run_py_entry_point_exits_2_on_a_bad_config(tmp_path):
     assert proc.returncode == 2, proc.stderr
     assert proc.stdout == ""
     assert proc.stderr == f"error: {bad}: training.batch_size: expected an integer >= 1, got 0\n"
+
+
+def test_config_by_name_is_the_shipped_file_from_any_directory(tmp_path, monkeypatch, train):
+    """``--config cartpole`` works outside a clone (after ``pip install``): it is the
+    packaged ``mpper/configs/cartpole.json``, the file ``configs/cartpole.json`` links to."""
+    monkeypatch.chdir(tmp_path)  # no configs/ here
+    assert cli.main(["--config", "cartpole", "--run-dir", str(tmp_path / "run")]) == 0
+    assert train.calls[0]["config"] == load_config(CARTPOLE)
+    assert cli.resolve_config("cartpole").resolve() == CARTPOLE.resolve()
+    assert {"cartpole", "cartpole_dqn", "cartpole_dqn_easyrl", "tictactoe"} <= set(cli.shipped_configs())
+
+
+def test_unknown_config_name_is_one_line_naming_the_shipped_ones(tmp_path, monkeypatch, capsys, train):
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["--config", "cartpol"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --config cartpol: no such file, and mpper ships no config of that name (shipped: ")
+    assert "cartpole, cartpole_dqn" in err and err.count("\n") == 1
+    assert not train.calls
+
+
+def test_mpper_console_script_is_the_cli(tmp_path):
+    """setup.cfg installs ``mpper`` as ``mpper.cli:console``, which exits with main()'s code."""
+    setup = (ROOT / "setup.cfg").read_text()
+    assert re.search(r"console_scripts =\s*\n\s*mpper = mpper\.cli:console\n", setup)
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"training": {"batch_size": 0}}')
+    proc = subprocess.run([sys.executable, "-c", "from mpper.cli import console; console()", "--config", str(bad)],
+                          capture_output=True, text=True, timeout=60, cwd=tmp_path, check=False,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+    assert proc.returncode == 2 and proc.stderr == f"error: {bad}: training.batch_size: expected an integer >= 1, got 0\n"

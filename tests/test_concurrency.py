@@ -8,7 +8,10 @@ import time
 import numpy as np
 import pytest
 
-from mpper import NStepTargets, ReplayBuffer, dqn_schema
+from mpper import ReplayBuffer
+from mpper.algos.dqn.targets import NStepTargets, dqn_schema
+
+pytestmark = pytest.mark.slow
 
 CTX = mp.get_context("spawn")
 GAMMA = 0.5

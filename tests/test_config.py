@@ -357,3 +357,15 @@ def test_ranges_come_from_the_field_metadata():
     assert spec["training.grad_clip"].expected() == "a number > 0 or null"
     f = {f.name: f for f in dataclasses.fields(cfg.TrainingConfig)}["batch_size"]
     assert f.metadata["allowed"] == ">= 1" and f.metadata["doc"]
+
+
+def test_a_renamed_key_names_its_new_name(tmp_path):
+    path = tmp_path / "old.json"
+    path.write_text('{"training": {"checkpoint_interval": 5}}')
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    assert str(e.value) == f"{path}: training.checkpoint_interval: renamed to training.publish_interval (same meaning)"
+    with pytest.raises(ConfigError, match=r"^--set training.checkpoint_interval=5: training.checkpoint_interval: "
+                                          r"renamed to training.publish_interval \(same meaning\)$"):
+        load_config(ROOT / "configs" / "cartpole.json", ["training.checkpoint_interval=5"])
+    assert load_config(ROOT / "configs" / "cartpole.json", ["training.publish_interval=5"]).training.publish_interval == 5

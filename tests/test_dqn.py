@@ -13,11 +13,12 @@ import numpy as np
 import pytest
 import torch
 
-from mpper import ReplayBuffer, dqn_schema
+from mpper import ReplayBuffer
+from mpper.algos.dqn.dqn import DQNTrainer, EpsilonGreedyPlayer, QNetwork, apex_epsilons, decayed_epsilon, td_errors
+from mpper.algos.dqn.targets import NStepTargets, dqn_schema
+from mpper.algos.registry import algorithm_of
+from mpper.checkpoint import load_checkpoint, save_checkpoint
 from mpper.config import config_from_dict
-from mpper.dqn import DQNTrainer, EpsilonGreedyPlayer, QNetwork, apex_epsilons, decayed_epsilon, td_errors
-from mpper.learner import load_checkpoint, make_targets, save_checkpoint
-from mpper.targets import NStepTargets
 
 
 def dqn_config(**dqn):
@@ -79,11 +80,10 @@ def test_each_env_of_each_worker_is_one_apex_actor():
     all_eps = apex_epsilons(0.4, 7.0, 6)
     for worker in range(2):
         envs = [gym.make("CartPole-v1") for _ in range(3)]
-        from mpper.selfplay import make_player
 
-        player = make_player(config, envs, QNetwork((4,), 2, [8]).eval(), explore=True, seed=1, worker_id=worker)
+        player = algorithm_of(config).make_player(config, envs, QNetwork((4,), 2, [8]).eval(), explore=True, seed=1, worker_id=worker)
         np.testing.assert_allclose(player.current_epsilons(), all_eps[3 * worker : 3 * worker + 3])
-        greedy = make_player(config, envs, QNetwork((4,), 2, [8]).eval(), explore=False, seed=1)
+        greedy = algorithm_of(config).make_player(config, envs, QNetwork((4,), 2, [8]).eval(), explore=False, seed=1)
         assert (greedy.current_epsilons() == 0).all()
 
 
@@ -136,7 +136,7 @@ def test_new_and_updated_priorities_obey_the_same_clip():
     |TD| errors, the "max" default of new episodes (which starts at 1, above a clip
     below 1) and the learner's updates alike."""
     from mpper.envs import env_spec
-    from mpper.runtime import create_buffer
+    from mpper.runtime.run import create_buffer
 
     net = QNetwork((4,), 2, [8]).eval()
     for initial in ("td", "max"):
@@ -172,7 +172,7 @@ def trainer_and_batch(tmp_path=None, **dqn):
     for ep in episodes:
         buf.add_episode(ep.arrays(), None, ep.terminated)
     trainer = DQNTrainer(config, QNetwork((4,), 2, [32, 32], dueling=config.dqn.dueling), torch.device("cpu"))
-    targets = make_targets(config, 2)
+    targets = algorithm_of(config).make_targets(config, 2)
     assert isinstance(targets, NStepTargets) and targets.n == 3
     return config, buf, trainer, targets
 

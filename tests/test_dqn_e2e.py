@@ -10,19 +10,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from test_train_e2e import check_outputs
 
 from mpper import ReplayBuffer
 from mpper.cli import main
 from mpper.config import load_config
-
-from test_train_e2e import check_outputs
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL_DQN = [
     "--set", "training.min_buffer_steps=200", "--set", "training.batch_size=32",
     "--set", "runtime.envs_per_worker=2", "--set", "replay.capacity=20000",
     "--set", "runtime.evaluation_interval_s=1", "--set", "runtime.evaluation_episodes=2",
-    "--set", "runtime.log_interval_s=1", "--set", "training.checkpoint_interval=5",
+    "--set", "runtime.log_interval_s=1", "--set", "training.publish_interval=5",
     "--set", "env.max_episode_steps=100", "--set", "runtime.solve_return=null",
 ]  # fmt: skip
 
@@ -32,6 +31,7 @@ def dqn_args(run_dir: Path, *extra: str) -> list[str]:
             "--run-dir", str(run_dir), *SMALL_DQN, *extra]  # fmt: skip
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_dqn_with_two_workers_trains_and_everything_is_saved(tmp_path):
     run_dir = tmp_path / "run"
@@ -68,7 +68,7 @@ def test_dqn_with_two_workers_trains_and_everything_is_saved(tmp_path):
     assert main(["--evaluate", str(run_dir), "--on-snapshot", str(run_dir / "buffer")]) == 0
     report = json.loads((run_dir / "snapshot_evaluation.json").read_text())
     rows = {r["transitions"]: r for r in report["table"]}
-    from mpper.dqn import QNetwork, td_errors
+    from mpper.algos.dqn.dqn import QNetwork, td_errors
 
     config = load_config(run_dir / "config.json")
     net = QNetwork((4,), 2, list(config.network.hidden), config.dqn.dueling)
@@ -84,6 +84,7 @@ def test_dqn_with_two_workers_trains_and_everything_is_saved(tmp_path):
     assert rows["all"]["max"] == pytest.approx(errors.max(), rel=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_dqn_in_one_process_is_repeatable_and_resumes(tmp_path):
     runs = []
@@ -113,7 +114,7 @@ def test_dqn_in_one_process_is_repeatable_and_resumes(tmp_path):
 def test_shipped_dqn_configs_are_valid_and_set_every_dqn_key():
     from mpper.config import field_specs
 
-    for name in ("cartpole_dqn.json", "cartpole_dqn_seed.json"):
+    for name in ("cartpole_dqn.json", "cartpole_dqn_easyrl.json"):
         raw = json.loads((ROOT / "configs" / name).read_text())
         assert raw["algorithm"] == "dqn" and "mcts" not in raw, name
         keys = {f"{s}.{k}" for s, sec in raw.items() if isinstance(sec, dict) for k in sec}
@@ -121,7 +122,7 @@ def test_shipped_dqn_configs_are_valid_and_set_every_dqn_key():
         assert keys == {s.key for s in field_specs() if not s.key.startswith("mcts.")}, name
         config = load_config(ROOT / "configs" / name)
         assert config.algorithm == "dqn"
-    seed = load_config(ROOT / "configs" / "cartpole_dqn_seed.json")
+    seed = load_config(ROOT / "configs" / "cartpole_dqn_easyrl.json")
     # the easy-rl notebook's hyperparameters
     assert seed.network.hidden == [256, 256] and seed.training.lr_init == 1e-4 and seed.dqn.gamma == 0.95
     assert seed.training.batch_size == 64 and seed.replay.capacity == 100_000

@@ -14,7 +14,9 @@ import numpy as np
 import pytest
 from test_train_e2e import ROOT, SMALL
 
-from mpper import ReplayBuffer, dqn_schema, muzero_schema
+from mpper import ReplayBuffer
+from mpper.algos.dqn.targets import dqn_schema
+from mpper.algos.muzero.targets import muzero_schema
 from mpper.cli import main
 
 pytestmark = pytest.mark.timeout(120)
@@ -138,6 +140,7 @@ def no_render_mode():
 '''
 
 
+@pytest.mark.slow
 def test_render_on_an_env_without_rgb_array(tmp_path, capsys, monkeypatch):
     (tmp_path / "noframes_env.py").write_text(textwrap.dedent(TINY_ENV))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}

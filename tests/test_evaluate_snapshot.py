@@ -4,6 +4,7 @@ a time."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 
@@ -12,12 +13,14 @@ import pytest
 import seed_reference as ref
 import torch
 
-from mpper import evaluate_snapshot, load_snapshot
+from mpper import load_snapshot
+from mpper.algos.muzero.networks import make_network, support_to_scalar
+from mpper.algos.registry import ALGORITHMS
+from mpper.checkpoint import load_checkpoint
 from mpper.cli import main
 from mpper.config import load_config
-from mpper.evaluate_snapshot import all_positions, evaluate_on_snapshot, format_table
-from mpper.learner import load_checkpoint
-from mpper.networks import make_network, support_to_scalar
+from mpper.replay.positions import all_positions
+from mpper.tools.evaluate_snapshot import evaluate_on_snapshot, format_table
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -60,6 +63,7 @@ def reference_errors(run_dir) -> dict:
     return errors
 
 
+@pytest.mark.slow
 def test_on_snapshot_matches_a_plain_loop_over_every_position(run, capsys):
     assert main(["--evaluate", str(run), "--on-snapshot", str(run / "buffer")]) == 0
     out = capsys.readouterr().out
@@ -111,7 +115,8 @@ def test_every_position_once_and_one_function_per_algorithm(run, monkeypatch, ca
         snapshot_run.advance(len(p))
         return {"table": [{"statistic": "mean", "td_error": 0.25}], "extra": [1, 2]}
 
-    monkeypatch.setitem(evaluate_snapshot.EVALUATORS, "muzero", fake)
+    muzero = ALGORITHMS["muzero"]
+    monkeypatch.setitem(ALGORITHMS, "muzero", dataclasses.replace(muzero, evaluate_snapshot=fake))
     assert main(["--evaluate", str(run), "--on-snapshot", str(run / "buffer")]) == 0
     assert "statistic  td_error\n     mean      0.25" in capsys.readouterr().out
     report = json.loads((run / "snapshot_evaluation.json").read_text())

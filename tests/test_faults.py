@@ -18,10 +18,18 @@ import numpy as np
 import pytest
 import torch
 from test_train_e2e import (
-    ROOT, alive, assert_no_process_left, complete_lines, run_args, segments_of, wait_until_training,
+    ROOT,
+    alive,
+    assert_no_process_left,
+    complete_lines,
+    run_args,
+    segments_of,
+    wait_until_training,
 )  # fmt: skip
 
 from mpper import ReplayBuffer, shm
+
+pytestmark = pytest.mark.slow
 
 # the run's processes import tests/faulty_env.py as "faulty_env"
 FAULTY_ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
@@ -102,7 +110,7 @@ def test_an_env_that_raises_restarts_its_worker_then_stops_the_run_with_its_erro
     proc = subprocess.run(args, cwd=ROOT, env=FAULTY_ENV, capture_output=True, text=True, timeout=150)
     err = proc.stderr
     assert proc.returncode == 1, proc.stdout[-2000:] + err[-4000:]
-    env_error = ("mpper.selfplay.EnvError: worker-0 env 1 (faulty_env:raising): step raised RuntimeError: "
+    env_error = ("mpper.runtime.actor.EnvError: worker-0 env 1 (faulty_env:raising): step raised RuntimeError: "
                  "simulated env failure after 30 steps")  # fmt: skip
     assert err.count("mpper: worker-0 failed:\n") == 3  # each failure's traceback, reported
     assert err.count(env_error) >= 3  # ... ending in the env's error, with where it happened
@@ -129,7 +137,7 @@ def test_a_diverging_learner_stops_the_run_at_the_non_finite_step(tmp_path):
     the workers never play with the huge ones.)"""
     run_dir = tmp_path / "run"
     args = run_args(run_dir, "--workers", "1", "--max-train-steps", "100000", "--set", "training.lr_init=1e30",
-                    "--set", "training.checkpoint_interval=1000", "--set", "training.samples_per_insert=null")  # fmt: skip
+                    "--set", "training.publish_interval=1000", "--set", "training.samples_per_insert=null")  # fmt: skip
     proc = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=150)
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-4000:]
     stopped = [line for line in proc.stderr.splitlines() if "run stopped:" in line]

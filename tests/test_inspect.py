@@ -5,7 +5,8 @@ import json
 import numpy as np
 import pytest
 
-from mpper import ReplayBuffer, load_snapshot, muzero_schema
+from mpper import ReplayBuffer, load_snapshot
+from mpper.algos.muzero.targets import muzero_schema
 from mpper.cli import main
 
 

@@ -19,20 +19,15 @@ import pytest
 import torch
 from conftest import make_episode
 
-from mpper import MuZeroTargets, ReplayBuffer, muzero_schema
+from mpper import ReplayBuffer
+from mpper.algos.muzero.networks import make_network, scale_gradient, support_to_scalar
+from mpper.algos.muzero.targets import MuZeroTargets, muzero_schema
+from mpper.algos.muzero.trainer import MuZeroTrainer
+from mpper.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from mpper.config import Config, NetworkConfig, ReplayConfig, RuntimeConfig, TrainingConfig, load_config
-from mpper.learner import (
-    CheckpointError,
-    MuZeroTrainer,
-    beta_schedule,
-    load_checkpoint,
-    run_learner,
-    save_checkpoint,
-    scale_gradient,
-)
-from mpper.networks import make_network, support_to_scalar
-from mpper.replay_buffer import Batch
-from mpper.weights import WeightStore
+from mpper.replay.buffer import Batch
+from mpper.runtime.learner import beta_schedule, run_learner
+from mpper.runtime.weights import WeightStore
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -43,7 +38,7 @@ def small_config(**training) -> Config:
     base = dict(
         training_steps=6, batch_size=16, num_unroll_steps=K, td_steps=5, value_loss_weight=0.25,
         optimizer="adam", lr_init=0.01, lr_decay_rate=1.0, lr_decay_steps=100, weight_decay=1e-4,
-        checkpoint_interval=2, min_buffer_steps=16,
+        publish_interval=2, min_buffer_steps=16,
     )  # fmt: skip
     base.update(training)
     return Config(
@@ -198,7 +193,7 @@ def reference_gradient(net, batch: Batch, value_loss_weight: float, support: int
     predictions; each unrolled step's loss gradient divided by ``gradient_scale``, no
     reward loss at step 0, IS-weighted mean. Returns the flat gradient of all
     parameters."""
-    from mpper.networks import scalar_to_support
+    from mpper.algos.muzero.networks import scalar_to_support
 
     d = {k: torch.from_numpy(v) for k, v in batch.data.items()}
     w = torch.from_numpy(batch.weights)
@@ -396,9 +391,10 @@ def _store_for(config: Config) -> WeightStore:
     return WeightStore.create(net.num_flat_weights())
 
 
+@pytest.mark.slow
 def test_run_learner_in_a_spawned_process(buffer, tmp_path):
     ctx = mp.get_context("spawn")
-    config = small_config(training_steps=6, batch_size=8, min_buffer_steps=8, checkpoint_interval=2)
+    config = small_config(training_steps=6, batch_size=8, min_buffer_steps=8, publish_interval=2)
     store = _store_for(config)
     try:
         leaves_before = buffer.priorities(np.arange(buffer.capacity)).copy()
@@ -448,7 +444,7 @@ class _CountingRate:
 def test_run_learner_resumes_and_uses_the_rate_limiter(buffer, tmp_path):
     # In-process (threads and a plain queue) to keep it fast; the spawned test above
     # covers the process boundary.
-    config = small_config(training_steps=3, batch_size=8, min_buffer_steps=8, checkpoint_interval=10)
+    config = small_config(training_steps=3, batch_size=8, min_buffer_steps=8, publish_interval=10)
     store = _store_for(config)
     try:
         reports, rate = queue.Queue(), _CountingRate()
@@ -491,13 +487,14 @@ def _poll(condition, what: str, timeout: float = 300.0) -> None:
         time.sleep(0.01)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_run_learner_is_held_by_the_real_rate_limiter(buffer, tmp_path):
-    """mpper.rate.RateLimiter with tolerance 0: sampling waits while samples + B > r * I.
+    """mpper.runtime.rate.RateLimiter with tolerance 0: sampling waits while samples + B > r * I.
     With r = 3.5 B / I the learner takes exactly 3 batches, then stays blocked (no
     self-play inserts anything) through 20 passes of the limiter's wait loop, sleeping
     ``poll_s`` between them instead of spinning, until stop ends the run cleanly."""
-    from mpper.rate import _MAX_RINGS, RateLimiter
+    from mpper.runtime.rate import _MAX_RINGS, RateLimiter
 
     config = small_config(training_steps=50, batch_size=8, min_buffer_steps=8)
     inserted = buffer.counters["steps"]
@@ -597,8 +594,9 @@ def test_run_learner_trains_with_the_annealed_importance_weights(tmp_path, monke
 
 def test_inline_run_trains_with_the_annealed_importance_weights(tmp_path, monkeypatch):
     """``--workers 0`` (the in-process loop) samples with the same annealed beta."""
-    from mpper import cli
     from test_train_e2e import ROOT, SMALL
+
+    from mpper import cli
 
     seen = record_train_steps(monkeypatch)
     sets = ["replay.beta=0.2", "replay.beta_anneal_steps=4", "training.min_buffer_steps=64", "training.batch_size=16",

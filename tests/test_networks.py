@@ -6,8 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from mpper.config import NetworkConfig
-from mpper.networks import (
+from mpper.algos.muzero.networks import (
     MuZeroNetwork,
     h,
     h_inv,
@@ -16,7 +15,8 @@ from mpper.networks import (
     stacked_shape,
     support_to_scalar,
 )
-from mpper.targets import stacked_observations
+from mpper.algos.muzero.targets import stacked_observations
+from mpper.config import NetworkConfig
 
 
 def wide_range(dtype) -> torch.Tensor:
@@ -119,7 +119,7 @@ def test_residual_network_shapes_and_scaling():
 
 @pytest.mark.parametrize("kind, obs_shape", [("fc", (4,)), ("residual", (2, 3, 3))])
 def test_stacked_observations_match_targets_layout(kind, obs_shape):
-    """The network's input is exactly what mpper.targets.stacked_observations builds:
+    """The network's input is exactly what mpper.algos.muzero.targets.stacked_observations builds:
     muzero-general's stacking (the current observation, then per past step its
     observation and an action plane, zeros before the episode's start), row for row,
     and every one of its channels reaches the network's hidden state."""
@@ -209,7 +209,7 @@ def test_fc_batched_unroll_matches_step_by_step_inference(hidden, k_steps):
     """The fully connected network's batched ``unroll`` against the plain loop of
     ``initial_inference`` / ``recurrent_inference`` with ``scale_gradient(h, 0.5)``
     between dynamics steps: same logits, same parameter gradients."""
-    from mpper.networks import FullyConnectedNetwork, scale_gradient
+    from mpper.algos.muzero.networks import FullyConnectedNetwork, scale_gradient
 
     torch.manual_seed(0)
     net = make_network(NetworkConfig(kind="fc", encoding_size=8, hidden=hidden, support_size=5), (4,), 3)

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from mpper.rate import RateLimiter, Wait
+from mpper.runtime.rate import RateLimiter, Wait
 
 CTX = mp.get_context("spawn")
 
@@ -134,6 +134,7 @@ def consumer(lim, inserted, sampled, stop, delay, out):
     out.put(("consumer", waits, worst))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("producer_delay, consumer_delay", [(0.0, 0.002), (0.002, 0.0)])
 def test_two_processes_keep_the_ratio(producer_delay, consumer_delay):
     spi, tol, min_size, batch, episode = 2.0, 0.25, 40, 8, 10
@@ -181,6 +182,7 @@ def blocked_sampler(lim, stop, out):
     out.put(("returned", time.monotonic(), res.waited))
 
 
+@pytest.mark.slow
 def test_stop_wakes_a_blocked_process():
     lim = limiter()
     stop, out = CTX.Event(), CTX.Queue()
@@ -217,7 +219,7 @@ def test_a_waiter_killed_while_waiting_blocks_nobody():
     import signal as sig
     import time
 
-    from mpper.procs import StopSignal
+    from mpper.runtime.procs import StopSignal
 
     limiter = RateLimiter(2.0, 0.1, 10, 4, CTX)
     stop = StopSignal(CTX)

@@ -13,7 +13,10 @@ import numpy as np
 import pytest
 from conftest import make_episode
 
-from mpper import ReplayBuffer, muzero_schema
+from mpper import ReplayBuffer
+from mpper.algos.muzero.targets import muzero_schema
+
+pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
 HEADING = "## Reading a snapshot in Python"

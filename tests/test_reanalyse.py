@@ -11,12 +11,14 @@ import pytest
 import torch
 from conftest import make_episode
 
-from mpper import ReplayBuffer, muzero_schema
+from mpper import ReplayBuffer
+from mpper.algos.muzero.networks import make_network, support_to_scalar
+from mpper.algos.muzero.reanalyse import Reanalyser
+from mpper.algos.muzero.targets import muzero_schema
 from mpper.config import Config, NetworkConfig
-from mpper.networks import make_network, support_to_scalar
-from mpper.procs import StopSignal
-from mpper.reanalyse import Reanalyser, run_reanalyser
-from mpper.weights import WeightStore
+from mpper.runtime.procs import StopSignal
+from mpper.runtime.reanalyser import run_reanalyser
+from mpper.runtime.weights import WeightStore
 
 CTX = mp.get_context("spawn")
 OBS, ACTIONS, STACK = (4,), 2, 2
@@ -139,6 +141,7 @@ def test_rewritten_episode_is_not_written(setup, monkeypatch):
     assert np.isnan(buf.fields["reanalysed_value"]).all(), "a stale value reached a newer episode"
 
 
+@pytest.mark.slow
 def test_run_reanalyser_process(setup):
     config, buf, store, (net1, net2) = setup
     rng = np.random.default_rng(2)
@@ -150,7 +153,7 @@ def test_run_reanalyser_process(setup):
     try:
         def wait_for(net, seconds):
             # one batch of episodes per published version: publish the same weights
-            # again (as the learner does every checkpoint_interval) until all are done
+            # again (as the learner does every publish_interval) until all are done
             deadline = time.monotonic() + seconds
             while not all_match(buf, net, config):
                 assert p.is_alive(), "the reanalyser died"

@@ -6,8 +6,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.stats import chisquare
 
-from mpper import COUNTERS, ReplayBuffer, dqn_schema
-from mpper.episode_ring import PUBLISHED, START, STATE
+from mpper import COUNTERS, ReplayBuffer
+from mpper.algos.dqn.targets import dqn_schema
+from mpper.replay.episode_ring import PUBLISHED, START, STATE
 
 SCHEMA = {**dqn_schema((2,)), "tag": ((2,), "int64")}  # tag = (episode id, position)
 

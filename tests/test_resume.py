@@ -17,10 +17,10 @@ import torch
 from test_train_e2e import ROOT, SMALL, complete_lines
 
 from mpper import COUNTERS, ReplayBuffer
+from mpper.algos.registry import algorithm_of
+from mpper.checkpoint import load_checkpoint
 from mpper.config import load_config
 from mpper.envs import env_spec
-from mpper.learner import load_checkpoint, make_trainer
-from mpper.networks import make_model
 
 FIRST, SECOND, BATCH = 20, 40, 32  # training steps before and after the resume; SMALL's batch size
 INTERNAL = ("generation", "info", "episodes", "ring", "counters", "max_priority")  # snapshot files besides fields
@@ -71,7 +71,9 @@ def assert_trainer_is_the_checkpoint(run_dir: Path, step: int) -> dict:
     config = load_config(run_dir / "config.json")
     saved = torch.load(run_dir / "checkpoint.pt", weights_only=True)
     spec = env_spec(config.env)
-    trainer = make_trainer(config, make_model(config, spec.observation_shape, spec.num_actions), torch.device("cpu"))
+    algorithm = algorithm_of(config)
+    network = algorithm.make_network(config, spec.observation_shape, spec.num_actions)
+    trainer = algorithm.make_trainer(config, network, torch.device("cpu"))
     trainer.load_state_dict(load_checkpoint(run_dir / "checkpoint.pt"))
     assert saved["training_step"] == trainer.training_step == step
     network = trainer.network.state_dict()
@@ -99,6 +101,7 @@ def episode_rows(buf: ReplayBuffer) -> dict[int, dict[str, np.ndarray]]:
     return {ref.episode_id: buf.read_episode(ref, names) for ref in buf.episodes()}
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("workers", [0, 2])
 def test_resume_loads_what_was_saved_and_training_goes_on_from_there(tmp_path, workers):
@@ -157,7 +160,7 @@ def test_resume_refuses_a_live_run_and_a_run_without_checkpoint(trained_run, tmp
     shutil.copytree(trained_run, run_dir)
     # a live run still writing there (a Python process holding the directory as a run
     # does stands in for it)
-    hold = ("import sys; from pathlib import Path; from mpper.rundir import claim_run_dir; "
+    hold = ("import sys; from pathlib import Path; from mpper.runtime.rundir import claim_run_dir; "
             "lock = claim_run_dir(Path(sys.argv[1]), '--resume', True); print('held', flush=True); sys.stdin.read()")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     live = subprocess.Popen([sys.executable, "-c", hold, str(run_dir)], stdin=subprocess.PIPE,
@@ -177,6 +180,7 @@ def test_resume_refuses_a_live_run_and_a_run_without_checkpoint(trained_run, tmp
     assert len(err) == 1 and "no checkpoint.pt to resume from" in err[0]
 
 
+@pytest.mark.slow
 def test_a_resumed_run_keeps_its_best_checkpoint_unless_beaten(trained_run, tmp_path):
     import shutil
 

@@ -9,7 +9,6 @@ import shutil
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from test_bad_input import fails_cleanly
@@ -22,6 +21,7 @@ pytestmark = pytest.mark.timeout(240)
 CONFIG = str(ROOT / "configs" / "cartpole.json")
 
 
+@pytest.mark.slow
 def test_a_second_run_into_a_live_runs_directory_is_refused(tmp_path, capsys):
     run_dir = tmp_path / "run"
     first = subprocess.Popen(run_args(run_dir, "--workers", "0", "--max-train-steps", "100000"), cwd=ROOT,
@@ -50,11 +50,12 @@ def test_a_finished_run_is_continued_only_with_resume(trained_run, tmp_path, cap
                    f"continue it with --resume {run}"])  # fmt: skip
 
 
+@pytest.mark.slow
 def test_the_lock_of_a_killed_run_does_not_outlive_it(trained_run, tmp_path, capsys):
     """A process holding the run directory (as a run does) is SIGKILLed: its lock goes
     with it, though the lock file still names its pid, and --resume proceeds."""
     run = shutil.copytree(trained_run, tmp_path / "run")
-    hold = ("import sys; from pathlib import Path; from mpper.rundir import claim_run_dir; "
+    hold = ("import sys; from pathlib import Path; from mpper.runtime.rundir import claim_run_dir; "
             "lock = claim_run_dir(Path(sys.argv[1]), '--resume', True); print('held', flush=True); sys.stdin.read()")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     holder = subprocess.Popen([sys.executable, "-c", hold, str(run)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,

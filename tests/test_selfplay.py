@@ -11,9 +11,9 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from mpper.config import Config, EnvConfig, MCTSConfig, NetworkConfig
-from mpper.networks import make_network, support_to_scalar
-from mpper.selfplay import BatchedPlayer
+from mpper.algos.muzero.networks import make_network, support_to_scalar
+from mpper.algos.muzero.player import BatchedPlayer
+from mpper.config import Config, EnvConfig, NetworkConfig
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import seed_reference as ref  # noqa: E402

@@ -28,10 +28,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from conftest import make_episode
 
 import mpper
-from mpper import ReplayBuffer, SharedMemoryRoomError, dqn_schema, muzero_schema
+from mpper import ReplayBuffer, SharedMemoryRoomError
 from mpper import shm as mpper_shm
-from mpper.replay_buffer import _layout, _offsets
-from mpper.schema import normalize_schema
+from mpper.algos.dqn.targets import dqn_schema
+from mpper.algos.muzero.targets import muzero_schema
+from mpper.replay.buffer import segment_bytes
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -69,6 +70,7 @@ def _child_attach(handle, start, rows, to_parent, from_parent):
     from_parent.get(timeout=30)  # parent checked the segment while we are still alive
 
 
+@pytest.mark.slow
 def test_spawned_child_attaches_sees_writes_and_close_does_not_unlink(small_buffer):
     buf = small_buffer
     name = buf.handle.segment
@@ -147,6 +149,7 @@ if sys.argv[3] == "close":
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["close", "exit"])
 def test_independent_process_attach_and_exit_keeps_segment(small_buffer, tmp_path, how):
     buf = small_buffer
@@ -176,13 +179,15 @@ def test_independent_process_attach_and_exit_keeps_segment(small_buffer, tmp_pat
 # --------------------------------------------------------------------------------------
 _OWNER_SCRIPT = r"""
 import time
-from mpper import ReplayBuffer, dqn_schema
+from mpper import ReplayBuffer
+from mpper.algos.dqn.targets import dqn_schema
 buf = ReplayBuffer.create(dqn_schema((4,)), capacity=64)
 print(buf.handle.segment, flush=True)
 time.sleep(60)
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_owner_killed_by_signal_unlinks(sig):
     proc = subprocess.Popen([sys.executable, "-c", _OWNER_SCRIPT], stdout=subprocess.PIPE,
@@ -211,7 +216,7 @@ def test_owner_killed_by_signal_unlinks(sig):
 # /dev/shm room check
 # --------------------------------------------------------------------------------------
 def _needed_bytes(schema, capacity):
-    return _offsets(_layout(normalize_schema(schema), capacity, capacity // 2))[1]
+    return segment_bytes(schema, capacity)
 
 
 def test_room_check_refuses_and_creates_nothing(monkeypatch):
@@ -307,10 +312,11 @@ def _children(pid: int) -> list[int]:
         return []
 
 
+@pytest.mark.slow
 def test_a_start_removes_a_dead_owners_segments_and_keeps_a_live_owners():
     """Two real owners: one alive, one SIGKILLed together with its resource tracker (as
     `kill -9` of its process group would), so nobody unlinked its segment. What every
-    start runs first (``remove_stale_segments``, called by ``mpper.runtime.train``), run
+    start runs first (``remove_stale_segments``, called by ``mpper.runtime.supervisor.train``), run
     in a third process, removes the dead owner's segment and leaves the live one's,
     which its owner then still uses and unlinks itself."""
     live = subprocess.Popen([sys.executable, "-c", _OWNER_SCRIPT], stdout=subprocess.PIPE,
@@ -360,6 +366,7 @@ def _unused_pid() -> int:
     return pid
 
 
+@pytest.mark.slow
 def test_a_live_owner_whose_pid_is_not_visible_keeps_its_segment():
     """A live owner in another pid namespace (a container sharing /dev/shm): the pid in
     its segment's name is not one this namespace sees. Stood in for by renaming a live

@@ -17,7 +17,7 @@ import pytest
 from test_faults import forkserver_of
 from test_train_e2e import ROOT, assert_no_process_left, complete_lines, run_args, segments_of, wait_until_training
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 
 
 class Lines:
@@ -128,7 +128,7 @@ def test_a_learner_that_never_delivers_its_final_checkpoint_fails_the_run(tmp_pa
     message says the checkpoint is missing. (The learner's join timeout is lowered to
     2 s so that the test does not wait the real 60.)"""
     run_dir = tmp_path / "run"
-    argv = [sys.executable, "-c", "import sys, mpper.runtime as r, mpper.cli as c; r._LEARNER_JOIN_TIMEOUT_S = 2.0; "
+    argv = [sys.executable, "-c", "import sys, mpper.runtime.supervisor as r, mpper.cli as c; r._LEARNER_JOIN_TIMEOUT_S = 2.0; "
             "sys.argv[0] = 'run.py'; sys.exit(c.main(sys.argv[1:]))",
             *run_args(run_dir, "--workers", "2", "--time-limit", "20")[2:]]  # fmt: skip
     proc, out, err = start(run_dir, argv=argv)

@@ -18,9 +18,10 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from conftest import make_episode
 
-import mpper.snapshot
-from mpper import ReplayBuffer, SnapshotError, muzero_schema
+import mpper.replay.snapshot
+from mpper import ReplayBuffer, SnapshotError
 from mpper import shm as mpper_shm
+from mpper.algos.muzero.targets import muzero_schema
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -230,7 +231,7 @@ def test_failed_save_leaves_previous_snapshot(filled, tmp_path, monkeypatch, err
     filled.save(path, extra={"n": 1})
     old_state, old_files = _state(filled), _tree_of(path)
     _fill(filled, seed=2, episodes=5)
-    real = mpper.snapshot._write_npy
+    real = mpper.replay.snapshot._write_npy
     calls = []
 
     def failing(p, array):
@@ -239,7 +240,7 @@ def test_failed_save_leaves_previous_snapshot(filled, tmp_path, monkeypatch, err
             raise error
         return real(p, array)
 
-    monkeypatch.setattr(mpper.snapshot, "_write_npy", failing)
+    monkeypatch.setattr(mpper.replay.snapshot, "_write_npy", failing)
     with pytest.raises(type(error)):
         filled.save(path, extra={"n": 2})
     assert len(calls) == 3
@@ -567,6 +568,7 @@ def _check_live_snapshot(path, mmap):
 _PER_FIELD = 40
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_save_while_another_process_writes(tmp_path, monkeypatch):
     """Another process writes episodes while each of three saves writes its field files
@@ -578,7 +580,7 @@ def test_save_while_another_process_writes(tmp_path, monkeypatch):
     ctx = mp.get_context("spawn")
     permits, written, stop = ctx.Semaphore(0), ctx.Value("q", 0), ctx.Event()
     proc = ctx.Process(target=_live_writer, args=(buf.handle, permits, written, stop))
-    write = mpper.snapshot._write_npy
+    write = mpper.replay.snapshot._write_npy
     fields = {f"field.{name}.npy" for name in LIVE_SCHEMA}
 
     def write_while_the_writer_writes(path, array):
@@ -589,7 +591,7 @@ def test_save_while_another_process_writes(tmp_path, monkeypatch):
         _wait_written(written, target, proc)  # and has written them all before the save goes on
         return meta
 
-    monkeypatch.setattr(mpper.snapshot, "_write_npy", write_while_the_writer_writes)
+    monkeypatch.setattr(mpper.replay.snapshot, "_write_npy", write_while_the_writer_writes)
     paths, expected = [], []
     try:
         proc.start()
@@ -625,7 +627,7 @@ def test_save_while_another_process_writes(tmp_path, monkeypatch):
 _SAVING_SCRIPT = r"""
 import sys, time
 import numpy as np
-import mpper.snapshot
+import mpper.replay.snapshot
 from mpper import ReplayBuffer
 
 path = sys.argv[1]
@@ -633,7 +635,7 @@ buf = ReplayBuffer.create({"observation": ((64,), "float32")}, capacity=4096)
 buf.add_episode({"observation": np.ones((11, 64), np.float32)})
 buf.save(path, extra={"n": 1})
 buf.add_episode({"observation": np.full((21, 64), 2, np.float32)})
-write = mpper.snapshot._write_npy
+write = mpper.replay.snapshot._write_npy
 files = []
 
 def stuck_write(p, array):  # a disk that hangs after the second file of the second save
@@ -644,13 +646,14 @@ def stuck_write(p, array):  # a disk that hangs after the second file of the sec
         time.sleep(600)  # until the signal
     return meta
 
-mpper.snapshot._write_npy = stuck_write
+mpper.replay.snapshot._write_npy = stuck_write
 print("saving", flush=True)
 buf.save(path, extra={"n": 2})
 print("saved", flush=True)
 """
 
 
+@pytest.mark.slow
 def test_sigint_while_a_snapshot_is_written_leaves_the_previous_one_whole(tmp_path):
     """A process that owns a buffer gets SIGINT (Ctrl-C) in the middle of its second
     save (held there after two of its files): the first snapshot is still there, whole (checksums verified), no temporary
@@ -712,7 +715,7 @@ def test_a_full_disk_leaves_the_previous_snapshot_whole(tmp_path, small_disk, mo
         buf.add_episode({"observation": np.full((21, 48), 2, np.float32)})
         if small_disk is None:  # the same failure, simulated: writes stop fitting after `size` bytes
             written = {"n": 0}
-            real_write = mpper.snapshot._HashingFile.write
+            real_write = mpper.replay.snapshot._HashingFile.write
 
             def write(self, data):
                 written["n"] += memoryview(data).nbytes
@@ -720,7 +723,7 @@ def test_a_full_disk_leaves_the_previous_snapshot_whole(tmp_path, small_disk, mo
                     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
                 return real_write(self, data)
 
-            monkeypatch.setattr(mpper.snapshot._HashingFile, "write", write)
+            monkeypatch.setattr(mpper.replay.snapshot._HashingFile, "write", write)
         with pytest.raises(OSError) as info:
             buf.save(path, extra={"n": 2})
         assert info.value.errno == errno.ENOSPC, info.value

@@ -19,8 +19,9 @@ from conftest import make_episode
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from mpper import MuZeroTargets, ReplayBuffer, SnapshotError, muzero_schema
-from mpper.inspect_snapshot import snapshot_stats
+from mpper import ReplayBuffer, SnapshotError
+from mpper.algos.muzero.targets import MuZeroTargets, muzero_schema
+from mpper.tools.inspect_snapshot import snapshot_stats
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -120,6 +121,7 @@ def _check_usable(buf: ReplayBuffer, snap: Path) -> None:
             ReplayBuffer.load(Path(again) / "snapshot", mmap=True).close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mmap", [True, False], ids=["mmap", "shm"])
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
@@ -152,3 +154,18 @@ def test_the_uncorrupted_snapshot_loads_and_is_usable(snapshot):
         with ReplayBuffer.load(snapshot, mmap=mmap) as buf:
             assert len(buf) > 0 and any(not ref.terminated for ref in buf.episodes())
             _check_usable(buf, snapshot)
+
+
+@pytest.mark.parametrize("mmap", [True, False], ids=["mmap", "shm"])
+def test_a_generation_near_the_int64_limit_is_refused(snapshot, tmp_path, mmap):
+    """A slot whose generation would overflow after a few writes (the buffer would then
+    save a snapshot it cannot load again) is refused at load, naming the slot."""
+    snap = shutil.copytree(snapshot, tmp_path / "snapshot")
+    generation = np.load(snap / "generation.npy")
+    slot = len(generation) - 1
+    generation[slot] = 1 << 62  # even: as a published slot's may be
+    np.save(snap / "generation.npy", generation)
+    _recompute_checksum(snap, "generation.npy")
+    with pytest.raises(SnapshotError, match=rf"generation.npy: slot {slot} has the generation {1 << 62}, "
+                                            r"expected 0 <= generation < 2\^62$"):
+        ReplayBuffer.load(snap, mmap=mmap)

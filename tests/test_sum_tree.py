@@ -51,6 +51,7 @@ positive_leaves = st.lists(
 ).filter(lambda xs: any(x > 0 for x in xs))
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None)
 @given(leaves=positive_leaves, fractions=st.lists(st.floats(0, 1), min_size=1, max_size=20))
 def test_prefix_sum_finds_the_leaf_whose_range_holds_the_target(leaves, fractions):

@@ -1,4 +1,4 @@
-"""Board-symmetry augmentation (mpper.symmetry): the dihedral group, that a symmetry of
+"""Board-symmetry augmentation (mpper.envs.symmetry): the dihedral group, that a symmetry of
 TicTacToe commutes with the real env's rules, that the augmented targets of a real
 buffer are the plain targets seen through the drawn symmetry, and the clear errors."""
 
@@ -12,13 +12,12 @@ import numpy as np
 import pytest
 
 import mpper  # noqa: F401  (registers mpper/TicTacToe-v0)
+from mpper.algos.muzero.targets import MuZeroTargets, muzero_schema
+from mpper.algos.registry import algorithm_of
 from mpper.config import ConfigError, load_config
-from mpper.learner import make_targets
-from mpper.replay_buffer import ReplayBuffer
-from mpper.schema import muzero_schema
-from mpper.symmetry import SymmetryAugmented, check_symmetries, dihedral_symmetries
-from mpper.targets import MuZeroTargets
-from mpper.tictactoe import TicTacToeEnv, position_value
+from mpper.envs.symmetry import SymmetryAugmented, check_symmetries, dihedral_symmetries
+from mpper.envs.tictactoe import TicTacToeEnv, position_value
+from mpper.replay.buffer import ReplayBuffer
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -126,11 +125,11 @@ def test_augmented_targets_are_the_plain_targets_seen_through_the_drawn_symmetry
 def test_the_tictactoe_config_trains_through_the_symmetries():
     config = load_config(ROOT / "configs" / "tictactoe.json")
     assert config.training.symmetry_augmentation
-    targets = make_targets(config, 9)
+    targets = algorithm_of(config).make_targets(config, 9)
     assert isinstance(targets, SymmetryAugmented)
     np.testing.assert_array_equal(targets.symmetries, dihedral_symmetries(3))
     off = load_config(ROOT / "configs" / "tictactoe.json", ["training.symmetry_augmentation=false"])
-    assert isinstance(make_targets(off, 9), MuZeroTargets)
+    assert isinstance(algorithm_of(off).make_targets(off, 9), MuZeroTargets)
 
 
 @pytest.mark.parametrize(
@@ -156,6 +155,7 @@ def test_the_config_refuses_augmentation_with_dqn_or_stacking():
         load_config(ROOT / "configs" / "tictactoe.json", ["training.stacked_observations=2"])
 
 
+@pytest.mark.slow
 def test_a_run_on_an_env_without_symmetries_stops_before_it_starts(tmp_path):
     proc = subprocess.run(
         [sys.executable, "run.py", "--config", "configs/cartpole.json", "--workers", "0", "--run-dir",
@@ -165,7 +165,7 @@ def test_a_run_on_an_env_without_symmetries_stops_before_it_starts(tmp_path):
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().splitlines()[-1] == (
         "error: env 'CartPole-v1': training.symmetry_augmentation is on, but the env declares no symmetries "
-        "(env.unwrapped.symmetries(); see mpper.symmetry)"
+        "(env.unwrapped.symmetries(); see mpper.envs.symmetry)"
     )
     assert not (tmp_path / "run" / "checkpoint.pt").exists()
 
@@ -174,7 +174,7 @@ def test_rows_redrawn_after_a_torn_read_get_one_symmetry_each(monkeypatch):
     """The buffer rebuilds torn rows with a second ``build`` call and merges them: every
     row of the batch, redrawn or not, must be its own slot's position seen through one
     symmetry (observation, policy target and next action agree on it)."""
-    import mpper.replay_buffer as rb
+    import mpper.replay.buffer as rb
 
     real, calls = rb._find_torn, []
 

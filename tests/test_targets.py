@@ -24,6 +24,9 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import seed_reference as ref  # noqa: E402
 
+from mpper.algos.dqn.targets import NStepTargets, dqn_schema  # noqa: E402
+from mpper.algos.muzero.targets import MuZeroTargets, muzero_schema  # noqa: E402
+
 pytestmark = pytest.mark.timeout(60)
 
 RTOL = 1e-5
@@ -364,8 +367,7 @@ def run_muzero_case(buffers, rng, lengths, obs_shape, stacked, players, reanalys
                     td=5, K=5, discount=0.9, A=3, capacity=None, rounds=3, truncated=()):
     """``truncated``: ids of episodes stored as cut by a time limit; they get a value
     (and, with reanalysis, a reanalysed value) on their final row to bootstrap from."""
-    mpper = _mpper()
-    schema = dict(mpper.muzero_schema(observation_shape=obs_shape, num_actions=A))
+    schema = dict(muzero_schema(observation_shape=obs_shape, num_actions=A))
     schema["tag"] = ((2,), "int64")
     episodes = {}
     terminated = {ep_id: ep_id not in truncated for ep_id in range(len(lengths))}
@@ -384,7 +386,7 @@ def run_muzero_case(buffers, rng, lengths, obs_shape, stacked, players, reanalys
             del data["reanalysed_value"]
         assert buf.add_episode(data, priorities=None, terminated=terminated[ep_id]) is True
     num_positions = sum(lengths)
-    targets = mpper.MuZeroTargets(num_unroll_steps=K, td_steps=td, discount=discount,
+    targets = MuZeroTargets(num_unroll_steps=K, td_steps=td, discount=discount,
                                   stacked_observations=stacked, num_actions=A)
     cfg = dict(K=K, A=A, td=td, discount=discount, obs_shape=obs_shape, stacked=stacked, terminated=terminated)
     seen, slot_of = set(), {}
@@ -456,10 +458,9 @@ def test_muzero_targets_single_one_move_episode(buffers):
 def test_muzero_targets_after_ring_wraps(buffers):
     # Many episodes through a small ring: episodes restart at slot 0 and evict old ones.
     # Whatever survives must still get its own episode's targets, never a neighbour's rows.
-    mpper = _mpper()
     rng = np.random.default_rng(21)
     A, K, td, discount, obs_shape = 2, 4, 3, 0.9, (3,)
-    schema = dict(mpper.muzero_schema(observation_shape=obs_shape, num_actions=A))
+    schema = dict(muzero_schema(observation_shape=obs_shape, num_actions=A))
     schema["tag"] = ((2,), "int64")
     capacity = 30
     buf = buffers(schema, capacity)
@@ -469,7 +470,7 @@ def test_muzero_targets_after_ring_wraps(buffers):
         ep = make_episode(rng, T, obs_shape, A, 2, "mixed", ep_id)
         episodes[ep_id] = ep
         assert buf.add_episode(ep, priorities=None, terminated=True) is True
-    targets = mpper.MuZeroTargets(num_unroll_steps=K, td_steps=td, discount=discount,
+    targets = MuZeroTargets(num_unroll_steps=K, td_steps=td, discount=discount,
                                   stacked_observations=2, num_actions=A)
     cfg = dict(K=K, A=A, td=td, discount=discount, obs_shape=obs_shape, stacked=2)
     seen = set()
@@ -491,10 +492,9 @@ def test_muzero_targets_ignore_row_T_statistics(buffers):
     # policy target at T is uniform.  Junk in row T of root_value, reanalysed_value and
     # child_visits must therefore change nothing.  (The contract says row T carries zeros
     # for root_value/child_visits; a reanalyser may well fill reanalysed_value[T].)
-    mpper = _mpper()
     rng = np.random.default_rng(31)
     A, K, td, discount, obs_shape = 3, 3, 2, 0.9, (4,)
-    schema = dict(mpper.muzero_schema(observation_shape=obs_shape, num_actions=A))
+    schema = dict(muzero_schema(observation_shape=obs_shape, num_actions=A))
     schema["tag"] = ((2,), "int64")
     lengths = [1, 2, 3, 6]
     episodes = {}
@@ -507,7 +507,7 @@ def test_muzero_targets_ignore_row_T_statistics(buffers):
     buf = buffers(schema, sum(T + 1 for T in lengths))
     for ep in episodes.values():
         assert buf.add_episode(ep, priorities=None, terminated=True) is True
-    targets = mpper.MuZeroTargets(num_unroll_steps=K, td_steps=td, discount=discount,
+    targets = MuZeroTargets(num_unroll_steps=K, td_steps=td, discount=discount,
                                   stacked_observations=0, num_actions=A)
     cfg = dict(K=K, A=A, td=td, discount=discount, obs_shape=obs_shape, stacked=0)
     batch, tags = sample_with_tags(buf, 3 * sum(lengths), targets, seed=7)
@@ -559,10 +559,9 @@ def check_nstep_batch(batch, tags, episodes, terminated, n, gamma, obs_shape):
 @pytest.mark.parametrize("n", [1, 3])
 @pytest.mark.parametrize("obs_shape", [(4,), (2, 3, 3)], ids=["1d", "chw"])
 def test_nstep_targets_match_reference(buffers, n, obs_shape):
-    mpper = _mpper()
     rng = np.random.default_rng(200 + n + len(obs_shape))
     A, gamma = 4, 0.9
-    schema = dict(mpper.dqn_schema(observation_shape=obs_shape))
+    schema = dict(dqn_schema(observation_shape=obs_shape))
     schema["tag"] = ((2,), "int64")
     # lengths 1, 2 (shorter than n = 3), 3 (= n), longer; each terminated and truncated
     lengths = [1, 1, 2, 2, 3, 3, 5, 8, 9]
@@ -572,7 +571,7 @@ def test_nstep_targets_match_reference(buffers, n, obs_shape):
     for i, ep in episodes.items():
         assert buf.add_episode(ep, priorities=None, terminated=terminated[i]) is True
     num_positions = sum(lengths)
-    targets = mpper.NStepTargets(n=n, gamma=gamma)
+    targets = NStepTargets(n=n, gamma=gamma)
     seen, slot_of = set(), {}
     for r in range(3):
         batch, tags = sample_with_tags(buf, 2 * num_positions + r, targets, seed=300 + r)
@@ -587,10 +586,9 @@ def test_nstep_targets_match_reference(buffers, n, obs_shape):
 
 def test_nstep_targets_on_muzero_schema(buffers):
     # n-step transitions come "from the same storage": they also work on a MuZero schema
-    mpper = _mpper()
     rng = np.random.default_rng(77)
     A, n, gamma, obs_shape = 3, 3, 0.8, (4,)
-    schema = dict(mpper.muzero_schema(observation_shape=obs_shape, num_actions=A))
+    schema = dict(muzero_schema(observation_shape=obs_shape, num_actions=A))
     schema["tag"] = ((2,), "int64")
     lengths = [1, 4, 6]
     terminated = {0: True, 1: False, 2: True}
@@ -599,7 +597,7 @@ def test_nstep_targets_on_muzero_schema(buffers):
     buf = buffers(schema, sum(T + 1 for T in lengths))
     for i, ep in episodes.items():
         assert buf.add_episode(ep, priorities=None, terminated=terminated[i]) is True
-    batch, tags = sample_with_tags(buf, 2 * sum(lengths), mpper.NStepTargets(n=n, gamma=gamma),
+    batch, tags = sample_with_tags(buf, 2 * sum(lengths), NStepTargets(n=n, gamma=gamma),
                                    seed=9)
     check_nstep_batch(batch, tags, episodes, terminated, n, gamma, obs_shape)
 
@@ -607,7 +605,7 @@ def test_nstep_targets_on_muzero_schema(buffers):
 def test_gather_rows_matches_fancy_indexing_on_every_layout():
     """The compiled gather against numpy's ``src[rows]``: 1-D, 2-D, (C, H, W) rows, strided
     record views (as the shared buffer has) and a view whose rows are not contiguous."""
-    from mpper.targets import gather_rows
+    from mpper.replay.targets import gather_rows
 
     rng = np.random.default_rng(0)
     records = np.zeros(50, np.dtype([("a", "<i8"), ("b", "<f4", (3,)), ("c", "<f4", (2, 3, 4))], align=True))

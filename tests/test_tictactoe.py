@@ -23,13 +23,12 @@ from gymnasium.utils.env_checker import check_env
 
 import mpper  # noqa: F401  (registers mpper/TicTacToe-v0)
 from mpper import ReplayBuffer
-from mpper.arena import load_mcts_agent, mcts_agent, play_match
+from mpper.algos.muzero.arena import load_mcts_agent, mcts_agent, play_match
+from mpper.algos.muzero.networks import make_network
+from mpper.algos.muzero.targets import MuZeroTargets
 from mpper.config import EnvConfig, load_config
 from mpper.envs import env_spec, make_env
-from mpper.networks import make_network
-from mpper.selfplay import play_greedy
-from mpper.targets import MuZeroTargets
-from mpper.tictactoe import (
+from mpper.envs.tictactoe import (
     ENV_ID,
     LINES,
     TicTacToeEnv,
@@ -43,7 +42,8 @@ from mpper.tictactoe import (
     random_player,
     reachable_positions,
 )
-from mpper.two_player import check_two_player_env
+from mpper.envs.two_player import check_two_player_env
+from mpper.runtime.evaluator import play_greedy
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import seed_reference as ref  # noqa: E402
@@ -155,7 +155,7 @@ def test_to_play_alternates_mask_and_observation_planes():
 
 def test_registered_id_factory_and_config():
     assert ENV_ID in gym.envs.registry
-    for env_id in (ENV_ID, "mpper.tictactoe:TicTacToeEnv"):
+    for env_id in (ENV_ID, "mpper.envs.tictactoe:TicTacToeEnv"):
         env = make_env(EnvConfig(id=env_id))
         assert env.unwrapped.two_player is True
         spec = env_spec(EnvConfig(id=env_id))  # includes the contract check
@@ -335,11 +335,13 @@ def all_games(env, sides):
     yield from walk(env, obs, info, [])
 
 
+@pytest.mark.slow
 def test_perfect_never_loses_to_itself_with_any_choice_of_optimal_moves():
     results = [winner for winner, _ in all_games(TicTacToeEnv(), ("perfect", "perfect"))]
     assert len(results) > 1000 and set(results) == {-1}  # every game a draw
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("perfect_side", [0, 1])
 def test_perfect_never_loses_to_any_random_play(perfect_side):
     sides = ["random", "random"]
@@ -441,7 +443,7 @@ SMALL = [
     "--set", "training.min_buffer_steps=100", "--set", "training.batch_size=32",
     "--set", "mcts.num_simulations=8", "--set", "runtime.envs_per_worker=4",
     "--set", "replay.capacity=5000", "--set", "runtime.evaluation_interval_s=2",
-    "--set", "runtime.evaluation_episodes=2", "--set", "training.checkpoint_interval=5",
+    "--set", "runtime.evaluation_episodes=2", "--set", "training.publish_interval=5",
 ]  # fmt: skip
 
 
@@ -509,6 +511,7 @@ def assert_stored_games_replay(snapshot: Path) -> int:
         return len(refs)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_two_workers_train_on_tictactoe_then_play_the_checkpoint(tmp_path):
     """A short --workers 2 run: the self-play games it stored replay move for move on

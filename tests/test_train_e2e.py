@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from mpper import ReplayBuffer, shm
+from mpper.algos.registry import algorithm_of
 from mpper.config import load_config
 from mpper.envs import env_spec, make_env
-from mpper.networks import make_model
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = [
@@ -25,7 +25,7 @@ SMALL = [
     "--set", "mcts.num_simulations=6", "--set", "runtime.envs_per_worker=4",
     "--set", "replay.capacity=20000", "--set", "runtime.evaluation_interval_s=1",
     "--set", "runtime.evaluation_episodes=2", "--set", "runtime.log_interval_s=1",
-    "--set", "training.checkpoint_interval=5", "--set", "env.max_episode_steps=100",
+    "--set", "training.publish_interval=5", "--set", "env.max_episode_steps=100",
 ]  # fmt: skip
 
 
@@ -64,7 +64,7 @@ def check_outputs(run_dir: Path) -> dict:
     assert ckpt["extra"]["config"] == config
     cfg = load_config(run_dir / "config.json")
     spec = env_spec(cfg.env)
-    make_model(cfg, spec.observation_shape, spec.num_actions).load_state_dict(ckpt["network"])  # strict
+    algorithm_of(cfg).make_network(cfg, spec.observation_shape, spec.num_actions).load_state_dict(ckpt["network"])  # strict
     assert all(torch.isfinite(t).all() for t in ckpt["network"].values())
     with ReplayBuffer.load(run_dir / "buffer", mmap=True) as snap:
         counters = snap.counters
@@ -72,6 +72,7 @@ def check_outputs(run_dir: Path) -> dict:
     return {"records": records, "checkpoint": ckpt, "counters": counters}
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_two_workers_train_and_everything_is_saved(tmp_path, capsys):
     run_dir = tmp_path / "run"
@@ -137,7 +138,7 @@ def test_tensorboard_scalars_of_a_record_nested_groups_as_paths(tmp_path):
     """The supervisor's writer logs a metrics record's numbers against env steps: nested
     groups (a two-player evaluation's per-opponent results) as a/b/c tags; strings,
     lists, booleans and a missing self-play return are left out."""
-    from mpper.runtime import _log_scalars, _tensorboard_writer
+    from mpper.runtime.run import _log_scalars, _tensorboard_writer
 
     writer = _tensorboard_writer(tmp_path / "tb")
     record = {
@@ -165,7 +166,7 @@ def test_tensorboard_scalars_of_a_record_nested_groups_as_paths(tmp_path):
 
 def test_without_tensorboard_there_is_no_writer(tmp_path, monkeypatch):
     """tensorboard is optional: where it cannot be imported the run writes no event files."""
-    from mpper.runtime import _tensorboard_writer
+    from mpper.runtime.run import _tensorboard_writer
 
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # import raises ImportError
     assert _tensorboard_writer(tmp_path / "tb") is None
@@ -186,13 +187,13 @@ def tensorboard_scalars(logdir: Path) -> dict[str, list[tuple[int, float]]]:
 
 def greedy_returns(checkpoint: Path, run_dir: Path, episodes: int, seed: int) -> list[float]:
     """The returns of ``episodes`` greedy episodes of the checkpoint's network, played
-    here with mpper.selfplay.play_greedy (what --evaluate should report)."""
-    from mpper.learner import load_checkpoint
-    from mpper.selfplay import play_greedy
+    here with mpper.runtime.evaluator.play_greedy (what --evaluate should report)."""
+    from mpper.checkpoint import load_checkpoint
+    from mpper.runtime.evaluator import play_greedy
 
     cfg = load_config(run_dir / "config.json")
     spec = env_spec(cfg.env)
-    network = make_model(cfg, spec.observation_shape, spec.num_actions)
+    network = algorithm_of(cfg).make_network(cfg, spec.observation_shape, spec.num_actions)
     network.load_state_dict(load_checkpoint(checkpoint)["network"])
     network.eval()
     envs = [make_env(cfg.env) for _ in range(episodes)]
@@ -203,6 +204,7 @@ def greedy_returns(checkpoint: Path, run_dir: Path, episodes: int, seed: int) ->
             env.close()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_a_dead_learner_stops_the_run_with_its_error_and_a_final_snapshot(tmp_path):
     run_dir = tmp_path / "run"
@@ -278,6 +280,7 @@ def wait_until_training(proc: subprocess.Popen, run_dir: Path, steps: int = 5, t
                 return
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_ctrl_c_stops_cleanly_and_a_killed_worker_is_restarted(tmp_path):
     run_dir = tmp_path / "run"
@@ -323,6 +326,7 @@ def test_ctrl_c_stops_cleanly_and_a_killed_worker_is_restarted(tmp_path):
     assert games - 4 <= reported <= games
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_sigterm_stops_the_run_with_a_final_checkpoint_and_snapshot_and_leaves_nothing(tmp_path):
     """SIGTERM to a training `python run.py --workers 2`: exit code 143, a checkpoint and
@@ -362,6 +366,7 @@ def test_sigterm_stops_the_run_with_a_final_checkpoint_and_snapshot_and_leaves_n
     assert not [name for pid in pids.values() for name in segments_of(pid)], "a segment of the run is left"
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_workers_zero_takes_turns_in_one_process_and_is_repeatable(tmp_path):
     """--workers 0: self-play, learning and reanalyse in turns, no child process; the

@@ -18,21 +18,21 @@ import torch
 
 import mpper  # noqa: F401  (registers mpper/TicTacToe-v0)
 from mpper import cli
-from mpper.arena import (
+from mpper.algos.muzero.arena import (
     MCTSAgent,
     evaluate_against_opponents,
-    evaluate_two_player,
     mcts_agent,
     play_games,
     play_match,
     play_match_batched,
 )
+from mpper.algos.muzero.mcts import BatchedMCTS
+from mpper.algos.muzero.player import BatchedPlayer
+from mpper.algos.registry import algorithm_of
 from mpper.config import load_config
-from mpper.mcts import BatchedMCTS
-from mpper.networks import make_model
-from mpper.selfplay import BatchedPlayer
-from mpper.tictactoe import TicTacToeEnv, perfect_agent, random_agent
-from mpper.two_player import evaluation_opponents
+from mpper.envs.tictactoe import TicTacToeEnv, perfect_agent, random_agent
+from mpper.envs.two_player import evaluation_opponents
+from mpper.runtime.evaluator import evaluate
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -42,7 +42,7 @@ TICTACTOE = ROOT / "configs" / "tictactoe.json"
 
 def network_for(config, seed: int = 0):
     torch.manual_seed(seed)
-    return make_model(config, (3, 3, 3), 9).eval()
+    return algorithm_of(config).make_network(config, (3, 3, 3), 9).eval()
 
 
 class Recorder(gym.Wrapper):
@@ -166,7 +166,7 @@ def test_evaluation_opponents_hook_and_default():
 def test_evaluation_report_per_opponent_and_side():
     config = load_config(TICTACTOE, ["mcts.num_simulations=6", "runtime.evaluation_episodes=5"])
     network = network_for(config)
-    report = evaluate_two_player(config, network, seed=0)
+    report = evaluate(config, network, seed=0)
     assert report["against"] == "perfect" and list(report["opponents"]) == ["random", "perfect"]
     for r in report["opponents"].values():
         assert r["games"] == 5
@@ -176,7 +176,7 @@ def test_evaluation_report_per_opponent_and_side():
     losses = perfect["first"]["losses"] + perfect["second"]["losses"]
     assert report["mean_return"] == perfect["score"] == -losses / 5
     assert len(report["returns"]) == 5 and np.mean(report["returns"]) == report["mean_return"]
-    assert evaluate_two_player(config, network, seed=0) == report  # repeatable for a seed
+    assert evaluate(config, network, seed=0) == report  # repeatable for a seed
 
     class Stop:
         def is_set(self):
@@ -185,6 +185,7 @@ def test_evaluation_report_per_opponent_and_side():
     assert evaluate_against_opponents(config, network, {"r": random_agent(0)}, 2, 0, stop=Stop()) is None
 
 
+@pytest.mark.slow
 def test_inline_run_evaluates_against_the_opponents_and_stops_on_solve_return(tmp_path, capsys):
     """--workers 0: the evaluation is the games against random and perfect, and
     solve_return reads the score against perfect (-1 is always reached)."""
@@ -211,6 +212,7 @@ def test_inline_run_evaluates_against_the_opponents_and_stops_on_solve_return(tm
     assert_evaluation_adds_up(ev, games=6)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_two_worker_run_writes_per_opponent_evaluations(tmp_path):
     run_dir = tmp_path / "run"
@@ -247,11 +249,11 @@ class NoMask(gym.Wrapper):
 
 @pytest.fixture
 def train(monkeypatch):
-    """A stand-in ``mpper.runtime`` that records whether training was started."""
+    """A stand-in ``mpper.runtime.supervisor`` that records whether training was started."""
     calls = []
-    module = types.ModuleType("mpper.runtime")
+    module = types.ModuleType("mpper.runtime.supervisor")
     module.train = lambda config, **kw: calls.append(kw) or 0
-    monkeypatch.setitem(sys.modules, "mpper.runtime", module)
+    monkeypatch.setitem(sys.modules, "mpper.runtime.supervisor", module)
     return calls
 
 
@@ -268,6 +270,7 @@ def test_broken_two_player_env_is_one_line_and_exit_code_2(tmp_path, capsys, tra
     assert "has no 'action_mask'" in err
 
 
+@pytest.mark.slow
 def test_dqn_on_a_two_player_env_is_refused_in_one_line(tmp_path):
     run_dir = tmp_path / "run"
     proc = subprocess.run([sys.executable, "run.py", "--config", "configs/cartpole_dqn.json", "--set",
@@ -284,6 +287,7 @@ def test_dqn_on_a_two_player_env_is_refused_in_one_line(tmp_path):
 # --------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_temperature_threshold_moves_makes_later_selfplay_moves_greedy(monkeypatch):
     """Exploring at T = 1: moves 0 and 1 of each game are sampled from the visit counts,
     from move 2 on each action is a most visited one. (muzero-general samples one move

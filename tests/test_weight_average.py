@@ -8,11 +8,12 @@ import multiprocessing as mp
 import numpy as np
 import pytest
 import torch
-from test_learner import ACTIONS, OBS, _drain, _store_for, buffer, make_trainer, sample, small_config  # noqa: F401 (buffer: a fixture)
+from test_learner import ACTIONS, OBS, _drain, _store_for, buffer, make_trainer, sample, small_config  # noqa: F401, F811 (buffer: a fixture)
 
+from mpper.algos.muzero.networks import make_network
+from mpper.checkpoint import load_checkpoint, save_checkpoint
 from mpper.config import ConfigError, load_config
-from mpper.learner import load_checkpoint, run_learner, save_checkpoint
-from mpper.networks import make_network
+from mpper.runtime.learner import run_learner
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -106,9 +107,10 @@ def test_ema_decay_outside_the_open_unit_interval_is_refused(value):
         load_config("configs/cartpole.json", [f"training.ema_decay={value}"], check_env=False)
 
 
+@pytest.mark.slow
 def test_the_learner_process_publishes_the_average(buffer, tmp_path):
     ctx = mp.get_context("spawn")
-    config = small_config(training_steps=6, batch_size=8, min_buffer_steps=8, checkpoint_interval=2, ema_decay=0.5)
+    config = small_config(training_steps=6, batch_size=8, min_buffer_steps=8, publish_interval=2, ema_decay=0.5)
     store = _store_for(config)
     try:
         stop, reports = ctx.Event(), ctx.Queue()

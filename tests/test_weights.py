@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from mpper import shm
-from mpper.weights import WeightStore
+from mpper.runtime.weights import WeightStore
 
 CTX = mp.get_context("spawn")
 
@@ -37,6 +37,7 @@ def publisher(handle, seconds: float) -> None:
     store.close()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_reads_are_never_torn_while_another_process_publishes():
     """Every read sees one publication whole: all parameters equal, and equal to the step."""

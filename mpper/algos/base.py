@@ -1,0 +1,280 @@
+"""What every algorithm provides, and the pieces they share.
+
+An algorithm is one :class:`Algorithm` object (``mpper.algos.muzero.ALGORITHM``,
+``mpper.algos.dqn.ALGORITHM``) listed in :mod:`mpper.algos.registry`; the runtime asks
+it for everything that differs between algorithms and never compares algorithm names:
+
+- ``schema``: the fields one stored row holds (the replay buffer's layout);
+- ``make_network``: the model the learner trains and the players act with;
+- ``make_player``: the game loop of a self-play worker or of the evaluator
+  (:class:`Player`);
+- ``make_targets``: what the learner samples (a :class:`~mpper.replay.targets.TargetBuilder`);
+- ``make_trainer``: one update per batch (a :class:`Trainer`);
+- ``make_reanalyser`` (optional): work for an extra process that refreshes stored data
+  with the newest weights (MuZero's reanalyse);
+- ``evaluate_snapshot``: held-out statistics of a network on a stored buffer;
+- ``play_against`` (optional): games against an env's opponents, which is what
+  training on two-player games needs.
+
+:class:`Trainer` (optimizer, lr schedule, moving average, checkpoint state) and
+:class:`FlatWeights` (one float32 vector of every parameter, what the weight store
+carries) are the shared parts of trainers and networks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+
+from ..checkpoint import load_network_weights
+from ..config import Config
+from ..envs.spec import EnvSpec
+from ..replay.buffer import ReplayBuffer
+from ..replay.positions import Positions
+
+__all__ = ["Algorithm", "FlatWeights", "Player", "Trainer", "WeightSource"]
+
+
+class Player(Protocol):
+    """K environments played together by one process (a self-play worker or the
+    evaluator). ``episodes``: the K running games; ``step(progress)`` plays one move in
+    each and returns the episodes that ended (each with ``total_reward`` and
+    ``moves``); ``stored(episode)`` gives the rows to store (schema fields, ``T + 1``
+    rows) and their initial priorities (``T``)."""
+
+    episodes: list
+
+    def step(self, progress: float = 0.0) -> list: ...
+
+    def stored(self, episode) -> tuple[dict[str, np.ndarray], np.ndarray]: ...
+
+
+class WeightSource(Protocol):
+    """Where the newest published weights are read (``mpper.runtime.weights.WeightStore``):
+    ``version`` (0 before the first publication) and ``read_into(flat) -> (version,
+    training_step)``."""
+
+    version: int
+
+    def read_into(self, out: np.ndarray) -> tuple[int, int]: ...
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """One algorithm, as the runtime and the tools see it (see the module docstring).
+
+    Shapes: ``observation_shape`` is one env observation's shape, ``num_actions`` the
+    size of the discrete action space.
+    """
+
+    name: str
+    schema: Callable[[Sequence[int], int, str], dict]  # (observation_shape, num_actions, dtype) -> schema
+    make_network: Callable[[Config, tuple, int], torch.nn.Module]
+    make_player: Callable[..., Player]  # (config, envs, network, explore, seed, worker_id) -> Player
+    make_targets: Callable[[Config, int], Any]  # (config, num_actions) -> TargetBuilder
+    make_trainer: Callable[[Config, torch.nn.Module, torch.device], Trainer]
+    evaluate_snapshot: Callable[..., dict]  # (SnapshotRun) -> {"table": [...], ...}
+    make_reanalyser: Callable[..., Any] | None = None  # (config, buf, weights) -> object with step()
+    # bytes one worker's player holds beside the network: (config, env spec, model on the
+    # meta device) -> int (MuZero: its search trees); for the memory check before a run
+    player_bytes: Callable[..., int] | None = None
+    # Two-player games: (config, network, opponents {name: AgentFn, weakest first}, games,
+    # seed, stop=None) -> {"mean_return", "returns", "against", "opponents"} or None when
+    # stopped (``mpper.algos.muzero.arena.evaluate_against_opponents``). An algorithm
+    # without it cannot train a two-player env.
+    play_against: Callable[..., dict | None] | None = None
+    description: str = ""
+
+    @property
+    def two_player(self) -> bool:
+        """Whether it trains on two-player games (and evaluates against opponents)."""
+        return self.play_against is not None
+
+    def priority_clip(self, config: Config) -> float | None:
+        """The cap on stored priorities (DQN's ``dqn.priority_clip``; none for MuZero)."""
+        section = getattr(config, self.name, None)
+        return getattr(section, "priority_clip", None)
+
+
+class Trainer:
+    """What every algorithm's trainer has: the network on its device, its optimizer, the
+    training-step counter, the learning-rate schedule, host -> device copies of a batch,
+    and the state a checkpoint holds. Subclasses add ``train_step(batch) -> (metrics,
+    raw priorities)``: ``MuZeroTrainer`` below, ``mpper.algos.dqn.dqn.DQNTrainer``.
+    """
+
+    def __init__(self, config: Config, network: torch.nn.Module, device: torch.device):
+        self.config = config
+        self.train_config = t = config.training
+        self.device = torch.device(device)
+        self.network = network.to(self.device)
+        self.network.train()
+        self.training_step = 0  # completed updates; the lr of the next one depends on it
+        params = list(self.network.parameters())
+        # One fused kernel for the whole Adam update instead of a dozen tensor ops per
+        # parameter (torch >= 2.4, CPU and CUDA): the same arithmetic, and a whole DQN
+        # learner step on CartPole data (sample, train, priorities; one thread) went
+        # from 1.36 to 1.15 ms.
+        self._fused = t.optimizer == "adam" and self.device.type in ("cpu", "cuda")
+        if t.optimizer == "adam":
+            self.optimizer = torch.optim.Adam(params, lr=t.lr_init, weight_decay=t.weight_decay,
+                                              fused=self._fused or None)  # fmt: skip
+        elif t.optimizer == "sgd":
+            self.optimizer = torch.optim.SGD(params, lr=t.lr_init, momentum=t.momentum, weight_decay=t.weight_decay)
+        else:
+            raise ValueError(f'training.optimizer must be "adam" or "sgd", got {t.optimizer!r}')
+        # Polyak averaging (training.ema_decay): the weights the run publishes -- self-play
+        # acts with them, the evaluator judges them, checkpoint.pt's "network" holds them --
+        # are an exponential moving average of the trained ones, which smooths the noise of
+        # single SGD steps (on TicTacToe it made no measurable difference: docs/benchmarks.md).
+        self.averaged: AveragedModel | None = None
+        if t.ema_decay is not None:
+            self.averaged = AveragedModel(self.network, multi_avg_fn=get_ema_multi_avg_fn(t.ema_decay),
+                                          use_buffers=True)  # fmt: skip
+        # CUDA only: pinned host copies of the batch arrays, reused every step, and the
+        # event that says the last copies out of them have finished (see _to_device).
+        self._pinned: dict[str, torch.Tensor] = {}
+        self._copied: torch.cuda.Event | None = None
+
+    @property
+    def published_network(self) -> torch.nn.Module:
+        """The network everyone acts with: the moving average when ``ema_decay`` is set,
+        else the trained network itself."""
+        if self.averaged is None or int(self.averaged.n_averaged) == 0:  # nothing averaged yet
+            return self.network
+        return self.averaged.module
+
+    def update_average(self) -> None:
+        """Fold the trained weights into the moving average; call after each
+        ``train_step`` (no-op without ``ema_decay``). The first call copies them."""
+        if self.averaged is not None:
+            self.averaged.update_parameters(self.network)
+
+    def learning_rate(self, step: int | None = None) -> float:
+        """``lr_init * lr_decay_rate ** (step / lr_decay_steps)`` (muzero-general's
+        ``update_lr``), for ``step`` completed updates (default: now)."""
+        t = self.train_config
+        step = self.training_step if step is None else step
+        return t.lr_init * t.lr_decay_rate ** (step / t.lr_decay_steps)
+
+    # ---- host -> device ---------------------------------------------------------------
+    def _to_device(self, arrays: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+        """numpy arrays -> tensors on the device.
+
+        CPU: ``torch.from_numpy`` views, no copy at all. CUDA: each array is copied into
+        a persistent page-locked (pinned) host tensor, from which the copy to the GPU
+        runs asynchronously (``non_blocking``) and overlaps with the work queued before
+        it. A pinned tensor is overwritten only after the previous step's copy out of it
+        has finished (the event), never while the GPU may still be reading it.
+        """
+        if self.device.type != "cuda":
+            return {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in arrays.items()}
+        if self._copied is not None:
+            self._copied.synchronize()
+        out = {}
+        for key, value in arrays.items():
+            host = torch.from_numpy(np.ascontiguousarray(value))
+            pinned = self._pinned.get(key)
+            if pinned is None or pinned.shape != host.shape or pinned.dtype != host.dtype:
+                pinned = self._pinned[key] = torch.empty(host.shape, dtype=host.dtype, pin_memory=True)
+            pinned.copy_(host)
+            out[key] = pinned.to(self.device, non_blocking=True)
+        self._copied = torch.cuda.Event()
+        self._copied.record()
+        return out
+
+    # ---- state ---------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """Network, optimizer and step counter: tensors, numbers, strings, lists and
+        dicts only, so that ``torch.load(weights_only=True)`` reads it back."""
+        # "network" is always what the run published (evaluation, --evaluate and the
+        # arena read it); with a moving average the trained weights go to "online_network".
+        state = {
+            "network": self.published_network.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "training_step": int(self.training_step),
+        }
+        if self.averaged is not None:
+            state["online_network"] = self.network.state_dict()
+            state["averaged_updates"] = int(self.averaged.n_averaged)
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore what ``state_dict`` returned (or a checkpoint holding it). A checkpoint
+        written without ``ema_decay`` starts the average afresh from its weights."""
+        missing = [k for k in ("network", "optimizer", "training_step") if k not in state]
+        if missing:
+            raise ValueError(f"trainer state is missing {missing}; has {sorted(state)}")
+        online = state.get("online_network", state["network"])
+        self.network.load_state_dict(online)  # copies onto the network's device
+        # This run's choice of fused kernel wins over the checkpoint's (one saved before
+        # fusing, or on another device); set before loading, so that load_state_dict puts
+        # Adam's step counters where a fused step wants them (on the params' device).
+        optimizer_state = dict(state["optimizer"])
+        optimizer_state["param_groups"] = [{**g, "fused": self._fused or None} for g in optimizer_state["param_groups"]]
+        self.optimizer.load_state_dict(optimizer_state)  # moves the state to the params' device
+        self.training_step = int(state["training_step"])
+        if self.averaged is not None:
+            self.averaged.module.load_state_dict(state["network"])
+            self.averaged.n_averaged.fill_(int(state.get("averaged_updates", 0)))
+
+
+class FlatWeights:
+    """Flat float32 weights of an ``nn.Module`` for the shared-memory WeightStore: the
+    learner publishes ``get_flat_weights()``, actors ``set_flat_weights`` on their copy."""
+
+    def num_flat_weights(self) -> int:
+        """Length of ``get_flat_weights()``: every parameter and buffer (BatchNorm
+        running statistics and counters included)."""
+        return sum(t.numel() for t in self.state_dict().values())
+
+    def get_flat_weights(self) -> np.ndarray:
+        """All parameters and buffers, in ``state_dict`` order, as one float32 vector.
+        Integer buffers (BatchNorm's ``num_batches_tracked``) are stored as float32,
+        exact up to 2**24."""
+        tensors = [t.detach().reshape(-1).to("cpu", torch.float32) for t in self.state_dict().values()]
+        return torch.cat(tensors).numpy()
+
+    @torch.no_grad()
+    def set_flat_weights(self, flat: np.ndarray) -> None:
+        """Load a vector made by ``get_flat_weights`` (same architecture) in place."""
+        flat = np.asarray(flat)
+        expected = self.num_flat_weights()
+        if flat.shape != (expected,):
+            raise ValueError(f"set_flat_weights: expected a vector of {expected} values, got shape {flat.shape}")
+        source = torch.from_numpy(np.ascontiguousarray(flat, dtype=np.float32))
+        offset = 0
+        for tensor in self.state_dict().values():  # state_dict tensors share storage with the module
+            n = tensor.numel()
+            tensor.copy_(source[offset : offset + n].view(tensor.shape))  # copy_ casts dtype and device
+            offset += n
+
+
+@dataclass
+class SnapshotRun:
+    """Everything a per-algorithm evaluator needs.
+
+    ``checkpoint``: the dict ``load_checkpoint`` returned (``"network"`` state dict on
+    the CPU, ``"training_step"``, ...). ``buffer``: the snapshot, read-only. ``advance(n)``:
+    call after each batch with the number of positions done (the progress bar).
+    """
+
+    config: Config
+    spec: EnvSpec
+    checkpoint: dict
+    checkpoint_path: Path
+    buffer: ReplayBuffer
+    positions: Positions
+    batch_size: int
+    advance: Callable[[int], None]
+
+    def load_weights(self, network: torch.nn.Module) -> torch.nn.Module:
+        """``network`` with the checkpoint's weights, in eval mode; CheckpointError (one
+        line) when they do not fit the network the run's config describes."""
+        return load_network_weights(network, self.checkpoint["network"], self.checkpoint_path).eval()

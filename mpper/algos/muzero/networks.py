@@ -1,0 +1,416 @@
+"""MuZero networks: value/reward supports, the fully connected and the residual model.
+
+Read top-down:
+
+1. ``h`` / ``h_inv`` and the categorical supports (``scalar_to_support``,
+   ``support_to_scalar``): values and rewards are predicted as a distribution over the
+   integers ``[-S, S]`` of the transformed scalar ``h(x)`` (MuZero paper, appendix F;
+   Pohlen et al. 2018), exactly as muzero-general does.
+2. ``MuZeroNetwork``: the common interface (``initial_inference``,
+   ``recurrent_inference``, the training unroll ``unroll``, flat weights for the
+   shared-memory weight store).
+3. ``FullyConnectedNetwork`` (``kind="fc"``, CartPole) and ``ResidualNetwork``
+   (``kind="residual"``, board games), each built from representation, dynamics
+   (+ reward) and prediction functions as in muzero-general's ``models.py``.
+4. ``make_network``: from a ``NetworkConfig``, the observation shape, the number of
+   actions and the number of stacked past observations.
+
+Shapes: B is the batch, S the support size (``2S+1`` bins), A the number of actions.
+Hidden states are min-max scaled to [0, 1] per sample (per sample and channel for the
+residual network, as muzero-general), so the dynamics always sees inputs of the same
+scale as the representation produced.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+import torch
+from torch import nn
+
+from ...config import NetworkConfig
+from ..base import FlatWeights
+
+__all__ = [
+    "EPS",
+    "FlatWeights",
+    "FullyConnectedNetwork",
+    "MuZeroNetwork",
+    "NetworkOutput",
+    "ResidualNetwork",
+    "h",
+    "h_inv",
+    "make_network",
+    "scalar_to_support",
+    "scale_gradient",
+    "stacked_shape",
+    "support_to_scalar",
+    "Unrolled",
+]
+
+EPS = 0.001  # the epsilon of h(x); muzero-general and the paper use 0.001
+
+
+# --------------------------------------------------------------------------------------
+# 1. Value transform and categorical supports
+# --------------------------------------------------------------------------------------
+
+
+def h(x: torch.Tensor) -> torch.Tensor:
+    """``h(x) = sign(x) (sqrt(|x| + 1) - 1) + eps x``: squashes large returns so that a
+    small support (e.g. [-10, 10] for S = 10) covers them. Any shape."""
+    return torch.sign(x) * (torch.sqrt(torch.abs(x) + 1) - 1) + EPS * x
+
+
+def h_inv(y: torch.Tensor) -> torch.Tensor:
+    """Exact inverse of ``h``. Any shape.
+
+    Solving ``|y| = sqrt(|x|+1) - 1 + eps |x|`` for ``u = sqrt(|x|+1)`` gives
+    ``u = (sqrt(1 + 4 eps (|y| + 1 + eps)) - 1) / (2 eps)``. Written here as
+    ``2 (|y| + 1 + eps) / (sqrt(1 + 4 eps (|y| + 1 + eps)) + 1)`` (same value, multiplied
+    through by the conjugate) because the textbook form subtracts two numbers close to 1
+    and loses about 4 digits in float32 for small ``|y|``.
+    """
+    a = torch.abs(y) + 1 + EPS
+    u = 2 * a / (torch.sqrt(1 + 4 * EPS * a) + 1)
+    return torch.sign(y) * (u * u - 1)
+
+
+def scalar_to_support(x: torch.Tensor, support_size: int) -> torch.Tensor:
+    """Scalars (B,) -> two-hot target distributions (B, 2S+1) over ``h(x)``.
+
+    ``h(x)`` is clipped to [-S, S] and split between its two neighbouring integers in
+    proportion to the distance, so the expectation of the result is exactly ``h(x)``
+    (muzero-general's ``scalar_to_support``).
+    """
+    y = h(x.reshape(-1)).clamp(-support_size, support_size)
+    floor = y.floor()
+    upper = y - floor  # weight of the bin above floor
+    out = torch.zeros(y.shape[0], 2 * support_size + 1, dtype=x.dtype, device=x.device)
+    low = (floor + support_size).long()
+    out.scatter_(1, low.unsqueeze(1), (1 - upper).unsqueeze(1))
+    # At y == S the upper bin would be 2S+1 (out of range); its weight is 0 there anyway.
+    high = (low + 1).clamp(max=2 * support_size)
+    out.scatter_add_(1, high.unsqueeze(1), torch.where(low + 1 > 2 * support_size, 0.0, upper).unsqueeze(1))
+    return out
+
+
+_SUPPORT_CACHE: dict[tuple, torch.Tensor] = {}
+
+
+def _support(support_size: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """The bins ``[-S, ..., S]`` (2S+1,), cached: this runs twice per MCTS simulation."""
+    key = (support_size, dtype, device)
+    bins = _SUPPORT_CACHE.get(key)
+    if bins is None:
+        bins = torch.arange(-support_size, support_size + 1, dtype=dtype, device=device)
+        _SUPPORT_CACHE[key] = bins
+    return bins
+
+
+def support_to_scalar(logits: torch.Tensor, support_size: int) -> torch.Tensor:
+    """Logits (B, 2S+1) -> scalars (B,): expectation of the softmax over the bins,
+    then ``h_inv`` (muzero-general's ``support_to_scalar``)."""
+    probabilities = torch.softmax(logits, dim=1)
+    y = probabilities @ _support(support_size, probabilities.dtype, probabilities.device)
+    return h_inv(y)
+
+
+# --------------------------------------------------------------------------------------
+# 2. The interface
+# --------------------------------------------------------------------------------------
+
+
+def scale_gradient(x: torch.Tensor, scale: float | torch.Tensor) -> torch.Tensor:
+    """Same value as ``x``, gradient multiplied by ``scale`` (the MuZero pseudocode's
+    ``scale_gradient``). ``scale`` may be a tensor that broadcasts against ``x``."""
+    return x * scale + x.detach() * (1 - scale)
+
+
+class Unrolled(NamedTuple):
+    """Predictions along a training unroll of K steps from B observations."""
+
+    value_logits: torch.Tensor  # (B, K+1, 2S+1): step 0 from the observation, then after each action
+    reward_logits: torch.Tensor  # (B, K, 2S+1): the reward of each of the K actions
+    policy_logits: torch.Tensor  # (B, K+1, A)
+
+
+class NetworkOutput(NamedTuple):
+    value_logits: torch.Tensor  # (B, 2S+1)
+    reward_logits: torch.Tensor  # (B, 2S+1)
+    policy_logits: torch.Tensor  # (B, A)
+    hidden_state: torch.Tensor  # (B, *hidden_shape), min-max scaled to [0, 1]
+
+
+def min_max_scale(x: torch.Tensor, start_dim: int) -> torch.Tensor:
+    """Scale ``x`` to [0, 1] over the dimensions from ``start_dim`` on, separately for
+    each index of the leading ones. Like muzero-general, a range below 1e-5 gets 1e-5
+    added, so a constant hidden state stays finite (it becomes 0)."""
+    flat = x.flatten(start_dim)
+    low = flat.min(dim=-1, keepdim=True).values
+    scale = flat.max(dim=-1, keepdim=True).values - low
+    scale = torch.where(scale < 1e-5, scale + 1e-5, scale)
+    return ((flat - low) / scale).view_as(x)
+
+
+class MuZeroNetwork(FlatWeights, nn.Module):
+    """Base class: representation ``h``, dynamics ``g`` (+ reward), prediction ``f``.
+
+    Subclasses implement ``representation(obs) -> hidden``, ``dynamics(hidden, action)
+    -> (next_hidden, reward_logits)`` and ``prediction(hidden) -> (policy_logits,
+    value_logits)``; the hidden states they return are already min-max scaled.
+    """
+
+    def __init__(self, observation_shape: tuple[int, ...], num_actions: int, support_size: int):
+        super().__init__()
+        self.observation_shape = tuple(observation_shape)  # network input, stacking included
+        self.num_actions = num_actions
+        self.support_size = support_size
+        self.full_support_size = 2 * support_size + 1
+        # Logits of the "support of 0" for the initial inference's reward: 0 on the middle
+        # bin, -1e9 elsewhere. Finite (not log(0) = -inf as in muzero-general) so that a
+        # cross-entropy against it is 0 * -1e9 = 0, never 0 * -inf = NaN; softmax is
+        # still exactly one-hot in float32. Not a buffer: not part of the weights.
+        zero = torch.full((1, self.full_support_size), -1e9)
+        zero[0, support_size] = 0.0
+        self._zero_reward_logits = zero
+
+    # Subclass hooks -------------------------------------------------------------------
+    def representation(self, observation: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def dynamics(self, hidden_state: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+    def prediction(self, hidden_state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+    # Inference ------------------------------------------------------------------------
+    def initial_inference(self, observation: torch.Tensor) -> NetworkOutput:
+        """Observations (B, *observation_shape) float32 -> NetworkOutput; the reward is
+        the support of 0 (nothing was received before the first observation)."""
+        hidden_state = self.representation(observation)
+        policy_logits, value_logits = self.prediction(hidden_state)
+        zero = self._zero_reward_logits
+        if zero.device != observation.device or zero.dtype != value_logits.dtype:
+            zero = self._zero_reward_logits = zero.to(observation.device, value_logits.dtype)
+        reward_logits = zero.expand(observation.shape[0], -1)
+        return NetworkOutput(value_logits, reward_logits, policy_logits, hidden_state)
+
+    def recurrent_inference(self, hidden_state: torch.Tensor, action: torch.Tensor) -> NetworkOutput:
+        """Hidden states (B, *hidden_shape) and actions LongTensor (B,) -> NetworkOutput
+        for the next hidden state, with the reward of taking ``action``."""
+        next_hidden, reward_logits = self.dynamics(hidden_state, action)
+        policy_logits, value_logits = self.prediction(next_hidden)
+        return NetworkOutput(value_logits, reward_logits, policy_logits, next_hidden)
+
+    def unroll(self, observation: torch.Tensor, actions: torch.Tensor, between_steps: float = 0.5) -> Unrolled:
+        """The training unroll: the initial inference on ``observation`` (B, *obs), then K
+        recurrent inferences on ``actions`` (B, K) int64. The hidden state a dynamics
+        step returns reaches the next step through ``scale_gradient(h, between_steps)``
+        (the MuZero pseudocode's 0.5), step 1 starts from the representation unscaled.
+
+        This is the reference form, one ``recurrent_inference`` per step; a subclass may
+        batch the work differently for the same values and gradients."""
+        out = self.initial_inference(observation)
+        values, rewards, policies = [out.value_logits], [], [out.policy_logits]
+        hidden = out.hidden_state
+        for k in range(actions.shape[1]):
+            out = self.recurrent_inference(hidden if k == 0 else scale_gradient(hidden, between_steps), actions[:, k])
+            hidden = out.hidden_state
+            values.append(out.value_logits)
+            rewards.append(out.reward_logits)
+            policies.append(out.policy_logits)
+        reward_logits = torch.stack(rewards, 1) if rewards else values[0].new_empty(actions.shape[0], 0, values[0].shape[1])
+        return Unrolled(torch.stack(values, 1), reward_logits, torch.stack(policies, 1))
+
+
+# --------------------------------------------------------------------------------------
+# 3. The two architectures
+# --------------------------------------------------------------------------------------
+
+
+def mlp(input_size: int, hidden: list[int], output_size: int) -> nn.Sequential:
+    """Linear layers with ELU between them and none after the output (muzero-general)."""
+    sizes = [input_size, *hidden, output_size]
+    layers: list[nn.Module] = []
+    for i in range(len(sizes) - 1):
+        layers.append(nn.Linear(sizes[i], sizes[i + 1]))
+        if i < len(sizes) - 2:
+            layers.append(nn.ELU())
+    return nn.Sequential(*layers)
+
+
+class FullyConnectedNetwork(MuZeroNetwork):
+    """muzero-general's ``MuZeroFullyConnectedNetwork``: five MLPs.
+
+    Observation (B, *observation_shape) is flattened; hidden state (B, encoding_size);
+    the dynamics input is the hidden state with the action one-hot concatenated,
+    (B, encoding_size + A).
+    """
+
+    def __init__(self, observation_shape, num_actions: int, support_size: int, encoding_size: int, hidden: list[int]):
+        super().__init__(observation_shape, num_actions, support_size)
+        self.encoding_size = encoding_size
+        self.hidden_shape = (encoding_size,)
+        obs_size = int(np.prod(observation_shape))
+        self.representation_network = mlp(obs_size, hidden, encoding_size)
+        self.dynamics_state_network = mlp(encoding_size + num_actions, hidden, encoding_size)
+        self.dynamics_reward_network = mlp(encoding_size, hidden, self.full_support_size)
+        self.prediction_policy_network = mlp(encoding_size, hidden, num_actions)
+        self.prediction_value_network = mlp(encoding_size, hidden, self.full_support_size)
+
+    def representation(self, observation):
+        return min_max_scale(self.representation_network(observation.flatten(1)), 1)
+
+    def _dynamics_first_layer(self, hidden_state: torch.Tensor, action_term: torch.Tensor) -> torch.Tensor:
+        """The dynamics' state MLP on ``[hidden_state, one_hot(action)]`` (B, E + A), given
+        the action half of its first layer, ``action_term`` (B, H1) from
+        ``_action_terms``: ``Linear([h, one_hot(a)]) = h @ W_h^T + (W_a[:, a] + b)``, one
+        matmul and no one-hot tensor, concatenation or scatter (per-op overhead is most of
+        the time of these 16-unit layers)."""
+        first = self.dynamics_state_network[0]
+        x = torch.addmm(action_term, hidden_state, first.weight[:, : self.encoding_size].t())
+        return self.dynamics_state_network[1:](x)
+
+    def _action_terms(self, action: torch.Tensor) -> torch.Tensor:
+        """``W_a[:, a] + b`` of the dynamics' first layer for actions of any shape: (..., H1)."""
+        first = self.dynamics_state_network[0]
+        return nn.functional.embedding(action, first.weight[:, self.encoding_size :].t()) + first.bias
+
+    def dynamics(self, hidden_state, action):
+        next_hidden = self._dynamics_first_layer(hidden_state, self._action_terms(action.reshape(-1)))
+        reward_logits = self.dynamics_reward_network(next_hidden)  # from the unscaled state, as muzero-general
+        return min_max_scale(next_hidden, 1), reward_logits
+
+    def prediction(self, hidden_state):
+        return self.prediction_policy_network(hidden_state), self.prediction_value_network(hidden_state)
+
+    def unroll(self, observation, actions, between_steps=0.5):
+        """``MuZeroNetwork.unroll``, batched: only the dynamics' state MLP runs step by
+        step (each step needs the one before); the reward MLP runs once on all K
+        states, prediction once on all K + 1, and the action half of the dynamics'
+        first layer once for all K actions. With CartPole's 16-unit MLPs the time of a
+        training step is almost all per-op overhead, and this calls about a quarter of
+        the ops of K ``recurrent_inference`` calls, for the same values and gradients
+        (no BatchNorm here: batching steps together changes no statistic)."""
+        batch, k_steps = actions.shape
+        action_terms = self._action_terms(actions)  # (B, K, H1): every step's at once
+        hidden = min_max_scale(self.representation_network(observation.flatten(1)), 1)
+        states, unscaled = [hidden], []
+        for k in range(k_steps):
+            x = hidden if k == 0 else scale_gradient(hidden, between_steps)
+            nxt = self._dynamics_first_layer(x, action_terms[:, k])
+            unscaled.append(nxt)
+            hidden = min_max_scale(nxt, 1)
+            states.append(hidden)
+        if k_steps == 0:
+            reward_logits = hidden.new_empty(batch, 0, self.full_support_size)
+        else:
+            reward_logits = self.dynamics_reward_network(torch.stack(unscaled, 1))  # from the unscaled states
+        policy_logits, value_logits = self.prediction(torch.stack(states, 1))
+        return Unrolled(value_logits, reward_logits, policy_logits)
+
+
+def conv3x3(in_channels: int, out_channels: int) -> nn.Conv2d:
+    return nn.Conv2d(in_channels, out_channels, kernel_size=3, padding=1, bias=False)
+
+
+class ResidualBlock(nn.Module):
+    """conv-BN-ReLU-conv-BN, plus the input, ReLU (AlphaZero's block)."""
+
+    def __init__(self, channels: int):
+        super().__init__()
+        self.conv1 = conv3x3(channels, channels)
+        self.bn1 = nn.BatchNorm2d(channels)
+        self.conv2 = conv3x3(channels, channels)
+        self.bn2 = nn.BatchNorm2d(channels)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        return torch.relu(out + x)
+
+
+def conv_stem(in_channels: int, channels: int, blocks: int) -> nn.Sequential:
+    """conv3x3-BN-ReLU to ``channels``, then ``blocks`` residual blocks."""
+    return nn.Sequential(
+        conv3x3(in_channels, channels),
+        nn.BatchNorm2d(channels),
+        nn.ReLU(),
+        *[ResidualBlock(channels) for _ in range(blocks)],
+    )
+
+
+class ResidualNetwork(MuZeroNetwork):
+    """muzero-general's ``MuZeroResidualNetwork`` (without its Atari downsampling).
+
+    Observation (B, C_in, H, W); hidden state (B, C, H, W) with C = encoding_size, scaled
+    per sample and channel. The dynamics sees the hidden state with one extra plane
+    filled with ``action / A`` (muzero-general's action encoding for board games), and
+    its conv maps the C + 1 planes back to C. Reward, value and policy heads: a 1x1
+    conv to ``reduced_channels`` planes, flattened, then an MLP with widths ``hidden``.
+    """
+
+    def __init__(
+        self, observation_shape, num_actions: int, support_size: int, encoding_size: int,
+        hidden: list[int], blocks: int, reduced_channels: int,
+    ):  # fmt: skip
+        super().__init__(observation_shape, num_actions, support_size)
+        if len(observation_shape) != 3:
+            raise ValueError(f"the residual network needs (C, H, W) observations, got shape {tuple(observation_shape)}")
+        in_channels, height, width = observation_shape
+        c = encoding_size
+        self.hidden_shape = (c, height, width)
+        head_size = reduced_channels * height * width
+        self.representation_network = conv_stem(in_channels, c, blocks)
+        self.dynamics_state_network = conv_stem(c + 1, c, blocks)
+        self.dynamics_reward_network = nn.Sequential(nn.Conv2d(c, reduced_channels, 1), nn.Flatten(), mlp(head_size, hidden, self.full_support_size))  # fmt: skip
+        self.prediction_trunk = nn.Sequential(*[ResidualBlock(c) for _ in range(blocks)])
+        self.prediction_value_network = nn.Sequential(nn.Conv2d(c, reduced_channels, 1), nn.Flatten(), mlp(head_size, hidden, self.full_support_size))  # fmt: skip
+        self.prediction_policy_network = nn.Sequential(nn.Conv2d(c, reduced_channels, 1), nn.Flatten(), mlp(head_size, hidden, num_actions))  # fmt: skip
+
+    def representation(self, observation):
+        return min_max_scale(self.representation_network(observation), 2)
+
+    def dynamics(self, hidden_state, action):
+        b, _, height, width = hidden_state.shape
+        plane = (action.to(hidden_state.dtype) / self.num_actions).view(b, 1, 1, 1).expand(b, 1, height, width)
+        next_hidden = self.dynamics_state_network(torch.cat([hidden_state, plane], dim=1))
+        reward_logits = self.dynamics_reward_network(next_hidden)
+        return min_max_scale(next_hidden, 2), reward_logits
+
+    def prediction(self, hidden_state):
+        x = self.prediction_trunk(hidden_state)
+        return self.prediction_policy_network(x), self.prediction_value_network(x)
+
+
+# --------------------------------------------------------------------------------------
+# 4. Construction
+# --------------------------------------------------------------------------------------
+
+
+def stacked_shape(observation_shape: tuple[int, ...], stacked_observations: int) -> tuple[int, ...]:
+    """Network input shape when ``stacked_observations`` past observations are stacked
+    as ``mpper.algos.muzero.targets.stacked_observations`` lays them out: for (C, ...) it is
+    (C + n * (C + 1), ...): the current observation, then per past step its
+    observation and one action plane. A (C,) vector observation counts as C channels."""
+    channels, *rest = observation_shape
+    return (channels + stacked_observations * (channels + 1), *rest)
+
+
+def make_network(
+    config: NetworkConfig, observation_shape: tuple[int, ...], num_actions: int, stacked_observations: int = 0
+) -> MuZeroNetwork:
+    """Build the network that ``config.kind`` names, for raw observations of shape
+    ``observation_shape`` (one env step, before stacking)."""
+    input_shape = stacked_shape(tuple(observation_shape), stacked_observations)
+    if config.kind == "fc":
+        return FullyConnectedNetwork(input_shape, num_actions, config.support_size, config.encoding_size, list(config.hidden))  # fmt: skip
+    if config.kind == "residual":
+        return ResidualNetwork(
+            input_shape, num_actions, config.support_size, config.encoding_size, list(config.hidden),
+            config.blocks, config.reduced_channels,
+        )  # fmt: skip
+    raise ValueError(f'network.kind must be "fc" or "residual", got {config.kind!r}')

@@ -1,0 +1,179 @@
+"""MuZero self-play: K environments played together with one batched MCTS per move.
+
+``BatchedPlayer`` is the game loop of the self-play workers (exploration noise,
+visit-count temperature, episodes stored in the replay buffer) and of the evaluator
+(greedy, no noise, episodes only scored). ``Episode`` holds one game in
+muzero-general's GameHistory layout (:mod:`mpper.algos.muzero.targets`).
+
+Two-player and masked environments report, in ``info`` at reset and after each step,
+``to_play`` (0 or 1) and ``action_mask`` (bool per action); other environments have
+one player and every action legal.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from ...config import Config
+from ...envs.two_player import is_two_player
+from .mcts import BatchedMCTS, select_action, temperature_at
+from .networks import support_to_scalar
+from .targets import MuZeroTargets, stacked_observations
+
+__all__ = ["BatchedPlayer", "Episode", "initial_priorities"]
+
+
+@dataclass
+class Episode:
+    """One game in muzero-general's GameHistory layout: T moves, T + 1 rows."""
+
+    observation: list = field(default_factory=list)  # o_0 .. o_T
+    action: list = field(default_factory=lambda: [0])  # a_{i-1} on row i (row 0: 0)
+    reward: list = field(default_factory=lambda: [0.0])  # r_i on row i (row 0: 0)
+    to_play: list = field(default_factory=list)
+    root_value: list = field(default_factory=list)  # search value at o_i, i < T
+    child_visits: list = field(default_factory=list)  # visit distribution at o_i, i < T
+    terminated: bool = False
+    # The network's value of o_T, for an episode cut by a time limit: its value targets
+    # bootstrap from it (mpper.replay.targets). 0 for a terminated one, whose row T is never read.
+    final_value: float = 0.0
+
+    @property
+    def moves(self) -> int:
+        return len(self.observation) - 1
+
+    @property
+    def total_reward(self) -> float:
+        return float(sum(self.reward))
+
+    def arrays(self, num_actions: int) -> dict[str, np.ndarray]:
+        """Rows for ``ReplayBuffer.add_episode`` (final row: ``final_value`` as its
+        root value, no visits)."""
+        return {
+            "observation": np.stack(self.observation).astype(np.float32, copy=False),
+            "action": np.asarray(self.action, np.int64),
+            "reward": np.asarray(self.reward, np.float32),
+            "to_play": np.asarray(self.to_play, np.int8),
+            "root_value": np.asarray(self.root_value + [self.final_value], np.float32),
+            "child_visits": np.vstack(self.child_visits + [np.zeros(num_actions)]).astype(np.float32),
+        }
+
+
+def initial_priorities(arrays: dict[str, np.ndarray], td_steps: int, discount: float,
+                       terminated: bool = True) -> np.ndarray:
+    """muzero-general's initial priorities, |root value - n-step value target| (raw; the
+    buffer applies alpha), for the T positions of one episode (``terminated`` False: cut
+    by a time limit, targets bootstrap from the final row's value).
+
+    The episode's own rows serve as a tiny ring, so the targets come from the very
+    kernel the learner's batches use.
+    """
+    moves = arrays["root_value"].shape[0] - 1
+    slots = np.arange(moves, dtype=np.int64)
+    targets = MuZeroTargets(0, td_steps, discount, arrays["child_visits"].shape[1])
+    no_random_actions = np.random.default_rng(0)  # unroll 0: no step past the end
+    value = targets.build(arrays, slots, slots, np.full(moves, moves), np.full(moves, terminated),
+                          no_random_actions)
+    return np.abs(arrays["root_value"][:moves].astype(np.float64) - value["target_value"][:, 0])
+
+
+class BatchedPlayer:
+    """Steps K environments with one batched search per move.
+
+    Args:
+        config: the run config (mcts, training.stacked_observations).
+        envs: K gymnasium environments.
+        network: a MuZeroNetwork on the CPU, in eval mode.
+        explore: Dirichlet root noise and visit-count temperature (self-play); without
+            it, no noise and the most visited action (evaluation).
+        seed: seeds the first reset of env k with ``seed + k``.
+    """
+
+    def __init__(self, config: Config, envs: list, network, explore: bool, seed: int) -> None:
+        self.config = config
+        self.envs = envs
+        self.network = network
+        self.explore = explore
+        self.num_actions = int(envs[0].action_space.n)
+        self.stacked = config.training.stacked_observations
+        self.mcts = BatchedMCTS(self.num_actions, config.mcts, config.network.support_size,
+                                two_player=is_two_player(envs[0]))  # fmt: skip
+        self.rng = np.random.default_rng(seed)
+        self.legal = [np.ones(self.num_actions, bool)] * len(envs)  # set by _reset
+        self.episodes = [self._reset(k, seed + k) for k in range(len(envs))]
+
+    def _reset(self, k: int, seed: int | None = None) -> Episode:
+        obs, info = self.envs[k].reset(seed=seed)
+        ep = Episode()
+        ep.observation.append(np.asarray(obs, np.float32))
+        ep.to_play.append(int(info.get("to_play", 0)))
+        self.legal[k] = _legal(info, self.num_actions)
+        return ep
+
+    def _network_input(self, ep: Episode) -> np.ndarray:
+        if self.stacked == 0:
+            return ep.observation[-1]
+        t = len(ep.observation) - 1
+        obs = np.stack(ep.observation)
+        act = np.asarray(ep.action, np.int64)
+        one = np.array([t])
+        return stacked_observations(obs, act, one, one, self.stacked, self.num_actions)[0]
+
+    def step(self, progress: float = 0.0) -> list[Episode]:
+        """Search, act and step every env once; returns the episodes that just ended
+        (their envs are reset and play on). ``progress``: the share of training done,
+        which sets the visit-count temperature while exploring; an episode that has
+        played ``mcts.temperature_threshold_moves`` moves or more takes the most visited
+        action instead (T = 0)."""
+        temperature = temperature_at(self.config.mcts.temperature_schedule, progress) if self.explore else 0.0
+        observations = np.stack([self._network_input(ep) for ep in self.episodes])
+        legal = np.stack(self.legal)
+        to_play = np.array([ep.to_play[-1] for ep in self.episodes])
+        result = self.mcts.run(self.network, observations, legal, to_play, self.explore, self.rng)
+        actions = select_action(result.visit_counts, temperature, self.rng)
+        threshold = self.config.mcts.temperature_threshold_moves
+        if threshold is not None and temperature != 0:
+            greedy = np.array([ep.moves >= threshold for ep in self.episodes])
+            if greedy.any():  # only then: without a threshold the draws stay as they were
+                actions[greedy] = select_action(result.visit_counts[greedy], 0.0, self.rng)
+        finished = []
+        for k, (env, ep) in enumerate(zip(self.envs, self.episodes)):
+            ep.root_value.append(float(result.root_values[k]))
+            ep.child_visits.append(result.child_visits[k])
+            obs, reward, terminated, truncated, info = env.step(int(actions[k]))
+            ep.observation.append(np.asarray(obs, np.float32))
+            ep.action.append(int(actions[k]))
+            ep.reward.append(float(reward))
+            ep.to_play.append(int(info.get("to_play", 0)))
+            self.legal[k] = _legal(info, self.num_actions)
+            if terminated or truncated:
+                ep.terminated = bool(terminated)
+                finished.append(ep)
+                self.episodes[k] = self._reset(k)
+        cut = [ep for ep in finished if not ep.terminated]
+        if cut and self.explore:  # only stored episodes need a value to bootstrap from
+            values = self._values(np.stack([self._network_input(ep) for ep in cut]))
+            for ep, value in zip(cut, values):
+                ep.final_value = float(value)
+        return finished
+
+    @torch.inference_mode()
+    def _values(self, observations: np.ndarray) -> np.ndarray:
+        """The network's scalar values (N,) of N (stacked) observations."""
+        out = self.network.initial_inference(torch.as_tensor(np.asarray(observations, np.float32)))
+        return support_to_scalar(out.value_logits, self.config.network.support_size).numpy()
+
+
+    def stored(self, ep: Episode) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        """(rows, raw initial priorities) to hand to ``ReplayBuffer.add_episode``."""
+        arrays = ep.arrays(self.num_actions)
+        return arrays, initial_priorities(arrays, self.config.training.td_steps, self.config.mcts.discount,
+                                          ep.terminated)
+
+
+def _legal(info: dict, num_actions: int) -> np.ndarray:
+    mask = info.get("action_mask")
+    return np.ones(num_actions, bool) if mask is None else np.asarray(mask, bool)

@@ -1,0 +1,220 @@
+"""MuZero's stored rows and the unroll targets built from them at sample time.
+
+Episode layout (muzero-general's GameHistory, one row per observation): an episode of
+``T`` moves is ``T + 1`` rows; row ``i`` holds observation ``o_i``, the action
+``a_{i-1}`` that led to it and the reward ``r_i`` received on arriving (row 0 holds
+placeholders), the player to move at ``o_i`` and the search statistics at ``o_i``.
+A sampled position is a slot ``s`` with position ``t = s - start`` in ``0 .. T-1``.
+The loops over the batch run in numba kernels; nothing loops over batch items in Python.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numba
+import numpy as np
+
+from ...replay.targets import gather_rows
+
+__all__ = ["MuZeroTargets", "muzero_schema", "stacked_observations"]
+
+
+@numba.njit(cache=True, nogil=True)
+def _signed_reward(reward, to_play, start, j, player):
+    """r_j seen by ``player``: negated when the mover at j - 1 was the other player."""
+    r = reward[start + j]
+    return r if to_play[start + j - 1] == player else -r
+
+
+@numba.njit(cache=True, nogil=True)
+def _muzero_kernel(
+    slots, pos, moves, terminated, root_value, reanalysed, use_reanalysed, reward, to_play, child_visits,
+    action, num_unroll_steps, td_steps, discount, random_uniform,
+    out_value, out_reward, out_policy, out_action, out_scale,
+):  # fmt: skip
+    """Per sampled position and unroll step k = 0..K: muzero-general's ``make_target``.
+
+    For index ``i = t + k`` of an episode with T moves:
+      i <  T: value = compute_target_value(i), reward r_i, policy child_visits_i, action a_i
+      i == T: value 0 (terminated) or v_T (truncated), reward r_T, uniform policy, action a_T
+      i >  T: value 0, reward 0, uniform policy, random action (absorbing state)
+    compute_target_value(i) = sum_{j=i+1}^{min(i+td, T)} discount^(j-i-1) * (+/-) r_j
+                              + discount^td * (+/-) v_{i+td}    if i + td < T
+                              + discount^(T-i) * (+/-) v_T      if i + td >= T and the
+                                                                episode was truncated
+    with the sign of r_j flipped when the player who moved at j - 1 is not the player to
+    move at i, that of v when the player to move at the bootstrap row is not, and v the
+    reanalysed value where one is stored, else the root value. Players are 0 and 1 (one-
+    or two-player games).
+
+    The truncated case departs from muzero-general, which treats every episode end as
+    terminal: an episode cut by a time limit (CartPole at 500 moves) did not end in an
+    absorbing state, and a target that ignores everything after the cut teaches the last
+    ``td_steps`` positions that the pole falls. Row T's value (the network's value of
+    the final observation, refreshed by the reanalyser) stands in for the rest.
+
+    The reward sums of consecutive unroll steps share all but two terms, so they are
+    computed once at the last index and then backwards with
+    A(i) = r_{i+1} + discount * A(i+1) - discount^td * r_{i+1+td}: O(td + K) per
+    position instead of O(td * K). A is kept from the view of the player p0 to move at
+    t and turned to the view of the player at i at the end.
+    """
+    batch = slots.shape[0]
+    num_actions = out_policy.shape[2]
+    uniform = 1.0 / num_actions
+    discount_td = discount**td_steps
+    sums = np.empty(num_unroll_steps + 1)
+    for b in range(batch):
+        t = pos[b]
+        big_t = moves[b]
+        start = slots[b] - t
+        p0 = to_play[start + t]
+        scale = min(num_unroll_steps, big_t + 1 - t)
+        v_end = 0.0  # the bootstrap value of row T (truncated episodes only)
+        if not terminated[b]:
+            v_end = root_value[start + big_t]
+            if use_reanalysed:
+                rv = reanalysed[start + big_t]
+                if rv == rv:
+                    v_end = rv
+        # reward sums A(i) for i = t .. last (positions before the episode's end)
+        last = min(t + num_unroll_steps, big_t - 1)
+        acc = 0.0
+        g = 1.0
+        for j in range(last + 1, min(last + td_steps, big_t) + 1):
+            acc += g * _signed_reward(reward, to_play, start, j, p0)
+            g *= discount
+        sums[last - t] = acc
+        for i in range(last - 1, t - 1, -1):
+            acc = _signed_reward(reward, to_play, start, i + 1, p0) + discount * acc
+            if i + 1 + td_steps <= big_t:
+                acc -= discount_td * _signed_reward(reward, to_play, start, i + 1 + td_steps, p0)
+            sums[i - t] = acc
+        for k in range(num_unroll_steps + 1):
+            i = t + k
+            out_scale[b, k] = scale
+            if i < big_t:
+                player = to_play[start + i]
+                value = sums[k] if player == p0 else -sums[k]
+                boot = i + td_steps
+                if boot < big_t:
+                    v = root_value[start + boot]
+                    if use_reanalysed:
+                        rv = reanalysed[start + boot]
+                        if rv == rv:  # not NaN: a reanalysed value is stored
+                            v = rv
+                    value += (v if to_play[start + boot] == player else -v) * discount_td
+                elif not terminated[b]:
+                    v = v_end if to_play[start + big_t] == player else -v_end
+                    value += v * discount ** (big_t - i)
+                out_value[b, k] = value
+                out_reward[b, k] = reward[start + i]
+                for a in range(num_actions):
+                    out_policy[b, k, a] = child_visits[start + i, a]
+                out_action[b, k] = action[start + i]
+            else:
+                out_value[b, k] = 0.0
+                for a in range(num_actions):
+                    out_policy[b, k, a] = uniform
+                if i == big_t:
+                    if not terminated[b]:  # the value of o_T, seen by the player to move there
+                        out_value[b, k] = v_end
+                    out_reward[b, k] = reward[start + i]
+                    out_action[b, k] = action[start + i]
+                else:
+                    out_reward[b, k] = 0.0
+                    out_action[b, k] = min(int(random_uniform[b, k] * num_actions), num_actions - 1)
+
+
+def stacked_observations(
+    observation: np.ndarray, action: np.ndarray, slots: np.ndarray, pos: np.ndarray,
+    num_stacked: int, num_actions: int,
+) -> np.ndarray:  # fmt: skip
+    """muzero-general's ``get_stacked_observations`` for a batch, float32.
+
+    Output channels (axis 1): the current observation, then for each past p = t-1 ..
+    t-num_stacked the observation o_p followed by one plane filled with
+    ``a_{p+1} / num_actions`` (the action taken at p); zeros before the episode start.
+    For observations of shape (C, ...) the result is (B, C + num_stacked * (C + 1), ...).
+    """
+    current = gather_rows(observation, slots).astype(np.float32, copy=False)
+    if num_stacked == 0:
+        return current
+    batch = slots.shape[0]
+    channels = observation.shape[1]
+    rest = observation.shape[2:]
+    out = np.zeros((batch, channels + num_stacked * (channels + 1), *rest), np.float32)
+    out[:, :channels] = current
+    for s in range(1, num_stacked + 1):  # a loop over stack depth, not over the batch
+        valid = pos >= s
+        past = np.where(valid, slots - s, slots)
+        base = channels + (s - 1) * (channels + 1)
+        out[:, base : base + channels] = observation[past] * valid.reshape((-1,) + (1,) * (1 + len(rest)))
+        took = np.where(valid, slots - s + 1, slots)  # row of a_p, the action taken at p
+        plane = action[took].astype(np.float32) / num_actions * valid
+        out[:, base + channels] = plane.reshape((-1,) + (1,) * len(rest))
+    return out
+
+
+@dataclass(frozen=True)
+class MuZeroTargets:
+    """muzero-general's targets (``make_target``, ``compute_target_value``, gradient
+    scale, ``get_stacked_observations``) for a batch of sampled positions.
+
+    Needs the fields observation, action, reward, to_play, root_value, child_visits;
+    uses reanalysed_value where the schema has it. Returns, with K = num_unroll_steps:
+    observation (B, *stacked) float32, actions (B, K+1) int64, target_value,
+    target_reward, gradient_scale (B, K+1) float32, target_policy (B, K+1, A) float32.
+    """
+
+    num_unroll_steps: int
+    td_steps: int
+    discount: float
+    num_actions: int
+    stacked_observations: int = 0
+
+    def __post_init__(self):
+        if self.num_unroll_steps < 0 or self.td_steps < 1 or self.num_actions < 1:
+            raise ValueError(
+                f"MuZeroTargets needs num_unroll_steps >= 0, td_steps >= 1, num_actions >= 1; got {self}"
+            )
+
+    def build(self, fields, slots, pos, moves, terminated, rng):
+        k1 = self.num_unroll_steps + 1
+        batch = slots.shape[0]
+        reanalysed = fields.get("reanalysed_value")
+        out = {
+            "target_value": np.empty((batch, k1), np.float32),
+            "target_reward": np.empty((batch, k1), np.float32),
+            "target_policy": np.empty((batch, k1, self.num_actions), np.float32),
+            "actions": np.empty((batch, k1), np.int64),
+            "gradient_scale": np.empty((batch, k1), np.float32),
+        }
+        _muzero_kernel(
+            slots, pos, moves, np.asarray(terminated, np.bool_), fields["root_value"],
+            fields["root_value"] if reanalysed is None else reanalysed, reanalysed is not None,
+            fields["reward"], fields["to_play"], fields["child_visits"], fields["action"],
+            self.num_unroll_steps, self.td_steps, float(self.discount),
+            rng.random((batch, k1)),
+            out["target_value"], out["target_reward"], out["target_policy"], out["actions"],
+            out["gradient_scale"],
+        )  # fmt: skip
+        out["observation"] = stacked_observations(
+            fields["observation"], fields["action"], slots, pos, self.stacked_observations, self.num_actions
+        )
+        return out
+
+
+def muzero_schema(observation_shape: Sequence[int], num_actions: int, observation_dtype="float32") -> dict:
+    """Fields MuZero self-play stores per row (see ``mpper.replay.targets`` for the layout)."""
+    return {
+        "observation": (tuple(observation_shape), observation_dtype),
+        "action": ((), "int64"),
+        "reward": ((), "float32"),
+        "to_play": ((), "int8"),
+        "root_value": ((), "float32"),
+        "child_visits": ((num_actions,), "float32"),
+        "reanalysed_value": ((), "float32", float("nan")),  # NaN: not reanalysed yet
+    }

@@ -1,0 +1,146 @@
+"""MuZero's update: muzero-general's ``Trainer.update_weights`` / ``loss_function`` on an
+mpper ``Batch`` (built by :class:`~mpper.algos.muzero.targets.MuZeroTargets`): unroll K
+steps, value / reward / policy cross-entropies, importance weights, new priorities, one
+optimizer step.
+
+Shapes: B is the batch, K = num_unroll_steps, A the number of actions, S the support
+size (value and reward are distributions over 2S+1 bins).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from ...replay.buffer import Batch
+from ..base import Trainer
+from .networks import scalar_to_support, scale_gradient, support_to_scalar
+
+__all__ = ["MuZeroTrainer", "cross_entropy"]
+
+
+def cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Per-sample cross-entropy of a target distribution over the last axis:
+    (..., N), (..., N) -> (...).
+
+    muzero-general's ``loss_function`` (``-sum(target * log_softmax(logits))``): the
+    targets are soft (two-hot supports, visit distributions), so this is not
+    ``F.cross_entropy`` with class indices."""
+    return -(target * torch.log_softmax(logits, dim=-1)).sum(dim=-1)
+
+
+class MuZeroTrainer(Trainer):
+    """``train_step(batch)`` is one update on a batch sampled with ``MuZeroTargets``; it
+    returns the metrics and the new raw priorities of the sampled positions (the buffer
+    applies ``alpha`` itself).
+    """
+
+    # ---- one update ---------------------------------------------------------------------
+    def train_step(self, batch: Batch) -> tuple[dict[str, float], np.ndarray]:
+        """One optimizer step on ``batch``; returns (metrics, raw priorities float64: (B,),
+        or (B, K+1) with ``training.priority_update`` "unrolled").
+
+        ``batch.data`` (from ``MuZeroTargets``): observation (B, *obs), actions (B, K+1)
+        (column 0 unused: the action that led to the root), target_value,
+        target_reward, gradient_scale (B, K+1), target_policy (B, K+1, A);
+        ``batch.weights`` (B,) importance weights.
+
+        Raises FloatingPointError, before the optimizer step, if the loss or the
+        gradient norm is not finite: the weights, the optimizer state and the step
+        counter are then unchanged, and no priority comes back.
+        """
+        t = self.train_config
+        net = self.network
+        support = net.support_size
+        lr = self.learning_rate()
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
+        d = self._to_device({**batch.data, "weights": batch.weights})
+        observation = d["observation"].float()  # (B, *obs)
+        actions = d["actions"]  # (B, K+1) int64
+        gradient_scale = d["gradient_scale"]  # (B, K+1)
+        weights = d["weights"]  # (B,)
+        target_policy = d["target_policy"]  # (B, K+1, A)
+        batch_size, k1 = actions.shape
+        # scalars (B, K+1) -> two-hot supports (B, K+1, 2S+1)
+        target_value = scalar_to_support(d["target_value"].reshape(-1), support).view(batch_size, k1, -1)
+        target_reward = scalar_to_support(d["target_reward"].reshape(-1), support).view(batch_size, k1, -1)
+
+        # The unroll: step 0 from the real observation, steps 1..K through the dynamics
+        # on the actions actually taken, the hidden state passed between dynamics steps
+        # through scale_gradient(h, 0.5) as in the pseudocode's update_weights (so the
+        # gradient of a loss k steps deep reaches the representation scaled by 0.5^(k-1);
+        # muzero-general hooks the hidden state a step returns, which also halves the
+        # gradient of that step's own predictions into the dynamics).
+        unrolled = net.unroll(observation, actions[:, 1:], 0.5)
+        value_ce = cross_entropy(unrolled.value_logits, target_value)  # (B, K+1)
+        policy_ce = cross_entropy(unrolled.policy_logits, target_policy)  # (B, K+1)
+        # No reward loss at step 0: nothing was received before the root (muzero-general
+        # skips it as well).
+        reward_ce = cross_entropy(unrolled.reward_logits, target_reward[:, 1:])  # (B, K)
+        # Each unrolled step's gradient is divided by the number of unrolled steps
+        # (muzero-general registers grad / gradient_scale hooks on these losses);
+        # scale_gradient does the same and leaves the reported loss values alone.
+        per_step = 1.0 / gradient_scale[:, 1:]  # (B, K)
+        value_loss = value_ce[:, 0] + scale_gradient(value_ce[:, 1:], per_step).sum(1)  # (B,)
+        policy_loss = policy_ce[:, 0] + scale_gradient(policy_ce[:, 1:], per_step).sum(1)
+        reward_loss = scale_gradient(reward_ce, per_step).sum(1)
+
+        # Per-sample loss (B,), weighted by the importance weights that correct the
+        # prioritized sampling's bias, then the mean over the batch.
+        per_sample = value_loss * t.value_loss_weight + reward_loss + policy_loss
+        loss = (per_sample * weights).mean()
+
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        params = [p for p in net.parameters() if p.grad is not None]
+        if t.grad_clip is not None:
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, t.grad_clip)  # the norm before clipping
+        else:
+            grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+
+        # New raw priorities |v - z|: of the sampled positions (B,), or of every unrolled
+        # position (B, K+1) with training.priority_update "unrolled" (the buffer writes
+        # column k to the position k moves later in the same episode, where there is one).
+        with torch.no_grad():
+            if t.priority_update == "unrolled":
+                logits = unrolled.value_logits.detach()
+                predicted = support_to_scalar(logits.reshape(-1, logits.shape[-1]), support).view(batch_size, k1)
+                priorities = (predicted - d["target_value"]).abs().reshape(-1)
+            else:
+                root_value = support_to_scalar(unrolled.value_logits[:, 0].detach(), support)
+                priorities = (root_value - d["target_value"][:, 0]).abs()
+            # The reported component losses are IS-weighted batch means like the total,
+            # so total = value_loss_weight * value + reward + policy holds exactly.
+            stats = torch.stack([
+                loss.detach(), (value_loss * weights).mean(), (reward_loss * weights).mean(),
+                (policy_loss * weights).mean(), grad_norm.to(loss.dtype),
+            ])  # fmt: skip
+            # One device -> host transfer (one CUDA synchronisation) per step.
+            host = torch.cat([stats, priorities.to(stats.dtype)]).to("cpu", torch.float64).numpy()
+        total, value, reward, policy, norm = (float(x) for x in host[:5])
+        priorities = host[5:].copy()
+        if t.priority_update == "unrolled":
+            priorities = priorities.reshape(batch_size, k1)
+        if not (math.isfinite(total) and math.isfinite(value) and math.isfinite(reward) and math.isfinite(policy)):
+            raise FloatingPointError(f"non-finite loss at training step {self.training_step}")
+        if not math.isfinite(norm):
+            raise FloatingPointError(f"non-finite gradient norm at training step {self.training_step}")
+        if not np.isfinite(priorities).all():  # pragma: no cover - finite logits give finite values
+            raise FloatingPointError(f"non-finite priorities at training step {self.training_step}")
+
+        self.optimizer.step()
+        self.training_step += 1
+        metrics = {
+            "total_loss": total,
+            "value_loss": value,
+            "reward_loss": reward,
+            "policy_loss": policy,
+            "grad_norm": norm,
+            "lr": lr,
+            "training_step": self.training_step,
+        }
+        return metrics, priorities

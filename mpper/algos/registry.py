@@ -1,0 +1,53 @@
+"""The algorithms mpper trains, by the name ``config.algorithm`` gives.
+
+Adding an algorithm is adding its folder under ``mpper/algos/`` (an
+:class:`~mpper.algos.base.Algorithm` named ``ALGORITHM`` in its ``__init__``) and one
+line here; ``docs/architecture.md`` walks through it.
+"""
+
+from __future__ import annotations
+
+from ..config import Config, ConfigError
+from ..envs import EnvSpec, config_symmetries, env_spec
+from .base import Algorithm
+from .dqn import ALGORITHM as DQN
+from .muzero import ALGORITHM as MUZERO
+
+__all__ = ["ALGORITHMS", "algorithm_of", "get_algorithm"]
+
+ALGORITHMS: dict[str, Algorithm] = {a.name: a for a in (MUZERO, DQN)}
+
+
+def get_algorithm(name: str) -> Algorithm:
+    """The algorithm called ``name``; ConfigError naming the known ones otherwise."""
+    try:
+        return ALGORITHMS[name]
+    except KeyError:
+        raise ConfigError(f"algorithm: expected one of {sorted(ALGORITHMS)}, got {name!r}") from None
+
+
+def algorithm_of(config: Config) -> Algorithm:
+    """The algorithm ``config`` trains."""
+    return get_algorithm(config.algorithm)
+
+
+def run_env_spec(config: Config) -> EnvSpec:
+    """:func:`env_spec` of ``config.env``, and whether ``config.algorithm`` can train on
+    it: what a run checks before it starts anything (``run.py`` turns the ``ValueError``
+    into one line ``error: ...`` and exit code 2).
+
+    Raises ``ValueError`` when the env breaks the two-player contract; when it is a
+    two-player env and the algorithm is ``"dqn"`` (DQN reads neither ``to_play`` nor the
+    legal-action mask: it would learn one Q-function for both players and play
+    illegal moves); when ``training.symmetry_augmentation`` is on and the env declares
+    no valid symmetries (:mod:`mpper.envs.symmetry`).
+    """
+    spec = env_spec(config.env)
+    if spec.two_player and config.algorithm != "muzero":
+        raise ValueError(
+            f'algorithm: "{config.algorithm}" cannot train the two-player env {config.env.id!r}: it ignores '
+            "to_play and the legal-action mask; use \"muzero\""
+        )
+    if config.training.symmetry_augmentation:
+        config_symmetries(config)
+    return spec

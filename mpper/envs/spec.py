@@ -1,0 +1,84 @@
+"""Environment construction and the facts about it the buffer and networks need."""
+
+from __future__ import annotations
+
+import importlib
+import json
+from dataclasses import dataclass
+
+import gymnasium as gym
+import numpy as np
+
+from ..config import Config, ConfigError, EnvConfig, is_env_factory
+from .symmetry import env_symmetries
+from .two_player import check_two_player_env, is_two_player
+
+__all__ = ["EnvSpec", "config_symmetries", "env_spec", "make_env", "make_env_checked"]
+
+
+def make_env(config: EnvConfig) -> gym.Env:
+    """A gymnasium env from a registered id or a ``"module:factory"`` callable.
+
+    ``max_episode_steps`` wraps it in a TimeLimit (a truncation, not a termination).
+    """
+    if is_env_factory(config.id):
+        module, _, name = config.id.partition(":")
+        env = getattr(importlib.import_module(module), name)(**config.kwargs)
+        if config.max_episode_steps is not None:
+            env = gym.wrappers.TimeLimit(env, config.max_episode_steps)
+        return env
+    return gym.make(config.id, max_episode_steps=config.max_episode_steps, **config.kwargs)
+
+
+def make_env_checked(config: EnvConfig) -> gym.Env:
+    """:func:`make_env` for the checks before a run: whatever stops the env from being
+    made (kwargs it rejects, a factory the module lacks, a missing dependency) is a
+    one-line ConfigError naming env.id and env.kwargs instead of a traceback."""
+    try:
+        return make_env(config)
+    except Exception as exc:
+        detail = " ".join(str(exc).split()) or "no message"
+        raise ConfigError(f"env.id {config.id!r} with env.kwargs {json.dumps(config.kwargs)}: the env cannot be "
+                          f"made ({type(exc).__name__}: {detail})") from exc  # fmt: skip
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    observation_shape: tuple[int, ...]
+    observation_dtype: np.dtype
+    num_actions: int
+    two_player: bool = False  # env.unwrapped.two_player (checked against the contract)
+
+
+def env_spec(config: EnvConfig) -> EnvSpec:
+    """Observation shape/dtype and action count, from one env instance (then closed).
+
+    A two-player env (``env.unwrapped.two_player``) is also checked against the contract
+    of :mod:`mpper.envs.two_player` (one reset and one step), so that a broken one stops the
+    run here, with a message naming it, rather than in a worker later.
+    """
+    env = make_env_checked(config)
+    try:
+        space = env.observation_space
+        if not isinstance(env.action_space, gym.spaces.Discrete):
+            raise ValueError(f"env {config.id!r}: mpper needs a Discrete action space, got {env.action_space}")
+        if not isinstance(space, gym.spaces.Box):
+            raise ValueError(f"env {config.id!r}: mpper needs a Box observation space, got {space}")
+        if is_two_player(env):
+            check_two_player_env(env, config.id)
+        dtype = np.dtype(np.float32) if space.dtype.kind == "f" else space.dtype
+        return EnvSpec(tuple(space.shape), dtype, int(env.action_space.n), is_two_player(env))
+    finally:
+        env.close()
+
+
+def config_symmetries(config: Config) -> np.ndarray:
+    """The checked ``(G, A)`` board symmetries the env of ``config`` declares (one env
+    instance, then closed); ``ValueError`` naming the env when it declares none or
+    malformed ones (:mod:`mpper.envs.symmetry`)."""
+    env = make_env_checked(config.env)
+    try:
+        space = env.observation_space
+        return env_symmetries(env, tuple(space.shape), int(env.action_space.n), f"env {config.env.id!r}")
+    finally:
+        env.close()

@@ -1,0 +1,716 @@
+"""The prioritized replay buffer, in shared memory, shared by all mpper processes.
+
+Storage is a ring of steps: each schema field is one array ``(capacity, *shape)``;
+an ``EpisodeRing`` places whole episodes in contiguous slots and evicts the oldest; a
+``SumTree`` holds one leaf per slot (0 for slots that cannot be sampled). All of it,
+plus generations, counters and the episode table, lives in one shared-memory segment
+whose layout follows from the schema and capacity, so another process attaches from a
+small handle and copies nothing.
+
+Concurrency: one ``multiprocessing.Lock`` serialises the *writers* of the tree, the
+episode table and the ring (``add_episode``, ``update_priorities``, reanalysed values);
+sampling takes no lock at all:
+
+- a writer reserves slots under the lock (evicting, zeroing priorities, making the
+  slots' generations odd), copies its episode *without* the lock, then publishes its
+  priorities under the lock (generations become even). A slot is sampleable only while
+  its generation is even;
+- ``sample`` descends the tree, reads each drawn slot's generation and episode bounds,
+  gathers rows and builds targets, then reads the generations again (a seqlock). Rows
+  whose slot was unsampleable or rewritten meanwhile are drawn again, so a batch never
+  holds a torn row. The learner therefore never waits for a writer, and a writer waits
+  at most for another writer's few-microsecond critical section or a priority update;
+- ``update_priorities`` and reanalysed values apply only where the slot's generation
+  still matches what was sampled.
+
+Priorities: callers pass raw priorities ``p >= 0`` (|TD error|, |value error|); the
+tree stores ``min(p + priority_eps, priority_clip) ** alpha``, so ``P(i) = leaf_i / sum``
+and ``alpha = 0`` is uniform sampling. Importance weights are ``(N * P(i)) ** -beta``
+divided by the batch maximum, N the number of sampleable positions.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import time
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import numba
+import numpy as np
+
+from .. import shm as shm_mod
+from .episode_ring import (
+    ID,
+    MAX_CAPACITY,
+    NUM_POSITIONS,
+    PUBLISHED,
+    ROWS,
+    START,
+    STATE,
+    TERMINATED,
+    EpisodeRing,
+    RingBusy,
+)
+from .layout import COUNTER_INDEX, COUNTERS, record_dtype, segment_bytes, segment_layout, segment_offsets
+from .schema import Field, normalize_schema
+from .snapshot import load_buffer, save_snapshot
+from .sum_tree import SumTree, descend, set_leaves
+from .targets import RawRows
+
+__all__ = ["COUNTERS", "Batch", "BufferHandle", "EpisodeRef", "ReplayBuffer", "load_snapshot", "segment_bytes"]
+
+# How long add_episode waits for a live writer's unpublished episode to get out of the way.
+_RESERVE_TIMEOUT_S = 60.0
+
+
+# ---- hot-path kernels: one compiled call per sample / update instead of ~20 numpy calls
+@numba.njit(cache=True, nogil=True)
+def _draw_kernel(tree, leaf_base, u, generation, info_of, out_slot, out_gen, out_info, out_prob, out_pos,
+                 out_moves, out_term):  # fmt: skip
+    """Stratified descent for B uniforms; per drawn slot its generation, packed info,
+    P(i) and the unpacked position, T and termination. Runs without the lock, so a
+    writer may change the tree meanwhile: returns the number of rows that turned out
+    not sampleable (odd generation or a 0 leaf), which are marked with out_gen = -1 and
+    drawn again by the caller. The caller re-checks generation and info after gathering."""
+    total = tree[1]
+    batch = u.shape[0]
+    targets = np.empty(batch)
+    for j in range(batch):
+        targets[j] = (j + u[j]) * (total / batch)
+    descend(tree, leaf_base, targets, out_slot)
+    rejected = 0
+    for j in range(batch):
+        s = out_slot[j]
+        g = generation[s]
+        info = info_of[s]
+        leaf = tree[leaf_base + s]
+        out_info[j] = info
+        out_pos[j] = info >> 32
+        out_moves[j] = (info & 0xFFFFFFFF) >> 2
+        out_term[j] = (info & 2) != 0
+        out_prob[j] = leaf / total
+        if (g & 1) or not leaf > 0.0:
+            g = -1
+            rejected += 1
+        out_gen[j] = g
+    return rejected
+
+
+@numba.njit(cache=True, nogil=True)
+def _find_torn(generation, info_of, drawn, gen, info):
+    """Rows whose slot's generation or info changed since they were drawn."""
+    torn = np.empty(drawn.shape[0], np.int64)
+    n = 0
+    for j in range(drawn.shape[0]):
+        s = drawn[j]
+        if generation[s] != gen[j] or info_of[s] != info[j]:
+            torn[n] = j
+            n += 1
+    return torn[:n]
+
+
+@numba.njit(cache=True, nogil=True)
+def _check_update(capacity, indices, priorities):
+    """-1 if all indices are in range and priorities (n, m) finite and >= 0, else the
+    first bad row (checked before anything is written)."""
+    for j in range(indices.shape[0]):
+        if indices[j] < 0 or indices[j] >= capacity:
+            return j
+        for k in range(priorities.shape[1]):
+            p = priorities[j, k]
+            if not (p >= 0.0 and p < np.inf):
+                return j
+    return -1
+
+
+@numba.njit(cache=True, nogil=True)
+def _apply_update(tree, leaf_base, generation, info_of, indices, gens, priorities, eps, clip, alpha):
+    """For each sampled slot s whose generation is unchanged (published, not rewritten
+    since: every slot of an episode changes generation together, so the whole episode is
+    the same) and that is a position t of an episode of T moves, write
+    ``min(p + eps, clip) ** alpha`` of ``priorities[j, k]`` (n, m) to slot s + k for
+    each k < m with t + k < T (the positions that follow in the same episode; m = 1:
+    the sampled position alone). Returns (rows applied, max p written)."""
+    n, m = priorities.shape
+    live_idx = np.empty(n * m, np.int64)
+    live_leaf = np.empty(n * m)
+    applied = 0
+    written = 0
+    top = 0.0
+    for j in range(n):
+        s = indices[j]
+        info = info_of[s]
+        t = info >> 32
+        big_t = (info & 0xFFFFFFFF) >> 2
+        if generation[s] == gens[j] and (gens[j] & 1) == 0 and t < big_t:
+            applied += 1
+            for k in range(min(m, big_t - t)):
+                p = priorities[j, k]
+                live_idx[written] = s + k
+                live_leaf[written] = min(p + eps, clip) ** alpha
+                written += 1
+                top = max(top, p)
+    set_leaves(tree, leaf_base, live_idx[:written], live_leaf[:written])
+    return applied, top
+
+
+class _SpinThenBlock:
+    """Context manager over the buffer's lock that tries briefly before sleeping.
+
+    Critical sections last microseconds, while putting a process to sleep on the
+    semaphore and waking it again costs tens of microseconds to milliseconds on a busy
+    machine; so a waiter first retries without blocking (userspace, no system call),
+    and only then blocks.
+
+    It also keeps this process's lock waits: ``wait_hist[i]`` counts acquisitions that
+    waited ``[2^(i-1), 2^i)`` microseconds (``wait_hist[0]``: under 1 us, which is every
+    acquisition whose first try succeeded), and ``wait_max_ns`` the longest. A free lock
+    costs one list increment more; only a contended one reads the clock.
+    """
+
+    __slots__ = ("lock", "wait_hist", "wait_max_ns")
+    SPINS = 200  # about 20-40 us of retries
+    BINS = 40
+
+    def __init__(self, lock) -> None:
+        self.lock = lock
+        self.wait_hist = [0] * self.BINS
+        self.wait_max_ns = 0
+
+    def __enter__(self):
+        acquire = self.lock.acquire
+        if acquire(False):
+            self.wait_hist[0] += 1
+            return self
+        t0 = time.perf_counter_ns()
+        for _ in range(self.SPINS):
+            if acquire(False):
+                break
+        else:
+            acquire()
+        waited = time.perf_counter_ns() - t0
+        self.wait_hist[min(self.BINS - 1, (waited // 1000).bit_length())] += 1
+        if waited > self.wait_max_ns:
+            self.wait_max_ns = waited
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.lock.release()
+
+
+def _empty_draw(n: int) -> tuple[np.ndarray, ...]:
+    """Output arrays of _draw_kernel: slot, generation, info, P(i), position, T, terminated."""
+    i64 = np.empty((5, n), np.int64)
+    return i64[0], i64[1], i64[2], np.empty(n), i64[3], i64[4], np.empty(n, np.bool_)
+
+
+_warm = False
+
+
+def _warm_kernels() -> None:
+    """Load the compiled kernels that run under the shared lock once per process, on
+    tiny arrays and outside the lock: the first call of a numba function in a process
+    takes ~0.2 s, and under the lock it would stall every other process that long."""
+    global _warm
+    if _warm:
+        return
+    tree = SumTree(4)
+    tree.set_range(0, np.ones(3))
+    tree.set(np.arange(2), np.ones(2))
+    records = np.zeros(4, record_dtype(()))  # strided views, like the shared ones
+    gen, info = records["_generation"], records["_info"]
+    one = np.zeros(1, np.int64)
+    _draw_kernel(tree.tree, tree._leaf_base, np.zeros(1), gen, info, one, one.copy(), one.copy(), np.zeros(1),
+                 one.copy(), one.copy(), np.zeros(1, np.bool_))  # fmt: skip
+    _find_torn(gen, info, one, one, one)
+    _apply_update(tree.tree, tree._leaf_base, gen, info, one, one, np.zeros((1, 1)), 0.0, np.inf, 1.0)
+    _check_update(4, one, np.zeros((1, 1)))
+    _warm = True
+
+
+@dataclass(frozen=True)
+class BufferHandle:
+    """Everything another process needs to attach. Picklable when handed to a child
+    process at spawn time (the lock travels the way multiprocessing locks do)."""
+
+    segment: str
+    fields: tuple[Field, ...]
+    capacity: int
+    max_episodes: int
+    alpha: float
+    priority_eps: float
+    priority_clip: float | None
+    initial_priority: str | float
+    lock: Any = field(repr=False)
+
+
+@dataclass
+class Batch:
+    """A sampled batch. ``indices``/``generations`` go back to ``update_priorities``."""
+
+    indices: np.ndarray  # (B,) int64 slot of each sampled position
+    generations: np.ndarray  # (B,) int64 generation of that slot when sampled
+    weights: np.ndarray  # (B,) float32 importance weights, max 1
+    probabilities: np.ndarray  # (B,) float64 P(i)
+    data: dict[str, np.ndarray]
+
+
+@dataclass(frozen=True)
+class EpisodeRef:
+    """A stored episode as seen at one moment (for reanalyse and inspection)."""
+
+    episode_id: int
+    start: int  # first slot
+    rows: int  # T + 1
+    generation: int  # generation of its first slot when referenced
+    terminated: bool
+
+
+class ReplayBuffer(shm_mod.SharedObject):
+    """Prioritized episode replay in shared memory. Build with ``create``, ``attach``
+    or ``load``; see the module docstring for the concurrency rules."""
+
+    def __init__(self, handle: BufferHandle | None, arrays: dict[str, np.ndarray], lock,
+                 *, segment=None, owner=False, read_only=False, params=None) -> None:  # fmt: skip
+        self.handle = handle
+        params = params or handle
+        self._lock = lock
+        self._locked = _SpinThenBlock(lock)
+        self._segment = segment
+        self._owner = owner
+        self.read_only = read_only
+        self.capacity = params.capacity
+        self.alpha = float(params.alpha)
+        self.priority_eps = float(params.priority_eps)
+        self.priority_clip = None if params.priority_clip is None else float(params.priority_clip)
+        self.initial_priority = params.initial_priority
+        self.schema: tuple[Field, ...] = params.fields
+        self._arrays = arrays
+        self.fields = {f.name: arrays[f.name] for f in self.schema}
+        self._tree = SumTree(self.capacity, arrays["_tree"])
+        self._generation = arrays["_generation"]
+        self._info = arrays["_info"]
+        self._episodes = arrays["_episodes"]
+        self._ring_state = arrays["_ring"]
+        self._counters = arrays["_counters"]
+        self._max_priority = arrays["_max_priority"]
+        self._ring = EpisodeRing(self.capacity, self._episodes, self._ring_state, self._generation,
+                                 self._info, self._tree, self._counters, COUNTER_INDEX)  # fmt: skip
+        self._rng = np.random.default_rng()
+        _warm_kernels()
+        self.snapshot_manifest: dict | None = None  # set by load(): the manifest it came from
+        self._raw_rows = RawRows()
+
+    # ---- construction --------------------------------------------------------------
+    @classmethod
+    def create(
+        cls,
+        schema: Mapping[str, tuple],
+        capacity: int,
+        *,
+        alpha: float = 0.6,
+        priority_eps: float = 1e-6,
+        priority_clip: float | None = None,
+        initial_priority: str | float = "max",
+        max_episodes: int | None = None,
+        tag: str = "replay",
+        mp_context=None,
+    ) -> "ReplayBuffer":
+        """Create a buffer in a new shared-memory segment owned by this process.
+
+        Args:
+            schema: ``{field: (shape, dtype[, fill])}`` per-step fields.
+            capacity: number of step slots (rows) in the ring.
+            alpha: priority exponent; 0 samples uniformly.
+            priority_eps: added to raw priorities so nothing is starved (easy-rl's epsilon).
+            priority_clip: raw priorities above this are clipped (easy-rl's abs_err_upper).
+            initial_priority: ``"max"`` (largest raw priority seen so far, starting at 1)
+                or a number, for episodes added without priorities.
+            max_episodes: rows in the episode table (default: capacity // 2, enough for
+                episodes of 2 rows, the shortest possible).
+        """
+        fields = normalize_schema(schema)
+        capacity = int(capacity)
+        if not 2 <= capacity <= MAX_CAPACITY:
+            raise ValueError(f"capacity must be between 2 (one move) and {MAX_CAPACITY} slots, got {capacity}")
+        max_episodes = int(max_episodes or max(1, capacity // 2))
+        if max_episodes < 1:
+            raise ValueError(f"max_episodes must be >= 1, got {max_episodes}")
+        if not alpha >= 0 or not np.isfinite(alpha):
+            raise ValueError(f"alpha must be finite and >= 0, got {alpha}")
+        if not priority_eps >= 0:
+            raise ValueError(f"priority_eps must be >= 0, got {priority_eps}")
+        if priority_clip is not None and not priority_clip > 0:
+            raise ValueError(f"priority_clip must be > 0 or None, got {priority_clip}")
+        if not (initial_priority == "max" or (isinstance(initial_priority, (int, float)) and initial_priority >= 0)):
+            raise ValueError(f"initial_priority must be 'max' or a number >= 0, got {initial_priority!r}")
+        layout = segment_layout(fields, capacity, max_episodes)
+        offsets, nbytes = segment_offsets(layout)
+        segment = shm_mod.create(nbytes, tag, what=f"a replay buffer of {capacity} steps")
+        try:
+            lock = (mp_context or mp.get_context("spawn")).Lock()
+            handle = BufferHandle(segment.name, fields, capacity, max_episodes, float(alpha),
+                                  float(priority_eps), priority_clip, initial_priority, lock)  # fmt: skip
+            arrays = _map_arrays(segment.buf, layout, offsets)
+            for f in fields:
+                if f.fill != 0:
+                    arrays[f.name][...] = f.fill
+            arrays["_max_priority"][0] = 1.0
+            return cls(handle, arrays, lock, segment=segment, owner=True)
+        except BaseException:
+            shm_mod.release(segment, unlink=True)
+            raise
+
+    @classmethod
+    def attach(cls, handle: BufferHandle) -> "ReplayBuffer":
+        """Map the buffer described by ``handle`` (from another process)."""
+        segment = shm_mod.attach(handle.segment)
+        layout = segment_layout(handle.fields, handle.capacity, handle.max_episodes)
+        offsets, nbytes = segment_offsets(layout)
+        if segment.size < nbytes:
+            shm_mod.release(segment, unlink=False)
+            raise ValueError(f"segment {handle.segment} holds {segment.size} bytes, the handle describes {nbytes}")
+        return cls(handle, _map_arrays(segment.buf, layout, offsets), handle.lock, segment=segment)
+
+    @classmethod
+    def load(cls, path, mmap: bool = False, **kwargs) -> "ReplayBuffer":
+        """Load a snapshot written by ``save``.
+
+        ``mmap=False``: into a new shared-memory buffer owned by this process (to resume
+        training). ``mmap=True``: read-only, fields memory-mapped from the files (for
+        evaluation; a snapshot larger than RAM still opens). ``verify=False`` skips the
+        checksums; ``num_actions`` (the env's) bounds the stored actions of a schema
+        without ``child_visits``.
+
+        A snapshot may come from someone else: its files must be regular files of the
+        directory, and its manifest, episode table, ring, slot records, priorities and
+        the published rows' data are checked for consistency before anything is
+        allocated; any problem is a SnapshotError naming the file and the entry.
+        """
+        return load_buffer(cls, path, mmap=mmap, **kwargs)
+
+    def save(self, path, extra: dict | None = None) -> None:
+        """Write an atomic, checksummed, pickle-free snapshot directory at ``path``."""
+        save_snapshot(self, path, extra=extra)
+
+    # ---- lifecycle -----------------------------------------------------------------
+    def close(self) -> None:
+        """Detach; the owner also unlinks the shared memory. Idempotent."""
+        segment, self._segment = self._segment, None
+        if segment is not None:
+            self.fields = {}
+            self._arrays = {}
+            self._tree = self._ring = None
+            self._generation = self._info = self._episodes = None
+            self._ring_state = self._counters = self._max_priority = None
+            shm_mod.release(segment, unlink=self._owner)
+
+    # ---- writing -------------------------------------------------------------------
+    def add_episode(self, arrays: Mapping[str, np.ndarray], priorities: np.ndarray | None = None,
+                    terminated: bool = True) -> bool:  # fmt: skip
+        """Store one episode of ``L = T + 1`` rows; returns True once it is sampleable.
+
+        Args:
+            arrays: ``{field: array (L, *shape)}``; fields left out get their fill value.
+            priorities: raw priorities of the T positions, shape ``(T,)``, or None for
+                ``initial_priority``.
+            terminated: False when the episode was cut by a time limit (truncated).
+        """
+        if self.read_only:
+            raise PermissionError("this buffer was loaded read-only (mmap=True)")
+        rows, prepared = self._prepare_episode(arrays)
+        leaf = None if priorities is None else self._leaf_values(priorities, expect=rows - 1)
+        res = self._reserve(rows, terminated)
+        try:
+            sl = slice(res.start, res.start + rows)
+            for f in self.schema:
+                if f.name in prepared:
+                    self.fields[f.name][sl] = prepared[f.name]
+                else:
+                    self.fields[f.name][sl] = f.fill
+        except BaseException:
+            with self._locked:
+                self._ring.abandon(res)
+            raise
+        with self._locked:
+            if leaf is None:
+                leaf = np.full(rows - 1, self._leaf_of(self._default_priority()))
+            else:
+                self._max_priority[0] = max(self._max_priority[0], float(np.max(priorities, initial=0.0)))
+            return self._ring.publish(res, leaf)
+
+    def _reserve(self, rows: int, terminated: bool):
+        deadline = None
+        while True:
+            with self._locked:
+                try:
+                    return self._ring.reserve(rows, terminated)
+                except RingBusy:
+                    pass
+            deadline = deadline or time.monotonic() + _RESERVE_TIMEOUT_S
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"waited {_RESERVE_TIMEOUT_S:.0f} s for other writers' unpublished episodes; "
+                    f"capacity {self.capacity} is too small for the episodes in flight"
+                )
+            time.sleep(0.001)
+
+    def _prepare_episode(self, arrays: Mapping[str, np.ndarray]) -> tuple[int, dict]:
+        known = {f.name: f for f in self.schema}
+        unknown = sorted(set(arrays) - set(known))
+        if unknown:
+            raise ValueError(f"add_episode: unknown field(s) {unknown}; schema has {sorted(known)}")
+        if not arrays:
+            raise ValueError("add_episode needs at least one field")
+        prepared, rows = {}, None
+        for name, value in arrays.items():
+            f = known[name]
+            arr = np.asarray(value)
+            if arr.shape[1:] != f.shape or arr.ndim != 1 + len(f.shape):
+                raise ValueError(f"add_episode: field {name!r} has shape {arr.shape}, expected (L, *{f.shape})")
+            if rows is None:
+                rows = arr.shape[0]
+            elif arr.shape[0] != rows:
+                raise ValueError(f"add_episode: field {name!r} has {arr.shape[0]} rows, others have {rows}")
+            if not np.can_cast(arr.dtype, f.dtype, casting="same_kind"):
+                raise ValueError(f"add_episode: field {name!r} of dtype {arr.dtype} cannot be stored as {f.dtype}")
+            prepared[name] = arr
+        if rows < 2:
+            raise ValueError(f"add_episode: an episode needs at least 2 rows (one move), got {rows}")
+        if rows > self.capacity:
+            raise ValueError(f"add_episode: an episode of {rows} rows is longer than the capacity {self.capacity}")
+        return rows, prepared
+
+    # ---- priorities ----------------------------------------------------------------
+    def _leaf_values(self, priorities, expect: int | None = None) -> np.ndarray:
+        p = np.asarray(priorities, dtype=np.float64)
+        if expect is not None and p.shape != (expect,):
+            raise ValueError(f"priorities must have shape ({expect},), got {p.shape}")
+        bad = ~np.isfinite(p) | (p < 0)
+        if bad.any():
+            where = np.flatnonzero(bad)[:8]
+            raise ValueError(
+                f"priorities must be finite and >= 0; bad at positions {where.tolist()}: {p[where].tolist()}"
+            )
+        return self._transform(p)
+
+    def _transform(self, p: np.ndarray) -> np.ndarray:
+        p = p + self.priority_eps
+        if self.priority_clip is not None:
+            p = np.minimum(p, self.priority_clip)
+        return p**self.alpha
+
+    def _leaf_of(self, p: float) -> float:
+        return float(self._transform(np.array([p]))[0])
+
+    def _default_priority(self) -> float:
+        if self.initial_priority == "max":
+            return float(self._max_priority[0])
+        return float(self.initial_priority)
+
+    def update_priorities(self, indices: np.ndarray, generations: np.ndarray, priorities: np.ndarray) -> tuple[int, int]:
+        """Set raw priorities where the slot still holds what was sampled.
+
+        ``priorities``: (B,) for the sampled positions, or (B, M) where column k is the
+        priority of the position k moves after the sampled one in the same episode
+        (muzero-general writes the errors of all K + 1 unrolled positions); columns past
+        the episode's last position are ignored. Returns ``(applied, dropped)`` in
+        sampled rows; a row is dropped when its slot's generation changed since
+        ``sample`` (the episode was evicted or rewritten).
+        """
+        if self.read_only:
+            raise PermissionError("this buffer was loaded read-only (mmap=True)")
+        idx = np.ascontiguousarray(indices, dtype=np.int64)
+        gen = np.ascontiguousarray(generations, dtype=np.int64)
+        p = np.ascontiguousarray(priorities, dtype=np.float64)
+        if idx.ndim != 1 or gen.shape != idx.shape or p.shape[:1] != idx.shape or p.ndim not in (1, 2):
+            raise ValueError(
+                f"indices and generations must be 1-D of equal length B and priorities (B,) or (B, M), got "
+                f"{idx.shape}, {gen.shape} and {p.shape}"
+            )
+        p = p.reshape(idx.shape[0], -1)
+        bad = _check_update(self.capacity, idx, p)
+        if bad >= 0:
+            if not 0 <= idx[bad] < self.capacity:
+                raise IndexError(f"update_priorities: index {idx[bad]} at position {bad} outside [0, {self.capacity})")
+            self._leaf_values(p[:, 0] if p.shape[1] == 1 else p)  # raises the ValueError naming the bad positions
+        clip = np.inf if self.priority_clip is None else self.priority_clip
+        tree = self._tree
+        with self._locked:
+            applied, top = _apply_update(tree.tree, tree._leaf_base, self._generation, self._info, idx, gen, p,
+                                         self.priority_eps, clip, self.alpha)  # fmt: skip
+            if top > self._max_priority[0]:
+                self._max_priority[0] = top
+            self._counters[COUNTER_INDEX["priority_updates_applied"]] += applied
+            self._counters[COUNTER_INDEX["priority_updates_dropped"]] += idx.shape[0] - applied
+        return applied, idx.shape[0] - applied
+
+    # ---- sampling ------------------------------------------------------------------
+    def _draw(self, batch_size: int, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
+        """Draw ``batch_size`` sampleable slots.
+
+        Returns arrays (slot, generation, info, P(i), position, T, terminated), each (B,).
+        No lock: a concurrent writer can only make a drawn row unsampleable (odd
+        generation, 0 leaf); such rows are drawn again. P(i) is read as the descent
+        found it; with writers active it is that of a tree a few microseconds old.
+        """
+        out = _empty_draw(batch_size)
+        tree = self._tree
+        rows, todo = out, None
+        for _ in range(1000):
+            if not tree.tree[1] > 0.0:
+                raise ValueError("cannot sample: the buffer holds no sampleable positions yet")
+            rejected = _draw_kernel(tree.tree, tree._leaf_base, rng.random(rows[0].size), self._generation,
+                                    self._info, *rows)  # fmt: skip
+            if todo is not None:  # a redraw: put the new rows in place
+                for full, part in zip(out, rows):
+                    full[todo] = part
+            if rejected == 0:
+                break
+            todo = np.flatnonzero(out[1] < 0)
+            rows = _empty_draw(todo.size)
+        else:  # pragma: no cover - the tree kept changing under 1000 redraws
+            raise RuntimeError("sample: could not draw sampleable rows; is a writer stuck?")
+        # exact with one sampling process (the learner); no lock, so not with several
+        self._counters[COUNTER_INDEX["samples"]] += batch_size
+        return out
+
+    def sample(self, batch_size: int, beta: float = 0.4, targets=None, rng: np.random.Generator | None = None) -> Batch:
+        """Draw ``batch_size`` positions with probability ``P(i)`` (stratified) and build
+        targets for them (``MuZeroTargets``, ``NStepTargets`` or None for raw rows).
+
+        Raises ValueError when nothing is sampleable.
+        """
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        rng = self._rng if rng is None else rng
+        targets = self._raw_rows if targets is None else targets
+        slots, gen, info, prob, pos, moves, term = self._draw(batch_size, rng)
+        data = targets.build(self.fields, slots, pos, moves, term, rng)
+        # Seqlock check: a writer makes the generation of every slot of an episode odd
+        # before it touches any of them, so an unchanged (even) generation and info mean
+        # the rows gathered are intact. Rewritten rows are drawn and gathered again.
+        for _ in range(1000):
+            torn = _find_torn(self._generation, self._info, slots, gen, info)
+            if torn.size == 0:
+                break
+            self._counters[COUNTER_INDEX["torn_rows_redrawn"]] += torn.size  # statistics only
+            s2, g2, i2, p2, pos2, m2, t2 = self._draw(torn.size, rng)
+            d2 = targets.build(self.fields, s2, pos2, m2, t2, rng)
+            slots[torn], gen[torn], info[torn], prob[torn] = s2, g2, i2, p2
+            for key in data:
+                data[key][torn] = d2[key]
+        else:  # pragma: no cover - would need writers lapping the ring 1000 times in a row
+            raise RuntimeError("sample: rows kept being rewritten while gathering; capacity too small?")
+        # (N * P(i)) ** -beta / max_j (N * P(j)) ** -beta: N cancels, the max is at min P
+        # in float32, the precision of the weights handed to the loss: half the cost
+        weights = (prob * (1.0 / prob.min())).astype(np.float32) ** np.float32(-beta)
+        return Batch(slots, gen, weights, prob, data)
+
+    # ---- episodes (reanalyse, inspection) ------------------------------------------
+    def sample_episodes(self, count: int, rng: np.random.Generator | None = None) -> list[EpisodeRef]:
+        """Up to ``count`` distinct published episodes, uniformly at random."""
+        rng = self._rng if rng is None else rng
+        with self._locked:
+            rows = self._ring.published_rows()
+            if rows.size == 0:
+                return []
+            return self._refs(rows[rng.choice(rows.size, size=min(count, rows.size), replace=False)])
+
+    def episodes(self) -> list[EpisodeRef]:
+        """All published episodes, oldest first."""
+        with self._locked:
+            return self._refs(self._ring.published_rows())
+
+    def _refs(self, table_rows: np.ndarray) -> list[EpisodeRef]:
+        """EpisodeRefs of episode-table rows (call with the lock held)."""
+        ep = self._episodes[table_rows]
+        gens = self._generation[ep[:, START]]
+        return [EpisodeRef(int(e[ID]), int(e[START]), int(e[ROWS]), int(g), bool(e[TERMINATED]))
+                for e, g in zip(ep, gens)]  # fmt: skip
+
+    def read_episode(self, ref: EpisodeRef, names=None) -> dict[str, np.ndarray] | None:
+        """Copies of an episode's rows, or None if it was evicted before or during the read."""
+        sl = slice(ref.start, ref.start + ref.rows)
+        out = {name: self.fields[name][sl].copy() for name in (names or self.fields)}
+        return out if self._generation[ref.start] == ref.generation else None
+
+    def store_reanalysed_values(self, ref: EpisodeRef, values: np.ndarray) -> bool:
+        """Store fresh values for the T positions of ``ref``, or for all T + 1 rows (the
+        final observation's value is what a truncated episode's targets bootstrap from),
+        if it is still the same episode (generation rule); returns whether they were
+        stored."""
+        if self.read_only:
+            raise PermissionError("this buffer was loaded read-only (mmap=True)")
+        if "reanalysed_value" not in self.fields:
+            raise KeyError("the schema has no 'reanalysed_value' field")
+        values = np.asarray(values, dtype=np.float32)
+        if values.shape not in ((ref.rows - 1,), (ref.rows,)):
+            raise ValueError(f"expected {ref.rows - 1} or {ref.rows} values for episode {ref.episode_id}, "
+                             f"got {values.shape}")  # fmt: skip
+        if not np.isfinite(values).all():
+            raise ValueError(f"reanalysed values for episode {ref.episode_id} must be finite")
+        with self._locked:
+            row = self._episodes[ref.episode_id % self._episodes.shape[0]]
+            ok = (self._generation[ref.start] == ref.generation and row[ID] == ref.episode_id
+                  and row[STATE] == PUBLISHED)  # fmt: skip
+            if ok:
+                self.fields["reanalysed_value"][ref.start : ref.start + values.shape[0]] = values
+            self._counters[COUNTER_INDEX["reanalysed_episodes" if ok else "reanalysed_dropped"]] += 1
+        return bool(ok)
+
+    # ---- statistics ----------------------------------------------------------------
+    @property
+    def counters(self) -> dict[str, int]:
+        """Shared counters (read without the lock: each value is one aligned int64)."""
+        out = {name: int(self._counters[i]) for i, name in enumerate(COUNTERS)}
+        out["positions"] = int(self._ring_state[NUM_POSITIONS])
+        return out
+
+    def __len__(self) -> int:
+        """Number of sampleable positions (not the total priority, unlike easy-rl)."""
+        return int(self._ring_state[NUM_POSITIONS])
+
+    def lock_wait_stats(self) -> dict:
+        """How long this process has waited for the buffer's lock, over all its locked
+        operations so far (in the learner: ``update_priorities``, its only one):
+        ``lock_wait_hist_us`` counts per log2 bin of microseconds (index 0: under 1 us;
+        index i: ``[2^(i-1), 2^i)`` us; trailing empty bins left out) and
+        ``lock_wait_max_us`` the longest wait."""
+        hist = list(self._locked.wait_hist)
+        while len(hist) > 1 and hist[-1] == 0:
+            hist.pop()
+        return {"lock_wait_hist_us": hist, "lock_wait_max_us": self._locked.wait_max_ns / 1000}
+
+    @property
+    def total_priority(self) -> float:
+        return self._tree.total
+
+    @property
+    def max_priority(self) -> float:
+        return float(self._max_priority[0])
+
+    def priorities(self, indices: np.ndarray) -> np.ndarray:
+        """Current leaf values (transformed priorities) at ``indices``."""
+        return self._tree.get(indices)
+
+    def __repr__(self) -> str:
+        return (f"ReplayBuffer(capacity={self.capacity}, positions={len(self) if self._ring_state is not None else '?'}, "
+                f"fields={[f.name for f in self.schema]})")  # fmt: skip
+
+
+def _map_arrays(buf, layout, offsets) -> dict[str, np.ndarray]:
+    """Logical arrays (see ``array_specs``) as views into a segment's buffer."""
+    stored = {name: np.ndarray(shape, dtype=dtype, buffer=buf, offset=off)
+              for (name, shape, dtype), off in zip(layout, offsets)}  # fmt: skip
+    records = stored.pop("_records")
+    return {name: records[name] for name in records.dtype.names} | stored
+
+
+def load_snapshot(path) -> ReplayBuffer:
+    """A read-only buffer over a snapshot directory, for notebooks and tools:
+    ``episodes()``, ``read_episode()``, ``sample()`` with the stored priorities,
+    ``counters``; ``add_episode`` and ``update_priorities`` raise PermissionError.
+    Memory-mapped: a snapshot larger than RAM still opens."""
+    return ReplayBuffer.load(path, mmap=True)

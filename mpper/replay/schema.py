@@ -1,0 +1,70 @@
+"""Replay schemas: which per-step fields a buffer stores, with shape, dtype and fill."""
+
+from __future__ import annotations
+
+import math
+from typing import Mapping, NamedTuple, Sequence
+
+import numpy as np
+
+__all__ = ["Field", "normalize_schema", "schema_from_json", "schema_to_json"]
+
+
+class Field(NamedTuple):
+    """One per-step field: stored as an array of shape ``(capacity, *shape)``."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    fill: float  # value of rows a writer leaves out
+
+
+def normalize_schema(schema: Mapping[str, Sequence]) -> tuple[Field, ...]:
+    """``{name: (shape, dtype)}`` or ``{name: (shape, dtype, fill)}`` -> Fields.
+
+    Raises ValueError naming the field on a bad name, shape or dtype.
+    """
+    if not schema:
+        raise ValueError("a replay schema needs at least one field")
+    fields = []
+    for name, spec in schema.items():
+        if not isinstance(name, str) or not name.isidentifier() or name.startswith("_"):
+            raise ValueError(f"schema field name {name!r} must be an identifier not starting with '_'")
+        if isinstance(spec, Field):
+            spec = (spec.shape, spec.dtype, spec.fill)
+        if not isinstance(spec, (tuple, list)) or len(spec) not in (2, 3):
+            raise ValueError(f"schema field {name!r}: expected (shape, dtype) or (shape, dtype, fill), got {spec!r}")
+        shape, dtype = spec[0], spec[1]
+        fill = float(spec[2]) if len(spec) == 3 else 0.0
+        if isinstance(shape, int):
+            shape = (shape,)
+        try:
+            shape = tuple(int(d) for d in shape)
+        except TypeError:
+            raise ValueError(f"schema field {name!r}: shape must be a tuple of ints, got {shape!r}") from None
+        if any(d < 1 for d in shape):
+            raise ValueError(f"schema field {name!r}: every dimension must be >= 1, got {shape}")
+        try:
+            dt = np.dtype(dtype)
+        except TypeError:
+            raise ValueError(f"schema field {name!r}: unknown dtype {dtype!r}") from None
+        if dt.kind not in "biuf":
+            raise ValueError(f"schema field {name!r}: dtype must be bool, integer or float, got {dt}")
+        if math.isnan(fill) and dt.kind != "f":
+            raise ValueError(f"schema field {name!r}: fill NaN needs a float dtype, got {dt}")
+        fields.append(Field(name, shape, dt, fill))
+    return tuple(fields)
+
+
+def schema_to_json(fields: Sequence[Field]) -> list:
+    return [
+        {"name": f.name, "shape": list(f.shape), "dtype": f.dtype.str,
+         "fill": "nan" if math.isnan(f.fill) else f.fill}
+        for f in fields
+    ]  # fmt: skip
+
+
+def schema_from_json(items: list) -> tuple[Field, ...]:
+    return normalize_schema(
+        {d["name"]: (tuple(d["shape"]), d["dtype"], float(d["fill"])) for d in items}
+    )

@@ -1,0 +1,97 @@
+"""The evaluator process: greedy play with the newest weights, every
+``runtime.evaluation_interval_s``, and ``best.pt`` when an evaluation beats the best so far.
+
+``evaluate`` (one evaluation) and ``play_greedy`` are also what ``--workers 0`` and
+``--evaluate`` use.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from ..algos.muzero.player import Episode
+from ..algos.registry import algorithm_of
+from ..config import Config
+from ..envs import make_env
+from ..envs.two_player import evaluation_opponents, is_two_player
+from .actor import LatestWeights, labelled_envs
+from .procs import child_process
+from .run import BestCheckpoint, Seeds
+
+__all__ = ["evaluate", "play_greedy", "run_evaluator"]
+
+
+def play_greedy(config: Config, envs: list, network, seed: int, stop=None, on_episode=None) -> list[Episode] | None:
+    """One greedy episode (search without noise, most visited action) in each env, played
+    together; returns them in env order, or None if ``stop`` was set first.
+    ``on_episode(episode)`` is called as each one ends (progress bars)."""
+    player = algorithm_of(config).make_player(config, envs, network, explore=False, seed=seed)
+    done: dict[int, Episode] = {}
+    while len(done) < len(envs):
+        if stop is not None and stop.is_set():
+            return None
+        before = [id(ep) for ep in player.episodes]  # finished envs keep playing: first episode counts
+        for ep in player.step():
+            k = before.index(id(ep))
+            if k not in done:
+                done[k] = ep
+                if on_episode is not None:
+                    on_episode(ep)
+    return [done[k] for k in range(len(envs))]
+
+
+def evaluate(config: Config, network, seed: int, stop=None, envs: list | None = None) -> dict | None:
+    """One evaluation with ``network``; None if ``stop`` was set first.
+
+    One-player env: ``runtime.evaluation_episodes`` greedy episodes (MuZero: search
+    without noise, most visited action; DQN: argmax Q), one per env of ``envs`` (made
+    from ``config.env`` when None): ``{"mean_return": mean, "returns": [...]}``.
+
+    Two-player env (MuZero): games against the opponents the env provides, half as first
+    player, half as second (the algorithm's ``play_against``); ``mean_return`` is
+    the mean score (win +1, draw 0, loss -1) against the last, strongest one, and
+    ``opponents`` holds wins / draws / losses per opponent and side.
+    """
+    if envs is None:
+        envs = [make_env(config.env) for _ in range(config.runtime.evaluation_episodes)]
+    algorithm = algorithm_of(config)
+    if algorithm.two_player and is_two_player(envs[0]):
+        opponents = evaluation_opponents(envs[0], seed)
+        return algorithm.play_against(config, network, opponents, config.runtime.evaluation_episodes, seed, stop=stop)
+    episodes = play_greedy(config, envs, network, seed, stop)
+    if episodes is None:
+        return None
+    values = [ep.total_reward for ep in episodes]
+    return {"mean_return": float(np.mean(values)), "returns": values}
+
+
+def run_evaluator(config: Config, weight_handle, observation_shape, num_actions: int, stop, reports,
+                  run_dir: str | None = None) -> None:  # fmt: skip
+    """Evaluator process: every ``evaluation_interval_s``, run :func:`evaluate` with the
+    latest weights (one-player env: the mean return of ``evaluation_episodes`` greedy
+    episodes; two-player env: results against the env's opponents, ``mean_return`` the
+    score against the strongest) and report it. Round ``k`` plays with the seed
+    ``Seeds.evaluation(k)``.
+
+    With ``run_dir``, the weights with the best mean return so far are kept in
+    ``run_dir/best.pt`` (:class:`~mpper.runtime.run.BestCheckpoint`)."""
+    name = "evaluator"
+    seeds = Seeds(config.runtime.seed)
+    with child_process(name, config, reports, weight_handle=weight_handle) as (_, store):
+        weights = LatestWeights(config, store, observation_shape, num_actions)
+        if not weights.wait_first(stop):
+            return
+        envs = labelled_envs(config, name, config.runtime.evaluation_episodes)
+        round_, best = 0, BestCheckpoint(run_dir)
+        while not stop.is_set():
+            started = time.monotonic()
+            weights.refresh()
+            evaluation = evaluate(config, weights.network, seeds.evaluation(round_), stop, envs)
+            if evaluation is not None:
+                best.offer(weights.network, weights.training_step, evaluation)
+                reports.put(("eval", name, {"training_step": weights.training_step, **evaluation,
+                                            "best_mean_return": best.best, "weights_version": weights.version}))  # fmt: skip
+            round_ += 1
+            stop.wait(max(0.0, config.runtime.evaluation_interval_s - (time.monotonic() - started)))

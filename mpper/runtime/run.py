@@ -1,0 +1,259 @@
+"""One run: what a run writes to its directory and when it stops, the same whether the
+supervisor drives it (``--workers N``: the figures come from child processes) or the
+in-process scheduler (``--workers 0``).
+
+- At the start: ``config.json`` and ``processes.json`` (which pid plays which role).
+- ``metrics.jsonl``: one JSON record per line, ``event`` one of ``"progress"`` (every
+  ``runtime.log_interval_s``), ``"evaluation"`` (each evaluation) and ``"end"``; every
+  record has the same keys (:meth:`Run.record`). TensorBoard gets the same numbers when
+  the ``tensorboard`` package is installed.
+- ``episodes.jsonl``: one line per self-play episode.
+- ``buffer/``: the snapshot (:meth:`Run.snapshot`), ``best.pt``: the weights of the best
+  evaluation so far (:class:`BestCheckpoint`).
+- Stop rules (:meth:`Run.stop_reason`): ``runtime.time_limit_s``, ``runtime.max_episodes``,
+  ``runtime.solve_return``; the training-step budget is the learner's.
+- Seeds (:class:`Seeds`): which stream each worker, restart and evaluation round uses.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..algos.registry import algorithm_of
+from ..atomic import write_json_atomic
+from ..checkpoint import save_network_checkpoint
+from ..config import Config, config_to_dict
+from ..replay.buffer import ReplayBuffer
+
+__all__ = ["BestCheckpoint", "Run", "Seeds", "create_buffer", "eval_status", "solved_text"]
+
+
+@dataclass(frozen=True)
+class Seeds:
+    """The seed of every random stream of a run, from ``runtime.seed``: worker ``i``
+    after ``restarts`` restarts, and the evaluator's round ``k``. Distinct for every
+    worker, restart and round (the strides are primes larger than any count of them)."""
+
+    base: int
+
+    def worker(self, worker: int, restarts: int = 0) -> int:
+        return self.base * 1_000_003 + worker * 7919 + restarts * 104_729
+
+    def evaluation(self, round_: int) -> int:
+        return self.base + 999_983 + 10_000 * round_
+
+
+def create_buffer(cfg: Config, spec, mp_context=None) -> ReplayBuffer:
+    """A new replay buffer for the run: the algorithm's schema and ``cfg.replay``'s
+    parameters. The algorithm's priority clip (DQN's ``priority_clip``) is the buffer's,
+    so that the leaves of new episodes (whatever ``initial_priority`` gives them, "max"
+    included) and of updated priorities obey the same clip."""
+    algorithm = algorithm_of(cfg)
+    schema = algorithm.schema(spec.observation_shape, spec.num_actions, spec.observation_dtype)
+    r = cfg.replay
+    return ReplayBuffer.create(schema, r.capacity, alpha=r.alpha, priority_eps=r.priority_eps,
+                               priority_clip=algorithm.priority_clip(cfg), initial_priority=r.initial_priority,
+                               mp_context=mp_context)  # fmt: skip
+
+
+class BestCheckpoint:
+    """``run_dir/best.pt``: the weights with the best evaluation so far (the latest among
+    equals). DQN often learns and then collapses; ``--evaluate --checkpoint best.pt``
+    judges the best agent a run produced. A resumed run keeps its best."""
+
+    def __init__(self, run_dir: str | Path | None) -> None:
+        self.path = Path(run_dir) / "best.pt" if run_dir is not None else None
+        self.best = self._stored()
+
+    def _stored(self) -> float:
+        if self.path is None or not self.path.is_file():
+            return -np.inf
+        try:
+            return float(torch.load(self.path, map_location="cpu", weights_only=True)["extra"]["mean_return"])
+        except Exception:  # unreadable: the next evaluation replaces it
+            return -np.inf
+
+    def offer(self, network: torch.nn.Module, training_step: int, evaluation: dict) -> bool:
+        """Keep ``network`` if ``evaluation["mean_return"]`` is at least the best so far;
+        whether it was kept."""
+        mean = evaluation["mean_return"]
+        if self.path is None or mean < self.best:
+            return False
+        self.best = mean
+        keys = ("mean_return", "returns", "against", "opponents")
+        save_network_checkpoint(self.path, network, training_step, {k: evaluation[k] for k in keys if k in evaluation})
+        return True
+
+
+class Run:
+    """The files of a run directory and its stop rules (see the module docstring).
+
+    Driver protocol: :meth:`start` once; :meth:`record` with the latest figures whenever
+    it has them (``event="progress"`` at most every ``runtime.log_interval_s`` through
+    :meth:`progress_due`); :meth:`episode` per self-play episode; :meth:`stop_reason`
+    each turn; :meth:`finish` once, last.
+    """
+
+    def __init__(self, config: Config, run_dir: Path) -> None:
+        self.config = config
+        self.run_dir = Path(run_dir)
+        self.seeds = Seeds(config.runtime.seed)
+        self.started = time.monotonic()
+        self.recent_returns: deque = deque(maxlen=100)
+        self.evaluation: dict = {}
+        self._last_progress = self.started
+        self._metrics = self._episodes = self._tensorboard = None
+
+    # ---- files ------------------------------------------------------------------------
+    def start(self) -> None:
+        """Write ``config.json``; open ``metrics.jsonl``, ``episodes.jsonl`` and TensorBoard."""
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(self.run_dir / "config.json", config_to_dict(self.config), indent=2)
+        self._metrics = open(self.run_dir / "metrics.jsonl", "a")
+        self._episodes = open(self.run_dir / "episodes.jsonl", "a", buffering=1)
+        self._tensorboard = _tensorboard_writer(self.run_dir / "tensorboard")
+
+    def write_processes(self, pids: dict[str, int]) -> None:
+        """``processes.json``: the supervisor's pid and each child's, by role."""
+        write_json_atomic(self.run_dir / "processes.json", {"supervisor": os.getpid(), **pids})
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+    def progress_due(self) -> bool:
+        """Whether a progress record is due (every ``runtime.log_interval_s``)."""
+        now = time.monotonic()
+        if now - self._last_progress < self.config.runtime.log_interval_s:
+            return False
+        self._last_progress = now
+        return True
+
+    def record(self, event: str, buffer: ReplayBuffer, learner: dict, reanalyse: dict, weights_version: int,
+               worker_weights: dict[str, int]) -> None:  # fmt: skip
+        """One ``metrics.jsonl`` record (and its numbers to TensorBoard): ``event``, wall
+        time, the buffer's counters, and the latest figures of the learner, the
+        evaluation (:meth:`evaluated`), the reanalyser and the weights each worker plays."""
+        if self._metrics is None or self._metrics.closed:
+            return
+        c = buffer.counters
+        record = {
+            "event": event,
+            "time_s": round(self.elapsed(), 3),
+            "unix_time": round(time.time(), 3),  # to line the run up with other logs
+            "env_steps": c["steps"],
+            "games": c["games"],
+            "buffer_positions": len(buffer),
+            "mean_selfplay_return": float(np.mean(self.recent_returns)) if self.recent_returns else None,
+            "counters": c,
+            "learner": learner,
+            "evaluation": self.evaluation,
+            "reanalyse": reanalyse,
+            "weights_version": weights_version,
+            "worker_weights_versions": worker_weights,
+        }
+        self._metrics.write(json.dumps(record) + "\n")
+        self._metrics.flush()
+        if self._tensorboard is not None:
+            _log_scalars(self._tensorboard, record)
+
+    def evaluated(self, evaluation: dict) -> None:
+        """The latest evaluation (``training_step``, ``mean_return``, ...), for the
+        records and the solve rule."""
+        self.evaluation = evaluation
+
+    def episode(self, source: str, payload: dict, env_steps: int) -> None:
+        """One self-play episode (``return``, ``length``, ``weights_version``, ...) of
+        ``source`` (a worker's name): a line of ``episodes.jsonl``."""
+        self.recent_returns.append(payload["return"])
+        if self._episodes is None or self._episodes.closed:
+            return
+        line = {"time_s": round(self.elapsed(), 3), "worker": source, "env_steps": env_steps, **payload}
+        self._episodes.write(json.dumps(line) + "\n")
+
+    def snapshot(self, buffer: ReplayBuffer) -> None:
+        """The buffer's snapshot at ``run_dir/buffer`` (atomic: the previous one stays
+        whole until the new one is)."""
+        t0 = time.monotonic()
+        buffer.save(self.run_dir / "buffer", extra={"config": config_to_dict(self.config)})
+        print(f"mpper: buffer snapshot written in {time.monotonic() - t0:.1f} s", file=sys.stderr)
+
+    def finish(self) -> None:
+        for f in (self._metrics, self._episodes):
+            if f is not None:
+                f.close()
+        if self._tensorboard is not None:
+            self._tensorboard.close()
+
+    # ---- stop rules -------------------------------------------------------------------
+    def stop_reason(self, games: int) -> str | None:
+        """Why the run should stop now (time limit, ``max_episodes`` self-play episodes
+        played, the latest evaluation reached ``solve_return``), or None."""
+        rt = self.config.runtime
+        if rt.time_limit_s is not None and self.elapsed() >= rt.time_limit_s:
+            return f"time limit of {rt.time_limit_s:g} s reached"
+        if rt.max_episodes is not None and games >= rt.max_episodes:
+            return f"{games} self-play episodes played (max_episodes)"
+        solve = rt.solve_return
+        if solve is not None and self.evaluation.get("mean_return", -np.inf) >= solve:
+            return f"solved: {solved_text(self.evaluation)} >= {solve:g} at training step {self.evaluation['training_step']}"
+        return None
+
+
+def solved_text(evaluation: dict) -> str:
+    """What reached ``runtime.solve_return``: the mean greedy return, or for a two-player
+    env the mean score against the strongest opponent."""
+    if "against" in evaluation:
+        return f"mean score {evaluation['mean_return']:+.2f} against {evaluation['against']}"
+    return f"mean greedy return {evaluation['mean_return']:.1f}"
+
+
+def eval_status(evaluation: dict) -> str:
+    """The progress bar's evaluation: the mean return, or per opponent of a two-player
+    env wins/draws/losses (first and second player together)."""
+    opponents = evaluation.get("opponents")
+    if not opponents:
+        return f"eval {evaluation.get('mean_return', float('nan')):.1f}"
+    parts = []
+    for name, r in opponents.items():
+        w, d, l = (r["first"][k] + r["second"][k] for k in ("wins", "draws", "losses"))
+        parts.append(f"{name} {w}/{d}/{l}")
+    return "eval W/D/L " + " ".join(parts)
+
+
+def _tensorboard_writer(path: Path):
+    """A TensorBoard writer when the ``tensorboard`` package is installed, else None."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:  # tensorboard is optional: metrics.jsonl has everything
+        return None
+    return SummaryWriter(str(path))
+
+
+def _log_scalars(writer, record: dict) -> None:
+    """The numbers of one metrics.jsonl record, against env steps."""
+    step = record["env_steps"]
+    for group in ("learner", "evaluation", "reanalyse"):
+        for key, value in _numbers(record.get(group, {})):
+            writer.add_scalar(f"{group}/{key}", value, step)
+    if record.get("mean_selfplay_return") is not None:
+        writer.add_scalar("selfplay/mean_return", record["mean_selfplay_return"], step)
+    writer.add_scalar("buffer/positions", record["buffer_positions"], step)
+
+
+def _numbers(group: dict, prefix: str = ""):
+    """(key, number) pairs of a metrics group, nested dicts as ``a/b/c`` (the per-opponent
+    results of a two-player evaluation)."""
+    for key, value in group.items():
+        if isinstance(value, dict):
+            yield from _numbers(value, f"{prefix}{key}/")
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            yield f"{prefix}{key}", value

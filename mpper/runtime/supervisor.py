@@ -1,0 +1,491 @@
+"""The supervisor: one run of mpper from start to clean stop.
+
+The main process creates the shared replay buffer and weight store, spawns the
+processes (N self-play workers, one learner, one reanalyser, one evaluator), watches
+them, shows progress, writes ``metrics.jsonl`` and buffer snapshots, and stops
+everything on success, on error and on Ctrl-C / SIGTERM:
+
+    main ──creates──> ReplayBuffer (shm) + WeightStore (shm) + StopSignal + report queue
+      ├─ run_selfplay  x N   play K envs with batched MCTS, add episodes
+      ├─ run_learner         sample, train, update priorities, publish weights, checkpoint
+      ├─ run_reanalyser      refresh stored values with the latest weights
+      └─ run_evaluator       greedy episodes with the latest weights -> mean return
+
+Children only attach to shared memory; the supervisor owns and unlinks it. Children
+ignore SIGINT, so Ctrl-C reaches the supervisor alone, which sets the stop signal,
+joins every child, writes the final snapshot and unlinks the segments; a Ctrl-C during
+that is acknowledged, and only the one after it quits at once (``procs.StopRequests``). A child whose
+supervisor was killed sees the stop signal set (its parent is gone) and exits.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import queue
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from .. import shm
+from ..algos.registry import algorithm_of, run_env_spec
+from ..checkpoint import CheckpointError, load_checkpoint
+from ..config import Config
+from ..replay.buffer import ReplayBuffer
+from .actor import run_selfplay
+from .evaluator import run_evaluator
+from .inline import train_inline
+from .learner import run_learner
+from .procs import ForcedStop, StopRequests, StopSignal, forkserver_pid, process_context
+from .rate import RateLimiter
+from .reanalyser import run_reanalyser
+from .run import Run, create_buffer, eval_status
+from .weights import WeightStore
+
+__all__ = ["train", "Supervisor"]
+
+_JOIN_TIMEOUT_S = 10.0
+_LEARNER_JOIN_TIMEOUT_S = 60.0
+
+
+def train(config: Config, run_dir: Path, resume: Path | None = None) -> int:
+    """Run training as ``config`` says; returns the process exit code."""
+    if threading.current_thread() is threading.main_thread():
+        # A shell starts background jobs with SIGINT ignored, and Python keeps it so;
+        # `kill -INT` must still stop a run cleanly, as Ctrl-C does.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    # Segments of runs that were SIGKILLed (their owner could not unlink them); a live
+    # run's segments are told apart by their owner's pid, which is in the name.
+    removed = shm.remove_stale_segments()
+    if removed:
+        print(f"mpper: removed {len(removed)} shared-memory segment(s) left by dead runs", file=sys.stderr)
+    if config.runtime.workers == 0:
+        return train_inline(config, Path(run_dir), resume)
+    return Supervisor(config, Path(run_dir), resume).run()
+
+
+@dataclass
+class Child:
+    """A spawned process and how to start it again."""
+
+    name: str
+    target: object  # the process main (``run_learner``, ``run_selfplay``, ...)
+    kwargs: dict  # its keyword arguments (picklable: handles, config, signals, seed)
+    process: mp.Process | None = None
+    restarts: int = 0
+    essential: bool = False  # its death stops the run (the learner)
+    last_error: str = ""  # the last line of the last traceback it reported
+    stopped_by_force: str = ""  # how the shutdown stopped it, when it did not stop by itself
+
+
+class Supervisor:
+    def __init__(self, config: Config, run_dir: Path, resume: Path | None = None) -> None:
+        self.config = config
+        self.run_dir = run_dir
+        self.resume = resume
+        self.ctx = process_context()
+        self.children: dict[str, Child] = {}
+        self.buffer: ReplayBuffer | None = None
+        self.store: WeightStore | None = None
+        self.algorithm = algorithm_of(config)
+        self.run_files = Run(config, run_dir)
+        self.error: str | None = None
+        self.finished_reason = ""
+        # latest figures, for the progress bar and metrics.jsonl
+        self.learner: dict = {}
+        self.reanalyse: dict = {}
+        self.worker_weights: dict[str, int] = {}  # weight version each worker last played with
+        self.signals = StopRequests()  # replaced by the live one in run()
+        # The forkserver died: multiprocessing then reports every child as exited (code
+        # 255), though they run on, orphaned. Their pids are watched directly instead.
+        self.forkserver_lost = False
+
+    # ---- lifecycle ------------------------------------------------------------------
+    def run(self) -> int:
+        code = 1
+        with StopRequests() as self.signals:
+            try:
+                self._start()
+                code = self._supervise()
+            except KeyboardInterrupt:
+                self.finished_reason = "interrupted (Ctrl-C)"
+                code = 130
+            except SystemExit as exc:  # SIGTERM (mpper.runtime.procs.StopRequests)
+                self.finished_reason = f"terminated (exit {exc.code})"
+                code = 143
+            except ForcedStop:  # all three Ctrl-Cs came before the shutdown began
+                self.finished_reason = "interrupted (Ctrl-C)"
+                code = 130
+            finally:
+                self._shutdown()
+        missing = self._missing_final_checkpoint()
+        if missing:
+            self.finished_reason = f"{self.finished_reason or 'stopped'}, but {missing}"
+            code = code or 1  # a run that lost its final weights did not finish
+        if self.signals.forced:
+            code = code or 130
+        if self.error:
+            print(f"mpper: run stopped: {self.error}", file=sys.stderr)
+        print(f"mpper: {self.finished_reason or 'stopped'}; run directory {self.run_dir}")
+        return code
+
+    def _missing_final_checkpoint(self) -> str | None:
+        """Why ``checkpoint.pt`` does not hold the learner's final weights, or None when
+        it does (the learner writes them on its way out, and only then exits with 0)."""
+        learner = self.children.get("learner")
+        if learner is None or learner.process is None:
+            return None
+        code = learner.process.exitcode
+        if learner.stopped_by_force:
+            how = f"the learner {learner.stopped_by_force}"
+        elif self.forkserver_lost:
+            how = "the learner's exit status is unknown (its forkserver died)"
+        elif code is not None and code < 0:
+            how = f"the learner was {_describe_exit(code)}"
+        else:  # 0: it wrote them on its way out; > 0: its own error, reported (it saves what it can first)
+            return None
+        return f"the final checkpoint is missing: {how}; {_checkpoint_held(self.run_dir / 'checkpoint.pt')}"
+
+    def _start(self) -> None:
+        cfg = self.config
+        self.run_files.start()
+        spec = run_env_spec(cfg)
+        self.spec = spec
+        snapshot = self.run_dir / "buffer"
+        if self.resume is not None and snapshot.exists():
+            self.buffer = ReplayBuffer.load(snapshot, num_actions=spec.num_actions)
+        else:
+            self.buffer = create_buffer(cfg, spec, self.ctx)
+        torch.manual_seed(cfg.runtime.seed)  # the learner's own first weights, bit for bit
+        network = self.algorithm.make_network(cfg, spec.observation_shape, spec.num_actions)
+        self.store = WeightStore.create(network.num_flat_weights())
+        if self.resume is None:
+            # Publish the first weights now, so that self-play starts as soon as the workers
+            # do rather than when the learner has built its model; the learner adopts them.
+            # (Resuming, the learner publishes the checkpoint's weights first.)
+            self.store.publish(network.get_flat_weights(), 0)
+        self.stop = StopSignal(self.ctx)
+        self.reports = self.ctx.Queue()
+        self.rate = self._rate_limiter()
+        self._spawn_all()
+
+    def _rate_limiter(self):
+        if self.config.training.samples_per_insert is None:
+            return None
+        return RateLimiter.from_config(self.config.training, self.ctx)
+
+    def _spawn_all(self) -> None:
+        cfg = self.config
+        shared = {"config": cfg, "stop": self.stop, "reports": self.reports}
+        handles = {"buffer_handle": self.buffer.handle, "weight_handle": self.store.handle}
+        ckpt = self.run_dir / "checkpoint.pt"  # a run stopped before its first checkpoint has none
+        resume_ckpt = str(ckpt) if self.resume is not None and ckpt.exists() else None
+        self._add(Child("learner", run_learner, {**shared, **handles, "run_dir": str(self.run_dir),
+                                                 "resume_checkpoint": resume_ckpt, "rate": self.rate},
+                        essential=True))  # fmt: skip
+        for i in range(cfg.runtime.workers):
+            self._add(Child(f"worker-{i}", run_selfplay, {**shared, **handles, "worker_id": i,
+                                                          "seed": self.run_files.seeds.worker(i), "rate": self.rate}))  # fmt: skip
+        if cfg.runtime.reanalyse and self.algorithm.make_reanalyser is not None:
+            self._add(Child("reanalyser", run_reanalyser, {**shared, **handles}))
+        self._add(Child("evaluator", run_evaluator, {**shared, "weight_handle": self.store.handle,
+                                                     "observation_shape": self.spec.observation_shape,
+                                                     "num_actions": self.spec.num_actions,
+                                                     "run_dir": str(self.run_dir)}))  # fmt: skip
+
+    def _add(self, child: Child) -> None:
+        self.children[child.name] = child
+        self._launch(child)
+
+    def _launch(self, child: Child) -> None:
+        child.process = self.ctx.Process(target=child.target, kwargs=child.kwargs, name=f"mpper-{child.name}",
+                                         daemon=False)  # fmt: skip
+        child.process.start()
+        # which pid plays which role, for people (and tests) looking at a live run
+        self.run_files.write_processes({name: c.process.pid for name, c in self.children.items() if c.process})
+
+    # ---- supervision ----------------------------------------------------------------
+    def _supervise(self) -> int:
+        total = self.config.training.training_steps
+        tty = sys.stdout.isatty()
+        bar = tqdm(total=total, desc="train", unit="step", disable=not tty, dynamic_ncols=True)
+        last_snapshot = time.monotonic()
+        try:
+            while True:
+                self._drain_reports()
+                if self.error:
+                    return 1
+                exit_code = self._check_children()
+                if exit_code is not None:
+                    return exit_code
+                step = int(self.learner.get("training_step", 0))
+                bar.n = min(step, total)
+                bar.set_postfix_str(self._status(), refresh=False)
+                bar.refresh()
+                now = time.monotonic()
+                if self.run_files.progress_due():
+                    self._write_metrics()
+                    if not tty:
+                        print(f"[{self.run_files.elapsed():7.1f}s] step {step}/{total} {self._status()}", flush=True)
+                interval = self.config.replay.snapshot_interval_s
+                if interval and now - last_snapshot >= interval:
+                    last_snapshot = now
+                    try:
+                        self.run_files.snapshot(self.buffer)
+                    except Exception as exc:  # disk full...: training goes on, the previous snapshot stays
+                        print(f"mpper: {_snapshot_failed(self.run_dir / 'buffer', exc)}", file=sys.stderr)
+                reason = self.run_files.stop_reason(self.buffer.counters["games"])
+                if reason is not None:
+                    self.finished_reason = reason
+                    return 0
+        finally:
+            self._write_metrics()
+            bar.close()
+
+    def _drain_reports(self) -> None:
+        deadline = time.monotonic() + 0.2
+        while True:
+            try:
+                kind, source, payload = self.reports.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                return
+            if kind == "metrics":
+                self.learner = payload
+            elif kind == "episode":
+                self.worker_weights[source] = payload["weights_version"]
+                self.run_files.episode(source, payload, self.buffer.counters["steps"])
+            elif kind == "eval":
+                self.run_files.evaluated(payload)
+                self._write_metrics(event="evaluation")
+            elif kind == "reanalyse":
+                self.reanalyse = payload
+            elif kind == "error":
+                self._on_child_error(source, payload["traceback"])
+
+    def _on_child_error(self, name: str, tb: str) -> None:
+        print(f"mpper: {name} failed:\n{tb}", file=sys.stderr)
+        child = self.children.get(name)
+        if child is not None:
+            child.last_error = tb.strip().splitlines()[-1] if tb.strip() else ""
+            if child.essential:
+                self.error = f"{name} failed: {child.last_error}"
+
+    def _check_children(self) -> int | None:
+        """Restart dead workers (up to the limit); an exited learner ends the run, and so
+        does the death of the forkserver (the children are then still running, but
+        multiprocessing can no longer tell their state)."""
+        for child in list(self.children.values()):
+            proc = child.process
+            if proc.is_alive():
+                continue
+            proc.join()
+            code = proc.exitcode
+            if self._forkserver_died():
+                running = [f"{c.name} (pid {c.process.pid})" for c in self.children.values() if self._alive(c)]
+                self.error = (f"the forkserver (pid {forkserver_pid()}) that starts and watches mpper's processes "
+                              f"died; still running, now stopped: {', '.join(running) or 'none'}")  # fmt: skip
+                return 1
+            if child.essential:
+                if code == 0:
+                    self.finished_reason = f"training finished ({self.config.training.training_steps} steps)"
+                    return 0
+                self.error = self.error or f"{child.name} died ({_describe_exit(code)})"
+                return 1
+            if code == 0 and self.stop.is_set():
+                continue
+            print(f"mpper: {child.name} died ({_describe_exit(code)})", file=sys.stderr)
+            if child.restarts >= self.config.runtime.max_worker_restarts:
+                self._drain_reports()  # its last traceback may still be in the queue
+                self.error = (f"{child.name} died {child.restarts + 1} times "
+                              f"(max_worker_restarts={self.config.runtime.max_worker_restarts})")  # fmt: skip
+                if child.last_error:
+                    self.error += f"; last error: {child.last_error}"
+                return 1
+            child.last_error = ""
+            child.restarts += 1
+            if "worker_id" in child.kwargs:  # a fresh seed, so it does not replay the crash
+                child.kwargs["seed"] = self.run_files.seeds.worker(child.kwargs["worker_id"], child.restarts)
+            print(f"mpper: restarting {child.name} ({child.restarts}/{self.config.runtime.max_worker_restarts})",
+                  file=sys.stderr)  # fmt: skip
+            self._launch(child)
+        return None
+
+    def _status(self) -> str:
+        c = self.buffer.counters
+        elapsed = max(self.run_files.elapsed(), 1e-9)
+        parts = [
+            f"games {c['games']}",
+            f"env {c['steps'] / elapsed:.0f}/s",
+            f"train {self.learner.get('steps_per_s', 0.0):.1f}/s",
+            f"buffer {len(self.buffer) / self.buffer.capacity:.0%}",
+            eval_status(self.run_files.evaluation),
+            f"loss {self.learner.get('total_loss', float('nan')):.3f}",
+        ]
+        if self.algorithm.make_reanalyser is not None:
+            parts.append(f"reanalysed {c['reanalysed_episodes']}")
+        return " | ".join(parts)
+
+    def _write_metrics(self, event: str = "progress") -> None:
+        if self.buffer is None or self.store is None:
+            return
+        self.run_files.record(event, self.buffer, self.learner, self.reanalyse, self.store.version, self.worker_weights)
+
+    def _forkserver_died(self) -> bool:
+        """Whether the forkserver this run's children came from is gone (remembered)."""
+        if not self.forkserver_lost and self.ctx.get_start_method() == "forkserver":
+            pid = forkserver_pid()
+            self.forkserver_lost = pid is not None and not shm.pid_alive(pid)
+        return self.forkserver_lost
+
+    def _alive(self, child: Child) -> bool:
+        """Whether the child's process still runs (by its pid once the forkserver is gone)."""
+        proc = child.process
+        if proc is None:
+            return False
+        if self.forkserver_lost:
+            return shm.pid_alive(proc.pid)
+        return proc.is_alive()
+
+    def _wait_for(self, child: Child, timeout: float) -> None:
+        if not self.forkserver_lost:
+            child.process.join(timeout)
+            return
+        deadline = time.monotonic() + timeout
+        while self._alive(child) and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    def _force_stop(self, child: Child, sig: int) -> None:
+        try:
+            os.kill(child.process.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    # ---- stopping -------------------------------------------------------------------
+    def _shutdown(self) -> None:
+        """Stop every child, join it, final snapshot, unlink shared memory. Runs on
+        success, error, Ctrl-C and SIGTERM. Signal-safe from its first line: further
+        Ctrl-Cs are acknowledged, and the one that forces (``ForcedStop``) skips to
+        killing the children and unlinking the segments."""
+        self.signals.begin_shutdown()
+        if not self.signals.forced:
+            try:
+                self._stop_cleanly()
+            except ForcedStop:
+                pass
+        try:
+            if self.signals.forced:
+                self._quit_at_once()
+        finally:
+            try:
+                self._release()
+            except ForcedStop:  # the forcing Ctrl-C came while releasing: finish (no later one is obeyed)
+                self._release()
+
+    def _stop_cleanly(self) -> None:
+        """Children stopped in order (the learner writes its final checkpoint), their
+        last reports read, the final snapshot and the "end" record written."""
+        self._stop_children()
+        if hasattr(self, "reports"):
+            try:
+                self._drain_reports()
+            except Exception:
+                pass
+        if self.buffer is not None:
+            try:
+                self.run_files.snapshot(self.buffer)
+            except Exception as exc:  # disk full...: the previous snapshot stays whole
+                print(f"mpper: final {_snapshot_failed(self.run_dir / 'buffer', exc)}", file=sys.stderr)
+        self._write_metrics(event="end")
+
+    def _quit_at_once(self) -> None:
+        """After the Ctrl-C that forces: kill every child still running, write nothing."""
+        self.finished_reason = (f"{self.finished_reason or 'stopped'}; quit at once (Ctrl-C): final checkpoint "
+                                "and snapshot not written")  # fmt: skip
+        if hasattr(self, "stop"):
+            self.stop.set()
+        for child in self.children.values():
+            if self._alive(child):
+                child.stopped_by_force = "was killed by the Ctrl-C that quits at once"
+                self._force_stop(child, signal.SIGKILL)
+                self._wait_for(child, 10.0)
+
+    def _stop_children(self) -> None:
+        """Set the stop signal, give each child its time to exit, then terminate (and
+        kill) the ones still running."""
+        if hasattr(self, "stop"):
+            self.stop.set()
+            if self.rate is not None:
+                self.rate.notify()
+        self._forkserver_died()
+        started = time.monotonic()
+        for child in self.children.values():
+            if child.process is not None:
+                self._wait_for(child, max(0.1, started + self._join_limit(child) - time.monotonic()))
+        for child in self.children.values():
+            if self._alive(child):
+                print(f"mpper: {child.name} did not stop in time; terminating it", file=sys.stderr)
+                child.stopped_by_force = f"did not stop within {self._join_limit(child):g} s and was stopped by force"
+                self._force_stop(child, signal.SIGTERM)
+                self._wait_for(child, 3.0)
+                if self._alive(child):
+                    self._force_stop(child, signal.SIGKILL)
+                    self._wait_for(child, 10.0)
+        for child in self.children.values():
+            if child.process is not None and not self.forkserver_lost:
+                child.process.join(0.1)  # collect the exit code
+
+    @staticmethod
+    def _join_limit(child: Child) -> float:
+        # The learner writes the final checkpoint on its way out: on a loaded machine that
+        # can take longer than the others' plain exit.
+        return _LEARNER_JOIN_TIMEOUT_S if child.essential else _JOIN_TIMEOUT_S
+
+    def _release(self) -> None:
+        """Close the files, unlink the shared memory, close the report queue (quick
+        steps, each guarded so that the next still runs)."""
+        try:
+            self.run_files.finish()
+        except Exception:
+            pass
+        for obj in (self.buffer, self.store):
+            if obj is not None:
+                obj.close()
+        if hasattr(self, "reports"):
+            self.reports.close()
+            self.reports.join_thread()
+
+
+def _snapshot_failed(path: Path, exc: BaseException) -> str:
+    """One line for a snapshot that could not be written (the save is atomic, so the
+    previous snapshot at ``path``, if any, is still whole)."""
+    what = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    kept = "the previous snapshot there is unchanged" if path.exists() else "there is no earlier snapshot"
+    return f"buffer snapshot not written to {path} ({' '.join(what.splitlines())}); {kept}"
+
+
+def _checkpoint_held(path: Path) -> str:
+    """What ``path`` holds now, for the message about a missing final checkpoint."""
+    if not path.exists():
+        return f"there is no {path.name}"
+    try:
+        step = int(load_checkpoint(path)["training_step"])
+    except (CheckpointError, OSError, KeyError, TypeError, ValueError):
+        return f"{path.name} does not load"
+    return f"{path.name} holds the weights of training step {step}, an earlier checkpoint"
+
+
+def _describe_exit(code: int | None) -> str:
+    if code is None:
+        return "still running"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"

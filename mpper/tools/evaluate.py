@@ -1,0 +1,245 @@
+"""Judge a saved agent: ``python run.py --evaluate RUN_DIR [--episodes N] [--checkpoint FILE] [--seed S]
+[--render gif PATH]``.
+
+Loads the run's ``config.json`` and checkpoint (``torch.load(weights_only=True)``),
+plays N greedy episodes (search without noise, most visited action; all N envs searched
+together) with a progress bar, prints mean, std, min and max of return and length, and
+writes ``evaluation.json`` into the run directory. With ``--render gif PATH``, the first
+of those episodes is also recorded from the env's ``rgb_array`` frames and written to
+PATH as an animated GIF (needs the ``render`` extra: Pillow, and pygame for gymnasium's
+classic-control envs).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import time
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+from tqdm import tqdm
+
+from ..algos.registry import algorithm_of
+from ..atomic import write_atomic, write_json_atomic
+from ..checkpoint import CheckpointError, load_checkpoint, load_network_weights
+from ..config import ConfigError, EnvConfig, load_run_config
+from ..envs.spec import env_spec, make_env
+from ..envs.two_player import evaluation_opponents
+from ..extras import MissingExtraError, require
+from ..runtime.evaluator import play_greedy
+
+__all__ = ["RenderError", "evaluate_main", "evaluate_run", "open_render_env", "write_gif"]
+
+
+class RenderError(ValueError):
+    """The run's env cannot produce ``rgb_array`` frames, or the GIF cannot go where asked."""
+
+
+def evaluate_run(run_dir: Path, episodes: int = 10, checkpoint: Path | None = None, seed: int = 0,
+                 render: Path | None = None, overrides: Sequence[str] = ()) -> dict:  # fmt: skip
+    """Play ``episodes`` greedy episodes with the run's checkpoint; returns the statistics
+    (also written to ``run_dir/evaluation.json``).
+
+    ``render``: also write the first episode, as the env draws it, to this GIF. Every
+    check (Pillow installed, the env renders ``rgb_array``, the directory exists) runs
+    before the first move, so a failed check writes nothing. ``overrides``: ``--set``
+    strings applied to the run's config (:func:`mpper.config.load_run_config`: the only
+    way a ``module:callable`` env of a run directory gets imported).
+    """
+    config = load_run_config(run_dir, overrides)
+    checkpoint = checkpoint or run_dir / "checkpoint.pt"
+    state = load_checkpoint(checkpoint)
+    spec = env_spec(config.env)
+    network = algorithm_of(config).make_network(config, spec.observation_shape, spec.num_actions)
+    load_network_weights(network, state["network"], checkpoint).eval()
+    if spec.two_player and algorithm_of(config).two_player:
+        if render is not None:
+            raise RenderError("--render: not available for a two-player run (its evaluation plays opponents)")
+        return _evaluate_two_player(run_dir, config, network, episodes, checkpoint, int(state["training_step"]), seed)
+    envs = []
+    recorder = None
+    try:
+        if render is not None:
+            image = require("PIL.Image", "Pillow", "render", "--render gif")
+            _check_output_path(render)
+            recorder = _FirstEpisodeFrames(open_render_env(config.env), image)
+            envs.append(recorder)
+        envs += [make_env(config.env) for _ in range(episodes - len(envs))]
+        started = time.monotonic()
+        with tqdm(total=episodes, desc="evaluate", unit="episode", disable=not sys.stderr.isatty()) as bar:
+            played = play_greedy(config, envs, network, seed, on_episode=lambda ep: bar.update(1))
+    finally:
+        for env in envs:
+            env.close()
+    returns = np.array([ep.total_reward for ep in played])
+    lengths = np.array([ep.moves for ep in played])
+    stats = {
+        "checkpoint": str(checkpoint),
+        "training_step": int(state["training_step"]),
+        "episodes": episodes,
+        "seed": seed,
+        "seconds": round(time.monotonic() - started, 3),
+        "return": _describe(returns),
+        "length": _describe(lengths),
+        "returns": returns.tolist(),
+    }
+    if recorder is not None:
+        duration_ms = write_gif(render, recorder.frames, recorder.fps)
+        stats["render"] = {"path": str(render), "frames": len(recorder.frames), "frame_ms": duration_ms,
+                           "episode_return": float(returns[0])}  # fmt: skip
+    write_json_atomic(run_dir / "evaluation.json", stats)
+    return stats
+
+
+def _evaluate_two_player(run_dir: Path, config, network, games: int, checkpoint: Path, training_step: int,
+                         seed: int) -> dict:  # fmt: skip
+    """A two-player run: ``games`` games against each opponent the env provides (half as
+    the first player), as the run's evaluator plays them (the algorithm's ``play_against``)."""
+    probe = make_env(config.env)
+    try:
+        opponents = evaluation_opponents(probe, seed)
+    finally:
+        probe.close()
+    started = time.monotonic()
+    result = algorithm_of(config).play_against(config, network, opponents, games, seed)
+    stats = {"checkpoint": str(checkpoint), "training_step": training_step, "games_per_opponent": games,
+             "seed": seed, "seconds": round(time.monotonic() - started, 3), **result}  # fmt: skip
+    write_json_atomic(run_dir / "evaluation.json", stats)
+    return stats
+
+
+# ---- rendering ---------------------------------------------------------------------------
+def open_render_env(config: EnvConfig) -> gym.Env:
+    """The run's env made with ``render_mode="rgb_array"``, checked by one reset and one
+    render; raises RenderError (cannot render rgb_array) or MissingExtraError (a
+    renderer's package, such as pygame, is not installed)."""
+    # pygame (gymnasium's classic-control renderer) greets on stdout and SDL complains
+    # on stderr about a missing display; off-screen frames need neither
+    os.environ.setdefault("PYGAME_HIDE_SUPPORT_PROMPT", "1")
+    os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
+    os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
+    name = repr(config.id)
+    # render_mode goes through the kwargs that make_env hands to gym.make or the factory
+    with_mode = dataclasses.replace(config, kwargs={**config.kwargs, "render_mode": "rgb_array"})
+    try:
+        with warnings.catch_warnings():  # gymnasium warns about an unknown mode; we say it ourselves
+            warnings.simplefilter("ignore")
+            env = make_env(with_mode)
+    except TypeError as exc:  # a factory without a render_mode parameter
+        raise RenderError(f"--render: env {name} cannot be made with render_mode='rgb_array' ({exc})") from None
+    try:
+        modes = list(env.metadata.get("render_modes") or [])
+        if "rgb_array" not in modes or env.render_mode != "rgb_array":
+            raise RenderError(f"--render: env {name} cannot render rgb_array frames (its render_modes: {modes})")
+        env.reset(seed=0)
+        frame = env.render()
+    except gym.error.DependencyNotInstalled as exc:
+        env.close()
+        detail = " ".join(str(exc).split())
+        raise MissingExtraError(f"--render: env {name} needs a package that is not installed to draw frames "
+                                f"({detail}); install it with: pip install -e .[render]") from None  # fmt: skip
+    except NotImplementedError:
+        env.close()
+        raise RenderError(f"--render: env {name} cannot render rgb_array frames (no render())") from None
+    except BaseException:
+        env.close()
+        raise
+    if not _is_rgb_frame(frame):
+        env.close()
+        what = f"{type(frame).__name__} {getattr(frame, 'shape', '')} {getattr(frame, 'dtype', '')}".strip()
+        raise RenderError(f"--render: env {name} returned {what} from render(), not an rgb_array frame (H, W, 3) uint8")
+    return env
+
+
+def _is_rgb_frame(frame) -> bool:
+    return isinstance(frame, np.ndarray) and frame.ndim == 3 and frame.shape[2] in (3, 4) and frame.dtype == np.uint8
+
+
+def _check_output_path(path: Path) -> None:
+    if path.is_dir():
+        raise RenderError(f"--render gif {path}: is a directory; expected a file name")
+    if not path.parent.is_dir():
+        raise RenderError(f"--render gif {path}: directory {path.parent} does not exist")
+
+
+class _FirstEpisodeFrames(gym.Wrapper):
+    """Records the frame of every state of the env's first episode (after the reset and
+    after each step), as palette images: a 600x400 RGB frame takes 720 kB, its palette
+    image a third of that, so a 500-step CartPole episode stays near 120 MB."""
+
+    def __init__(self, env: gym.Env, image_module) -> None:
+        super().__init__(env)
+        self.image = image_module
+        self.frames: list = []
+        self.recording = True
+        self.fps = float(env.metadata.get("render_fps") or 30)
+
+    def _record(self) -> None:
+        # fast octree: an adaptive palette per frame in ~3 ms (median cut takes ~18 ms)
+        self.frames.append(self.image.fromarray(self.env.render()).quantize(256, method=self.image.Quantize.FASTOCTREE))
+
+    def reset(self, **kwargs):
+        out = self.env.reset(**kwargs)
+        if self.recording:
+            self.frames = []
+            self._record()
+        return out
+
+    def step(self, action):
+        out = self.env.step(action)
+        if self.recording:
+            self._record()
+            if out[2] or out[3]:  # terminated or truncated: the first episode is complete
+                self.recording = False
+        return out
+
+
+def write_gif(path: Path, frames: list, fps: float) -> int:
+    """Write PIL images as a looping GIF at ``fps`` frames per second, atomically (a temp
+    file in the same directory renamed over ``path``: a reader never sees half a GIF and
+    a failure leaves no file). Returns the frame duration in ms (GIF counts in 10 ms)."""
+    duration_ms = max(20, round(100.0 / fps) * 10)  # browsers slow frames under 20 ms to 100 ms
+    write_atomic(path, lambda f: frames[0].save(f, format="GIF", save_all=True, append_images=frames[1:],
+                                                duration=duration_ms, loop=0))
+    return duration_ms
+
+
+def _describe(x: np.ndarray) -> dict:
+    return {"mean": float(x.mean()), "std": float(x.std()), "min": float(x.min()), "max": float(x.max())}
+
+
+def evaluate_main(run_dir: str, episodes: int, checkpoint: str | None, seed: int, render: str | None = None,
+                  overrides: Sequence[str] = ()) -> int:  # fmt: skip
+    """``--evaluate``: clear one-line errors (exit code 2) for a missing or broken run."""
+    path = Path(run_dir)
+    if not (path / "config.json").is_file():
+        print(f"error: --evaluate {run_dir}: no run directory with a config.json there", file=sys.stderr)
+        return 2
+    try:
+        stats = evaluate_run(path, episodes, None if checkpoint is None else Path(checkpoint), seed,
+                             None if render is None else Path(render), overrides)  # fmt: skip
+    except (ConfigError, CheckpointError, FileNotFoundError, RenderError, MissingExtraError) as exc:
+        print(f"error: {' '.join(str(exc).splitlines())}", file=sys.stderr)
+        return 2
+    if "opponents" in stats:  # a two-player run
+        print(f"{episodes} games against each opponent, checkpoint at training step {stats['training_step']}:")
+        for name, r in stats["opponents"].items():
+            first, second = r["first"], r["second"]
+            print(f"  vs {name}: as first W/D/L {first['wins']}/{first['draws']}/{first['losses']}, "
+                  f"as second {second['wins']}/{second['draws']}/{second['losses']}, mean score {r['score']:+.2f}")
+        print(f"written: {path / 'evaluation.json'}")
+        return 0
+    r, ln = stats["return"], stats["length"]
+    print(f"{episodes} greedy episodes, checkpoint at training step {stats['training_step']}:")
+    print(f"  return: mean {r['mean']:.2f}, std {r['std']:.2f}, min {r['min']:.2f}, max {r['max']:.2f}")
+    print(f"  length: mean {ln['mean']:.1f}, std {ln['std']:.1f}, min {ln['min']:.0f}, max {ln['max']:.0f}")
+    if "render" in stats:
+        g = stats["render"]
+        print(f"  rendered: episode 1 (return {g['episode_return']:.2f}), {g['frames']} frames -> {g['path']}")
+    print(f"written: {path / 'evaluation.json'}")
+    return 0

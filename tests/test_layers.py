@@ -1,0 +1,157 @@
+"""The package's layers, read from the source: every import of every mpper module
+(function-level imports included), checked for cycles and for imports that go up.
+
+Layers, lowest first (a module may import its own layer and the ones below):
+
+0. ``mpper.shm``, ``mpper.atomic``, ``mpper.extras``: shared memory, atomic writes,
+   optional dependencies;
+1. ``mpper.replay``: the replay core (knows no algorithm, env or process);
+2. ``mpper.config``: the config sections and their checks;
+3. ``mpper.envs``, ``mpper.checkpoint``;
+4. ``mpper.algos``: each algorithm's folder imports ``mpper.algos.base`` and itself,
+   never another algorithm; only ``mpper.algos.registry`` names them all;
+5. ``mpper.runtime``: processes, scheduling, the run directory;
+6. ``mpper.tools``: evaluate, inspect, plot;
+7. ``mpper.cli`` and the package itself.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "mpper"
+
+LAYERS = [
+    ("mpper.shm", "mpper.atomic", "mpper.extras"),
+    ("mpper.replay",),
+    ("mpper.config",),
+    ("mpper.envs", "mpper.checkpoint"),
+    ("mpper.algos",),
+    ("mpper.runtime",),
+    ("mpper.tools",),
+    ("mpper.cli", "mpper"),
+]
+
+
+def module_name(path: Path) -> str:
+    parts = ("mpper", *path.relative_to(PACKAGE).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports_of(path: Path) -> set[str]:
+    """The mpper modules ``path`` imports, anywhere in the file (as dotted names; ``from
+    X import y`` counts as X.y when X.y is a module, else X)."""
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.split(".")[0] == "mpper")
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target.split(".")[0] != "mpper":
+                continue
+            for alias in node.names:
+                sub = f"{target}.{alias.name}"
+                found.add(sub if sub in MODULES else target)
+    found.discard(name)
+    return found
+
+
+MODULES = {module_name(p): p for p in PACKAGE.rglob("*.py") if "__pycache__" not in p.parts}
+GRAPH = {name: imports_of(path) for name, path in MODULES.items()}
+
+
+def layer_of(module: str) -> int:
+    best, rank = -1, None
+    for i, prefixes in enumerate(LAYERS):
+        for prefix in prefixes:
+            if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > best:
+                best, rank = len(prefix), i
+    assert rank is not None, f"{module} is in no layer: add it to LAYERS"
+    return rank
+
+
+def test_the_graph_was_read():
+    assert len(MODULES) > 30
+    assert "mpper.replay.buffer" in GRAPH["mpper.runtime.supervisor"]
+    assert "mpper.algos.registry" in GRAPH["mpper.runtime.learner"]
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_imports_go_down(module):
+    upward = [f"{module} (layer {layer_of(module)}) imports {dep} (layer {layer_of(dep)})"
+              for dep in sorted(GRAPH[module]) if layer_of(dep) > layer_of(module)]  # fmt: skip
+    assert not upward, "\n".join(upward)
+
+
+def test_algorithms_import_no_other_algorithm():
+    algos = {m.split(".")[2] for m in MODULES if m.count(".") >= 2 and m.startswith("mpper.algos.")}
+    folders = {a for a in algos if (PACKAGE / "algos" / a).is_dir()}
+    assert {"muzero", "dqn"} <= folders
+    crossing = []
+    for module, deps in GRAPH.items():
+        if module.startswith("mpper.algos.") and module.split(".")[2] in folders:
+            own = module.split(".")[2]
+            crossing += [f"{module} imports {d}" for d in deps
+                         if d.startswith("mpper.algos.") and d.split(".")[2] in folders - {own}]  # fmt: skip
+    assert not crossing, "\n".join(crossing)
+
+
+def test_only_the_registry_compares_algorithm_names():
+    """``config.algorithm`` is read in one place: the registry (and the config checks,
+    which validate the key itself)."""
+    readers = []
+    for module, path in MODULES.items():
+        if module in ("mpper.algos.registry", "mpper.config"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Compare):
+                sides = [node.left, *node.comparators]
+                if any(isinstance(s, ast.Attribute) and s.attr == "algorithm" for s in sides):
+                    readers.append(f"{module}:{node.lineno}")
+    assert not readers, readers
+
+
+def test_no_import_cycles():
+    """Depth-first search over the whole graph: any back edge is a cycle."""
+    state: dict[str, int] = {}  # 1: on the stack, 2: done
+    stack: list[str] = []
+    cycles = []
+
+    def visit(module: str) -> None:
+        state[module] = 1
+        stack.append(module)
+        for dep in sorted(GRAPH.get(module, ())):
+            if dep not in GRAPH:
+                continue
+            if state.get(dep) == 1:
+                cycles.append(" -> ".join(stack[stack.index(dep):] + [dep]))
+            elif dep not in state:
+                visit(dep)
+        stack.pop()
+        state[module] = 2
+
+    for module in sorted(GRAPH):
+        if module not in state:
+            visit(module)
+    assert not cycles, "\n".join(cycles)
+
+
+def test_a_planted_cycle_and_upward_import_are_found(tmp_path, monkeypatch):
+    """The checks themselves: a graph with a cycle and a replay module importing the
+    runtime fails both."""
+    fake = {"mpper.replay.a": {"mpper.runtime.b"}, "mpper.runtime.b": {"mpper.replay.a"}}
+    monkeypatch.setattr(__import__(__name__), "GRAPH", fake, raising=False)
+    monkeypatch.setitem(globals(), "GRAPH", fake)
+    with pytest.raises(AssertionError, match="imports mpper.runtime.b"):
+        test_imports_go_down("mpper.replay.a")
+    with pytest.raises(AssertionError, match="mpper.replay.a -> mpper.runtime.b -> mpper.replay.a"):
+        test_no_import_cycles()
