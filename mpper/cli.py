@@ -24,7 +24,7 @@ import json
 import sys
 from pathlib import Path
 
-from .config import MAX_SEED, ConfigError, RuntimeConfig, _section_specs, describe_config, load_config
+from .config import MAX_SEED, ConfigError, RuntimeConfig, describe_config, load_config, section_specs
 
 __all__ = ["build_parser", "console", "default_run_dir", "main", "resolve_config", "shipped_configs"]
 
@@ -44,7 +44,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    devices = _section_specs(RuntimeConfig)["device"].allowed
+    devices = section_specs(RuntimeConfig)["device"].allowed
     p = _Parser(
         prog="run.py",
         description=(

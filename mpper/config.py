@@ -55,6 +55,7 @@ __all__ = [
     "is_env_factory",
     "load_config",
     "load_run_config",
+    "section_specs",
 ]
 
 
@@ -450,7 +451,7 @@ def _default_of(f: dataclasses.Field):
 
 
 @functools.cache
-def _section_specs(cls) -> dict[str, FieldSpec]:
+def section_specs(cls) -> dict[str, FieldSpec]:
     hints = get_type_hints(cls)
     prefix = "" if cls is Config else _SECTION_OF[cls] + "."
     out = {}
@@ -476,9 +477,9 @@ _SECTION_OF: dict[type, str] = {cls: name for name, cls in _SECTIONS.items()}
 
 def field_specs() -> list[FieldSpec]:
     """Every key of a config, in declaration order (top-level keys first)."""
-    out = list(_section_specs(Config).values())
+    out = list(section_specs(Config).values())
     for cls in _SECTIONS.values():
-        out.extend(_section_specs(cls).values())
+        out.extend(section_specs(cls).values())
     return out
 
 
@@ -602,7 +603,7 @@ def _check_structure(data: Any, source: str) -> None:
         raise ConfigError(f"{source}: expected a JSON object at the top level, got {_json_kind(data)}")
     if getattr(data, "duplicates", None):
         raise ConfigError(f"{source}: {data.duplicates[0]}: duplicate key")
-    top = _section_specs(Config)
+    top = section_specs(Config)
     known = list(top) + list(_SECTIONS)
     for key, value in data.items():
         if key in _SECTIONS:
@@ -642,13 +643,13 @@ def _parse_set(text: str) -> tuple[str, Any]:
 
 def _apply_override(data: dict, key: str, value: Any, label: str, sources: _Sources) -> None:
     parts = key.split(".")
-    top = _section_specs(Config)
+    top = section_specs(Config)
     if any(not p for p in parts):
         raise ConfigError(f"{label}: {key}: expected section.key=value, e.g. --set training.batch_size=64")
     head = parts[0]
     if len(parts) == 1:
         if head in _SECTIONS:
-            raise ConfigError(f"{label}: {key}: is a section; set one of its keys, e.g. --set {key}.{next(iter(_section_specs(_SECTIONS[key])))}=...")
+            raise ConfigError(f"{label}: {key}: is a section; set one of its keys, e.g. --set {key}.{next(iter(section_specs(_SECTIONS[key])))}=...")
         if head not in top:
             raise _unknown_key(label, head, None, list(top) + list(_SECTIONS))
         data[head] = value
@@ -660,7 +661,7 @@ def _apply_override(data: dict, key: str, value: Any, label: str, sources: _Sour
         close = difflib.get_close_matches(head, list(_SECTIONS), n=1, cutoff=0.6)
         hint = f"did you mean {close[0]}?" if close else "sections: " + ", ".join(_SECTIONS)
         raise ConfigError(f"{label}: {head}: unknown section ({hint})")
-    specs = _section_specs(_SECTIONS[head])
+    specs = section_specs(_SECTIONS[head])
     name = parts[1]
     if name not in specs:
         raise _unknown_key(label, name, head, specs)
@@ -692,7 +693,7 @@ def _cuda_available() -> bool:
 
 
 def _build(cls, raw: Mapping, sources: _Sources):
-    specs = _section_specs(cls)
+    specs = section_specs(cls)
     kwargs = {}
     for key, value in raw.items():
         if key in _SECTIONS and cls is Config:
@@ -801,7 +802,7 @@ def _check_env_late(config: Config, sources: _Sources, env_factory_from_file: bo
             f"config.json may only name a registered gymnasium id. If that code is yours and you trust it, "
             f"name it yourself: --set env.id={config.env.id}"
         )
-    spec = _section_specs(EnvConfig)["id"]
+    spec = section_specs(EnvConfig)["id"]
     _check_value(spec, config.env.id, source, late=True)
 
 

@@ -38,6 +38,7 @@ __all__ = [
     "stale_segments",
     "remove_stale_segments",
     "mpper_segments",
+    "human_bytes",
 ]
 
 SHM_DIR = "/dev/shm"
@@ -74,7 +75,7 @@ class SharedMemoryRoomError(MemoryError):
     """/dev/shm has not enough free space for a segment mpper wants to create."""
 
 
-def _human(nbytes: float) -> str:
+def human_bytes(nbytes: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if nbytes < 1024 or unit == "TiB":
             return f"{nbytes:.1f} {unit}"
@@ -95,8 +96,8 @@ def check_room(nbytes: int, what: str, path: str = SHM_DIR) -> None:
     free = free_bytes(path)
     if nbytes + _ROOM_MARGIN > free:
         raise SharedMemoryRoomError(
-            f"{what} needs {_human(nbytes)} of shared memory but {path} has only "
-            f"{_human(free)} free. Lower the capacity, free space in {path}, or give the "
+            f"{what} needs {human_bytes(nbytes)} of shared memory but {path} has only "
+            f"{human_bytes(free)} free. Lower the capacity, free space in {path}, or give the "
             f"container more (Docker defaults to 64 MiB: docker run --shm-size=8g ...)."
         )
 
@@ -122,7 +123,7 @@ def create(nbytes: int, tag: str, what: str | None = None) -> shared_memory.Shar
         shm.close()
         shm.unlink()
         raise SharedMemoryRoomError(
-            f"{what}: could not reserve {_human(nbytes)} in {SHM_DIR} ({exc.strerror}). "
+            f"{what}: could not reserve {human_bytes(nbytes)} in {SHM_DIR} ({exc.strerror}). "
             f"Lower the capacity or give the container more shared memory."
         ) from exc
     with _owned_lock:

@@ -7,6 +7,12 @@ later test). Other mpper test runs may share this machine's /dev/shm, so a new s
 counts as ours only when its owner pid (encoded in the name) is this process or a
 process that is gone (a child the test started and that leaked); a live foreign
 owner's segment is left alone.
+
+``mapped_semaphores``: a test that SIGKILLs a process together with its resource
+tracker (as ``kill -9`` of a process group would) leaves that process's multiprocessing
+semaphores (``/dev/shm/sem.mp-*``, 32 bytes each) behind, because the tracker is what
+unlinks them; such a test collects them from ``/proc/PID/maps`` before the kill and
+unlinks them after.
 """
 
 from __future__ import annotations
@@ -38,6 +44,22 @@ def _unlink(names) -> None:
             os.unlink(os.path.join(mpper_shm.SHM_DIR, name))
         except FileNotFoundError:
             pass
+
+
+def mapped_semaphores(pids) -> set[Path]:
+    """The POSIX named semaphores (multiprocessing's ``/dev/shm/sem.mp-*``) that the
+    processes ``pids`` have mapped now."""
+    found = set()
+    for pid in pids:
+        try:
+            maps = Path(f"/proc/{pid}/maps").read_text()
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+        for line in maps.splitlines():
+            path = line.split()[-1] if len(line.split()) >= 6 else ""
+            if path.startswith(f"{mpper_shm.SHM_DIR}/sem.mp-"):
+                found.add(Path(path))
+    return found
 
 
 @pytest.fixture(autouse=True)

@@ -321,7 +321,7 @@ def test_a_buffer_larger_than_dev_shm_is_one_line_before_anything_starts(tmp_pat
     needed = segment_bytes(schema, capacity)
     free = shm.free_bytes()
     if needed + shm._ROOM_MARGIN <= free:
-        pytest.skip(f"/dev/shm has {shm._human(free)} free, room for the largest buffer ({shm._human(needed)})")
+        pytest.skip(f"/dev/shm has {shm.human_bytes(free)} free, room for the largest buffer ({shm.human_bytes(needed)})")
     run_dir = tmp_path / "run"
     proc = subprocess.Popen(run_args(run_dir, "--workers", "2", "--set", f"replay.capacity={capacity}"), cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
@@ -334,7 +334,7 @@ def test_a_buffer_larger_than_dev_shm_is_one_line_before_anything_starts(tmp_pat
     lines = error_lines(err)
     assert proc.returncode == 2, err[-3000:]
     assert out == "" and len(lines) == 1, err
-    assert lines[0].startswith(f"error: a replay buffer of {capacity} steps needs {shm._human(needed)} of shared "
+    assert lines[0].startswith(f"error: a replay buffer of {capacity} steps needs {shm.human_bytes(needed)} of shared "
                                f"memory but /dev/shm has only ")  # fmt: skip
     assert "Lower the capacity" in lines[0]
     assert not (run_dir / "processes.json").exists()  # written when the first child starts: none did

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import mapped_semaphores
 from test_train_e2e import (
     ROOT,
     alive,
@@ -49,6 +50,7 @@ def test_sigkill_of_the_supervisor_stops_every_child_and_the_next_run_cleans_up(
     run_dir = tmp_path / "run"
     segments_before = set(shm.mpper_segments())  # other runs (concurrent test sessions) keep theirs
     left: set[str] = set()
+    semaphores: set[Path] = set()
     proc = subprocess.Popen(run_args(run_dir, "--workers", "2", "--max-train-steps", "100000"), cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
     try:
@@ -63,6 +65,7 @@ def test_sigkill_of_the_supervisor_stops_every_child_and_the_next_run_cleans_up(
         # of the process group would): nobody is left to unlink the segments.
         tracker = [p for p in helpers if b"resource_tracker" in Path(f"/proc/{p}/cmdline").read_bytes()]
         assert len(tracker) == 1
+        semaphores = mapped_semaphores([*pids.values(), *helpers])  # Python's, unlinked below
         os.kill(tracker[0], signal.SIGKILL)
         os.kill(pids["supervisor"], signal.SIGKILL)
         proc.communicate(timeout=30)
@@ -93,6 +96,8 @@ def test_sigkill_of_the_supervisor_stops_every_child_and_the_next_run_cleans_up(
             proc.communicate()
         for name in left:
             (Path(shm.SHM_DIR) / f".keep-{name}").unlink(missing_ok=True)
+        for path in semaphores:  # the killed tracker would have unlinked them
+            path.unlink(missing_ok=True)
 
 
 @pytest.mark.timeout(180)

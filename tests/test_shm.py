@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from conftest import make_episode
+from conftest import make_episode, mapped_semaphores
 
 import mpper
 from mpper import ReplayBuffer, SharedMemoryRoomError
@@ -231,7 +231,7 @@ def test_room_check_refuses_and_creates_nothing(monkeypatch):
     with pytest.raises(SharedMemoryRoomError) as info:
         ReplayBuffer.create(schema, capacity=capacity)
     msg = str(info.value)
-    assert mpper_shm._human(needed) in msg, msg
+    assert mpper_shm.human_bytes(needed) in msg, msg
     assert "/dev/shm" in msg
     assert "1.0 MiB" in msg  # the free space it saw
     assert isinstance(info.value, MemoryError)
@@ -324,11 +324,13 @@ def test_a_start_removes_a_dead_owners_segments_and_keeps_a_live_owners():
     dead = subprocess.Popen([sys.executable, "-c", _OWNER_SCRIPT], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=_ENV)  # fmt: skip
     dead_name = ""
+    semaphores: set = set()
     try:
         live_name, dead_name = live.stdout.readline().strip(), dead.stdout.readline().strip()
         assert live_name.startswith(f"mpper_{live.pid}_") and dead_name.startswith(f"mpper_{dead.pid}_")
         tracker = [p for p in _children(dead.pid) if b"resource_tracker" in open(f"/proc/{p}/cmdline", "rb").read()]
         assert len(tracker) == 1, "the owner's resource tracker (the last net) was not found"
+        semaphores = mapped_semaphores([dead.pid, *tracker])  # Python's, unlinked below
         os.kill(tracker[0], signal.SIGKILL)
         dead.kill()
         dead.communicate(timeout=30)
@@ -355,6 +357,8 @@ def test_a_start_removes_a_dead_owners_segments_and_keeps_a_live_owners():
                 proc.communicate()
         if dead_name and _segment_exists(dead_name):
             os.unlink(os.path.join(mpper_shm.SHM_DIR, dead_name))
+        for path in semaphores:  # the killed tracker would have unlinked them
+            path.unlink(missing_ok=True)
 
 
 def _unused_pid() -> int:
@@ -376,6 +380,7 @@ def test_a_live_owner_whose_pid_is_not_visible_keeps_its_segment():
     owner = subprocess.Popen([sys.executable, "-c", _OWNER_SCRIPT], stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True, env=_ENV)  # fmt: skip
     foreign = ""
+    semaphores: set = set()
     try:
         name = owner.stdout.readline().strip()
         assert name.startswith(f"mpper_{owner.pid}_"), name
@@ -385,6 +390,7 @@ def test_a_live_owner_whose_pid_is_not_visible_keeps_its_segment():
         assert foreign not in mpper_shm.stale_segments()
         assert foreign not in mpper_shm.remove_stale_segments() and _segment_exists(foreign)
         tracker = [p for p in _children(owner.pid) if b"resource_tracker" in open(f"/proc/{p}/cmdline", "rb").read()]
+        semaphores = mapped_semaphores([owner.pid, *tracker])  # Python's, unlinked below
         for pid in (*tracker, owner.pid):  # nobody left to unlink it: only the lock tells
             os.kill(pid, signal.SIGKILL)
         owner.communicate(timeout=30)
@@ -395,3 +401,5 @@ def test_a_live_owner_whose_pid_is_not_visible_keeps_its_segment():
             owner.communicate()
         if foreign and _segment_exists(foreign):
             os.unlink(os.path.join(mpper_shm.SHM_DIR, foreign))
+        for path in semaphores:  # the killed tracker would have unlinked them
+            path.unlink(missing_ok=True)

@@ -13,7 +13,7 @@ from .base import Algorithm
 from .dqn import ALGORITHM as DQN
 from .muzero import ALGORITHM as MUZERO
 
-__all__ = ["ALGORITHMS", "algorithm_of", "get_algorithm"]
+__all__ = ["ALGORITHMS", "algorithm_of", "get_algorithm", "run_env_spec"]
 
 ALGORITHMS: dict[str, Algorithm] = {a.name: a for a in (MUZERO, DQN)}
 
@@ -37,17 +37,17 @@ def run_env_spec(config: Config) -> EnvSpec:
     into one line ``error: ...`` and exit code 2).
 
     Raises ``ValueError`` when the env breaks the two-player contract; when it is a
-    two-player env and the algorithm is ``"dqn"`` (DQN reads neither ``to_play`` nor the
-    legal-action mask: it would learn one Q-function for both players and play
+    two-player env and the algorithm cannot train one (DQN reads neither ``to_play`` nor
+    the legal-action mask: it would learn one Q-function for both players and play
     illegal moves); when ``training.symmetry_augmentation`` is on and the env declares
     no valid symmetries (:mod:`mpper.envs.symmetry`).
     """
     spec = env_spec(config.env)
-    if spec.two_player and config.algorithm != "muzero":
-        raise ValueError(
-            f'algorithm: "{config.algorithm}" cannot train the two-player env {config.env.id!r}: it ignores '
-            "to_play and the legal-action mask; use \"muzero\""
-        )
+    algorithm = algorithm_of(config)
+    if spec.two_player and not algorithm.two_player:
+        able = " or ".join(f'"{a.name}"' for a in ALGORITHMS.values() if a.two_player)
+        raise ValueError(f'algorithm: "{algorithm.name}" cannot train the two-player env {config.env.id!r}: it '
+                         f"ignores to_play and the legal-action mask; use {able}")  # fmt: skip
     if config.training.symmetry_augmentation:
         config_symmetries(config)
     return spec

@@ -108,7 +108,7 @@ def check_fits(config: Config, spec: EnvSpec) -> None:
     available = memory_bytes()
     if size.total <= available:
         return
-    h = shm._human
+    h = shm.human_bytes
     parts = [f"replay buffer {h(size.buffer)} (replay.capacity {config.replay.capacity:,})",
              f"network {h(size.network)} ({size.parameters:,} parameters, network.hidden {config.network.hidden}, "
              f"encoding_size {config.network.encoding_size}, in every process)"]  # fmt: skip
