@@ -211,6 +211,19 @@ def test_train_step_loss_and_priorities_match_the_formulas(double, loss):
         buf.close()
 
 
+def test_adopted_weights_go_into_the_online_and_the_target_network():
+    """The learner starts from the supervisor's published weights: both networks take them."""
+    config, buf, trainer, _ = trainer_and_batch()
+    try:
+        other = QNetwork((4,), 2, [32, 32]).get_flat_weights()  # another initialisation
+        assert not np.array_equal(other, trainer.network.get_flat_weights())
+        trainer.adopt_weights(other)
+        np.testing.assert_array_equal(trainer.network.get_flat_weights(), other)
+        np.testing.assert_array_equal(trainer.target_network.get_flat_weights(), other)
+    finally:
+        buf.close()
+
+
 def test_target_network_is_a_copy_that_lags_and_hard_sync_makes_it_equal():
     config, buf, trainer, targets = trainer_and_batch(target_update_interval=3)
     try:

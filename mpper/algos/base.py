@@ -205,6 +205,12 @@ class Trainer:
             state["averaged_updates"] = int(self.averaged.n_averaged)
         return state
 
+    def adopt_weights(self, flat: np.ndarray) -> None:
+        """Start from published weights (the supervisor's first ones, a flat float32
+        vector): the trained network takes them; a subclass copies them wherever else
+        they must be (DQN: its target network)."""
+        self.network.set_flat_weights(flat)
+
     def load_state_dict(self, state: dict) -> None:
         """Restore what ``state_dict`` returned (or a checkpoint holding it). A checkpoint
         written without ``ema_decay`` starts the average afresh from its weights."""

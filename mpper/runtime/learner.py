@@ -90,9 +90,7 @@ def _learn(config: Config, buf: ReplayBuffer, store: WeightStore, stop, reports,
     else:
         flat = np.empty(store.handle.num_weights, np.float32)
         store.read_into(flat)
-        network.set_flat_weights(flat)
-        if hasattr(trainer, "sync_target"):  # DQN: the target starts as a copy of the online net
-            trainer.sync_target()
+        trainer.adopt_weights(flat)
     published_at = trainer.training_step
 
     targets = algorithm.make_targets(config, spec.num_actions)

@@ -261,6 +261,11 @@ class DQNTrainer(Trainer):
         # has no target network at all); it never receives gradients.
         self.target_network = copy.deepcopy(self.network).requires_grad_(False)
 
+    def adopt_weights(self, flat: np.ndarray) -> None:
+        """The published weights, in the online network and (as a fresh start) the target."""
+        super().adopt_weights(flat)
+        self.sync_target()
+
     @torch.no_grad()
     def sync_target(self) -> None:
         """Hard update: the target network becomes a copy of the online network."""
