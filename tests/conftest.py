@@ -48,18 +48,19 @@ def _unlink(names) -> None:
 
 def mapped_semaphores(pids) -> set[Path]:
     """The POSIX named semaphores (multiprocessing's ``/dev/shm/sem.mp-*``) that the
-    processes ``pids`` have mapped now."""
-    found = set()
+    processes ``pids`` have mapped now. glibc maps a semaphore under the temporary name
+    it created it with (shown as deleted), so the files are matched by inode."""
+    inodes = set()
     for pid in pids:
         try:
             maps = Path(f"/proc/{pid}/maps").read_text()
         except (FileNotFoundError, ProcessLookupError, PermissionError):
             continue
         for line in maps.splitlines():
-            path = line.split()[-1] if len(line.split()) >= 6 else ""
-            if path.startswith(f"{mpper_shm.SHM_DIR}/sem.mp-"):
-                found.add(Path(path))
-    return found
+            fields = line.split()
+            if len(fields) >= 6 and fields[5].startswith(f"{mpper_shm.SHM_DIR}/sem."):
+                inodes.add(int(fields[4]))
+    return {path for path in Path(mpper_shm.SHM_DIR).glob("sem.mp-*") if path.stat().st_ino in inodes}
 
 
 @pytest.fixture(autouse=True)
