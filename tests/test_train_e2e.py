@@ -74,7 +74,7 @@ def check_outputs(run_dir: Path) -> dict:
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-def test_two_workers_train_and_everything_is_saved(tmp_path, capsys):
+def test_two_workers_train_and_everything_is_saved(tmp_path, capsys, trained_run):
     run_dir = tmp_path / "run"
     # samples-per-insert keeps the learner in step with self-play (and is exercised)
     args = run_args(run_dir, "--workers", "2", "--max-train-steps", "60", "--set", "training.samples_per_insert=4")
@@ -94,6 +94,21 @@ def test_two_workers_train_and_everything_is_saved(tmp_path, capsys):
     # the workers played with weights published after the first ones
     assert max(last["worker_weights_versions"].values()) > 1
     assert any(r["event"] == "evaluation" for r in out["records"])
+    # One Run for both schedulers: a --workers 0 run (trained_run) writes the same files
+    # and records with the same keys for each event
+    def kinds(run) -> tuple[set, dict]:
+        records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        keys = {}
+        for r in records:
+            keys.setdefault(r["event"], set()).update(r)
+        return {p.name for p in run.iterdir()}, keys
+
+    files, keys = kinds(run_dir)
+    inline_files, inline_keys = kinds(trained_run)
+    assert files == inline_files and set(keys) == set(inline_keys) == {"progress", "evaluation", "end"}
+    assert keys == inline_keys
+    assert set(json.loads((trained_run / "episodes.jsonl").read_text().splitlines()[0])) == set(
+        json.loads((run_dir / "episodes.jsonl").read_text().splitlines()[0]))
     with ReplayBuffer.load(run_dir / "buffer", mmap=True) as snap:
         leaves = snap.priorities(np.arange(snap.capacity))
         assert np.isfinite(snap.fields["reanalysed_value"]).any()
