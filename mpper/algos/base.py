@@ -106,7 +106,7 @@ class Trainer:
     """What every algorithm's trainer has: the network on its device, its optimizer, the
     training-step counter, the learning-rate schedule, host -> device copies of a batch,
     and the state a checkpoint holds. Subclasses add ``train_step(batch) -> (metrics,
-    raw priorities)``: ``MuZeroTrainer`` below, ``mpper.algos.dqn.dqn.DQNTrainer``.
+    raw priorities)``: ``mpper.algos.muzero.trainer.MuZeroTrainer``, ``mpper.algos.dqn.dqn.DQNTrainer``.
     """
 
     def __init__(self, config: Config, network: torch.nn.Module, device: torch.device):
