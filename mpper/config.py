@@ -210,7 +210,7 @@ class NetworkConfig:
     hidden: list = _opt([64], _WIDTHS, "widths of the hidden layers of each head's MLP (fc and residual)")
     blocks: int = _opt(2, ">= 1", "residual: residual blocks per function")
     support_size: int = _opt(10, ">= 1", "value/reward support is [-support_size, support_size]")
-    # Added for mpper.networks: muzero-general's reduced_channels_{value,reward,policy}, one
+    # Added for mpper.algos.muzero.networks: muzero-general's reduced_channels_{value,reward,policy}, one
     # number for the three heads of the residual network (whose MLPs use the widths in hidden).
     reduced_channels: int = _opt(2, ">= 1", "residual: planes of the 1x1 conv before each head's MLP (widths: hidden)")
 

@@ -1,4 +1,4 @@
-"""mpper.mcts: batched search against exact models, muzero-general's semantics, batching,
+"""mpper.algos.muzero.mcts: batched search against exact models, muzero-general's semantics, batching,
 two-player signs, legal actions, action selection.
 
 ``TabularModel`` is an exact "network" for a finite deterministic game: the hidden state

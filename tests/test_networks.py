@@ -1,4 +1,4 @@
-"""mpper.networks: value transform, supports, both architectures, flat weights."""
+"""mpper.algos.muzero.networks: value transform, supports, both architectures, flat weights."""
 
 from __future__ import annotations
 

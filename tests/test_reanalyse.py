@@ -18,6 +18,7 @@ from mpper.algos.muzero.targets import muzero_schema
 from mpper.config import Config, NetworkConfig
 from mpper.runtime.procs import StopSignal
 from mpper.runtime.reanalyser import run_reanalyser
+from mpper.runtime.supervisor import _JOIN_TIMEOUT_S
 from mpper.runtime.weights import WeightStore
 
 CTX = mp.get_context("spawn")
@@ -175,10 +176,11 @@ def test_run_reanalyser_process(setup):
             buf.add_episode(make_episode(rng, int(rng.integers(1, 40))))
             store.publish(net2.get_flat_weights(), training_step=store.training_step + 1)
             time.sleep(0.005)
-        t_stop = time.monotonic()
         stop.set()
-        p.join(5.0)
-        assert p.exitcode == 0 and time.monotonic() - t_stop < 2.0
+        # within the time the supervisor gives a child before it stops it by force (a
+        # loaded 2-core machine took 3.3 s; a child that ignores the signal never exits)
+        p.join(_JOIN_TIMEOUT_S)
+        assert p.exitcode == 0
         refreshed = sum(check_episode(buf, net2, config, ref, allow_nan=True) for ref in buf.episodes())
         assert refreshed >= 1
     finally:

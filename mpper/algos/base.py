@@ -89,17 +89,14 @@ class Algorithm:
     # stopped (``mpper.algos.muzero.arena.evaluate_against_opponents``). An algorithm
     # without it cannot train a two-player env.
     play_against: Callable[..., dict | None] | None = None
+    # The cap on raw priorities, new and updated alike (DQN's dqn.priority_clip): config -> cap or None
+    priority_clip: Callable[[Config], float | None] = lambda config: None
     description: str = ""
 
     @property
     def two_player(self) -> bool:
         """Whether it trains on two-player games (and evaluates against opponents)."""
         return self.play_against is not None
-
-    def priority_clip(self, config: Config) -> float | None:
-        """The cap on stored priorities (DQN's ``dqn.priority_clip``; none for MuZero)."""
-        section = getattr(config, self.name, None)
-        return getattr(section, "priority_clip", None)
 
 
 class Trainer:

@@ -61,7 +61,7 @@ def train(config: Config, run_dir: Path, resume: Path | None = None) -> int:
         # `kill -INT` must still stop a run cleanly, as Ctrl-C does.
         signal.signal(signal.SIGINT, signal.default_int_handler)
     # Segments of runs that were SIGKILLed (their owner could not unlink them); a live
-    # run's segments are told apart by their owner's pid, which is in the name.
+    # run's segments are told apart by the lock their owner holds on each.
     removed = shm.remove_stale_segments()
     if removed:
         print(f"mpper: removed {len(removed)} shared-memory segment(s) left by dead runs", file=sys.stderr)

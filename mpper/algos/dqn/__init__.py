@@ -39,6 +39,11 @@ def make_targets(config: Config, num_actions: int) -> NStepTargets:
     return NStepTargets(config.dqn.n_step, config.dqn.gamma)
 
 
+def priority_clip(config: Config) -> float | None:
+    """``dqn.priority_clip``: the buffer clips new and updated raw priorities alike."""
+    return config.dqn.priority_clip
+
+
 def schema(observation_shape: Sequence[int], num_actions: int, observation_dtype="float32") -> dict:
     """:func:`~mpper.algos.dqn.targets.dqn_schema` (the number of actions is not stored)."""
     return dqn_schema(observation_shape, observation_dtype)
@@ -52,5 +57,6 @@ ALGORITHM = Algorithm(
     make_targets=make_targets,
     make_trainer=DQNTrainer,
     evaluate_snapshot=evaluate_dqn,
+    priority_clip=priority_clip,
     description="DQN with prioritized replay (double, dueling, n-step), Ape-X exploration",
 )

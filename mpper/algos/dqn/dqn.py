@@ -251,7 +251,7 @@ class DQNTrainer(Trainer):
     ``train_step(batch)`` is one update on a batch sampled with ``NStepTargets``; it
     returns the metrics and the new raw priorities ``|TD|`` of the sampled transitions
     (the run's buffer adds ``priority_eps``, clips at ``dqn.priority_clip`` and applies
-    ``alpha``, for new and updated items alike: ``mpper.runtime.supervisor.create_buffer``).
+    ``alpha``, for new and updated items alike: ``mpper.runtime.run.create_buffer``).
     """
 
     def __init__(self, config: Config, network: QNetwork, device: torch.device):
