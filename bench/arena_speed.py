@@ -20,9 +20,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from mpper.algos.configs import load_config  # noqa: E402
 from mpper.algos.muzero.arena import mcts_agent, play_match  # noqa: E402
 from mpper.algos.registry import algorithm_of  # noqa: E402
-from mpper.config import load_config  # noqa: E402
 from mpper.envs.tictactoe import TicTacToeEnv, perfect_agent, random_agent  # noqa: E402
 
 

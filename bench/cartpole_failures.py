@@ -23,9 +23,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from mpper.algos.configs import load_run_config  # noqa: E402
 from mpper.algos.registry import algorithm_of  # noqa: E402
 from mpper.checkpoint import load_checkpoint, load_network_weights  # noqa: E402
-from mpper.config import load_run_config  # noqa: E402
 from mpper.envs import env_spec, make_env  # noqa: E402
 from mpper.runtime.evaluator import play_greedy  # noqa: E402
 

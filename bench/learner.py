@@ -31,10 +31,10 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from mpper import ReplayBuffer  # noqa: E402
+from mpper.algos.configs import load_config  # noqa: E402
 from mpper.algos.muzero.networks import make_network  # noqa: E402
 from mpper.algos.muzero.targets import muzero_schema  # noqa: E402
 from mpper.algos.registry import algorithm_of  # noqa: E402
-from mpper.config import load_config  # noqa: E402
 from mpper.runtime.learner import run_learner  # noqa: E402
 from mpper.runtime.procs import StopSignal  # noqa: E402
 from mpper.runtime.weights import WeightStore  # noqa: E402

@@ -31,9 +31,9 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+from mpper.algos.muzero.config import MCTSConfig, NetworkConfig
 from mpper.algos.muzero.mcts import BatchedMCTS
 from mpper.algos.muzero.networks import make_network
-from mpper.config import MCTSConfig, NetworkConfig
 
 
 def measure(network, mcts: BatchedMCTS, k_envs: int, seconds: float, rng: np.random.Generator) -> dict:

@@ -12,7 +12,7 @@ in them.
 Usage::
 
     python bench/solve_cartpole.py                       # seeds 0-9, --workers 8
-    python bench/solve_cartpole.py --seeds 0 1 2 --workers 8 --time-limit 300 --set training.priority_update=unrolled
+    python bench/solve_cartpole.py --seeds 0 1 2 --workers 8 --time-limit 300 --set muzero.priority_update=unrolled
 """
 
 from __future__ import annotations

@@ -24,7 +24,8 @@ import json
 import sys
 from pathlib import Path
 
-from .config import MAX_SEED, ConfigError, RuntimeConfig, describe_config, load_config, section_specs
+from .algos.configs import describe_config, load_config
+from .config import MAX_SEED, ConfigError, RuntimeConfig, section_specs
 
 __all__ = ["build_parser", "console", "default_run_dir", "main", "resolve_config", "shipped_configs"]
 
@@ -44,7 +45,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    devices = section_specs(RuntimeConfig)["device"].allowed
+    devices = section_specs(RuntimeConfig, "runtime")["device"].allowed
     p = _Parser(
         prog="run.py",
         description=(
@@ -309,7 +310,7 @@ def _check_resume(run_dir: Path, config, spec) -> str | None:
         except (SnapshotError, OSError) as e:
             return f"--resume {run_dir}: {e}"
         for key, value in stored.items():
-            wanted = getattr(config.replay, key)
+            wanted = config.replay.buffer_initial_priority if key == "initial_priority" else getattr(config.replay, key)
             if wanted != value:
                 return (f"--resume {run_dir}: replay.{key} is {json.dumps(wanted)} but the buffer snapshot holds "
                         f"{json.dumps(value)} ({snapshot}); a resumed run keeps its buffer's replay.capacity, "

@@ -1,9 +1,16 @@
 """Run configuration: JSON files validated into dataclasses.
 
-Every key of every section is a dataclass field below. Its default, its allowed values
-and its one-line description live together in the field (``_opt(default, allowed, doc)``),
-so the checks and ``python run.py --help-config`` (plain or as a Markdown table) come from
-the same place. Names follow muzero-general (and the MuZero paper) where a counterpart exists.
+A config is the ``algorithm`` key, the shared sections defined here (``env``, ``replay``,
+``training``, ``runtime``) and the sections the algorithm owns, which its folder defines
+(``mpper/algos/<name>/config.py``: an :class:`AlgorithmConfig`); a key of another
+algorithm's section is an error. The engine below is given the algorithms' sections by
+its caller (``mpper.algos.registry`` binds them: ``load_config``, ``describe_config``),
+so this module knows no algorithm.
+
+Every key of every section is a dataclass field. Its default, its allowed values and its
+one-line description live together in the field (``opt(default, allowed, doc)``), so the
+checks and ``python run.py --help-config`` (plain or as a Markdown table) come from the
+same place. Names follow muzero-general (and the MuZero paper) where a counterpart exists.
 
 ``allowed`` is one of:
 
@@ -12,8 +19,8 @@ the same place. Names follow muzero-general (and the MuZero paper) where a count
 - a :class:`Check`: a description and a function, for lists and special strings;
 - ``None``: any value of the field's type (finite, for numbers).
 
-Rules that tie two keys together are in ``CROSS_RULES``. :func:`load_config` reads a JSON
-file, applies ``--set section.key=value`` overrides and command-line flags, and returns a
+Rules that tie two keys together are ``CROSS_RULES`` (shared keys) and an algorithm's
+``rules``. :func:`load_config` reads a JSON file, applies ``--set section.key=value`` overrides and command-line flags, and returns a
 :class:`Config` or raises :class:`ConfigError`, whose message is one line:
 ``<file or flag>: <section.key>: <what is wrong and what is allowed>``.
 """
@@ -37,24 +44,27 @@ from .replay.episode_ring import MAX_CAPACITY
 
 __all__ = [
     "CROSS_RULES",
+    "SCHEDULE",
+    "WIDTHS",
+    "AlgorithmConfig",
     "Check",
     "Config",
     "ConfigError",
-    "DQNConfig",
     "EnvConfig",
     "MAX_SEED",
-    "MCTSConfig",
-    "NetworkConfig",
     "ReplayConfig",
+    "Rule",
     "RuntimeConfig",
     "TrainingConfig",
     "config_from_dict",
     "config_to_dict",
+    "default_config",
     "describe_config",
     "field_specs",
     "is_env_factory",
     "load_config",
     "load_run_config",
+    "opt",
     "section_specs",
 ]
 
@@ -86,7 +96,7 @@ class Check:
     late: bool = False  # run only after every other check passed (slow or needs imports)
 
 
-def _opt(default, allowed, doc: str):
+def opt(default, allowed, doc: str):
     """A dataclass field with its allowed values and description as metadata."""
     md = {"allowed": allowed, "doc": doc}
     if isinstance(default, (list, dict)):
@@ -141,11 +151,11 @@ def _check_schedule(value: list) -> list:
 
 def _check_initial_priority(value):
     if isinstance(value, str):
-        if value != "max":
-            raise _Invalid(f'expected "max" or a number >= 0, got {_show(value)}')
+        if value not in ("actor", "max"):
+            raise _Invalid(f'expected "actor", "max" or a number >= 0, got {_show(value)}')
         return value
     if not math.isfinite(value) or value < 0:
-        raise _Invalid(f'expected "max" or a number >= 0, got {_show(value)}')
+        raise _Invalid(f'expected "actor", "max" or a number >= 0, got {_show(value)}')
     return float(value)
 
 
@@ -183,9 +193,9 @@ def _check_env_id(value: str) -> str:
     )
 
 
-_WIDTHS = Check("a list of integers >= 1", _check_widths)
-_SCHEDULE = Check("a list of [fraction, T] pairs: fractions in [0, 1] increasing from 0, T >= 0", _check_schedule)
-_INITIAL_PRIORITY = Check('"max" or a number >= 0', _check_initial_priority)
+WIDTHS = Check("a list of integers >= 1", _check_widths)
+SCHEDULE = Check("a list of [fraction, T] pairs: fractions in [0, 1] increasing from 0, T >= 0", _check_schedule)
+_INITIAL_PRIORITY = Check('"actor", "max" or a number >= 0', _check_initial_priority)
 _ENV_ID = Check('a registered gymnasium id, or "module:callable"', _check_env_id, late=True)
 
 
@@ -196,153 +206,114 @@ _ENV_ID = Check('a registered gymnasium id, or "module:callable"', _check_env_id
 class EnvConfig:
     """The environment each self-play worker steps."""
 
-    id: str = _opt("CartPole-v1", _ENV_ID, 'gymnasium id, or "module:factory" returning a gymnasium.Env')
-    kwargs: dict = _opt({}, None, "passed to gymnasium.make / the factory")
-    max_episode_steps: int | None = _opt(None, ">= 1", "time limit (truncation); null: the env's own")
-
-
-@dataclass
-class NetworkConfig:
-    """Representation, dynamics and prediction networks."""
-
-    kind: str = _opt("fc", ("fc", "residual"), '"fc" (fully connected) or "residual" (board games)')
-    encoding_size: int = _opt(16, ">= 1", "hidden-state size (fc); channels for residual")
-    hidden: list = _opt([64], _WIDTHS, "widths of the hidden layers of each head's MLP (fc and residual)")
-    blocks: int = _opt(2, ">= 1", "residual: residual blocks per function")
-    support_size: int = _opt(10, ">= 1", "value/reward support is [-support_size, support_size]")
-    # Added for mpper.algos.muzero.networks: muzero-general's reduced_channels_{value,reward,policy}, one
-    # number for the three heads of the residual network (whose MLPs use the widths in hidden).
-    reduced_channels: int = _opt(2, ">= 1", "residual: planes of the 1x1 conv before each head's MLP (widths: hidden)")
-
-
-@dataclass
-class MCTSConfig:
-    """Batched Monte-Carlo tree search in the self-play workers."""
-
-    num_simulations: int = _opt(50, ">= 1", "simulations (recurrent inferences) per move")
-    discount: float = _opt(0.997, "(0, 1]", "reward discount, in the search and in the value targets")
-    pb_c_base: float = _opt(19652.0, "> 0", "pUCT exploration base")
-    pb_c_init: float = _opt(1.25, ">= 0", "pUCT exploration constant")
-    root_dirichlet_alpha: float = _opt(0.25, "> 0", "Dirichlet noise concentration at the root")
-    root_exploration_fraction: float = _opt(0.25, "[0, 1]", "share of Dirichlet noise in the root priors")
-    temperature_schedule: list = _opt(
-        [[0.0, 1.0], [0.5, 0.5], [0.75, 0.25]],
-        _SCHEDULE,
-        "visit-count temperature by training progress: [[fraction_of_training_steps, T], ...]; T = 0: greedy",
-    )
-    temperature_threshold_moves: int | None = _opt(
-        None,
-        ">= 1",
-        "self-play: the first N moves of each episode use temperature_schedule, later moves the most visited "
-        "action (T = 0; muzero-general's temperature_threshold N samples N - 1 moves); null: the schedule for "
-        "every move",
-    )
+    id: str = opt("CartPole-v1", _ENV_ID, 'gymnasium id, or "module:factory" returning a gymnasium.Env')
+    kwargs: dict = opt({}, None, "passed to gymnasium.make / the factory")
+    max_episode_steps: int | None = opt(None, ">= 1", "time limit (truncation); null: the env's own")
 
 
 @dataclass
 class ReplayConfig:
     """The shared-memory prioritized replay buffer."""
 
-    capacity: int = _opt(100_000, f"[2, {MAX_CAPACITY}]", "steps (rows) in the shared ring")
-    alpha: float = _opt(0.5, ">= 0", "priority exponent (PER_alpha); 0: uniform")
-    beta: float = _opt(1.0, "[0, 1]", "initial importance-sampling exponent, annealed to 1")
-    priority_eps: float = _opt(1e-6, ">= 0", "added to raw priorities so that no step is starved")
-    initial_priority: str | float = _opt("max", _INITIAL_PRIORITY, 'priority of new steps: "max" (largest so far) or a number')
-    beta_anneal_steps: int | None = _opt(None, ">= 1", "training steps over which beta reaches 1; null: training_steps")
-    snapshot_interval_s: float = _opt(300.0, ">= 0", "periodic buffer snapshot; 0: only at the end")
+    capacity: int = opt(100_000, f"[2, {MAX_CAPACITY}]", "steps (rows) in the shared ring")
+    alpha: float = opt(0.5, ">= 0", "priority exponent (PER_alpha); 0: uniform")
+    beta: float = opt(1.0, "[0, 1]", "initial importance-sampling exponent, annealed to 1")
+    priority_eps: float = opt(1e-6, ">= 0", "added to raw priorities so that no step is starved")
+    initial_priority: str | float = opt("actor", _INITIAL_PRIORITY, 'raw priority of new steps: "actor" (the actor\'s '
+                                        "own error estimate: MuZero |root value - n-step target| as muzero-general, "
+                                        'DQN |TD| as Ape-X), "max" (largest so far) or a number')
+    beta_anneal_steps: int | None = opt(None, ">= 1", "training steps over which beta reaches 1; null: training_steps")
+    snapshot_interval_s: float = opt(300.0, ">= 0", "periodic buffer snapshot; 0: only at the end")
+
+    @property
+    def buffer_initial_priority(self) -> str | float:
+        """What the buffer gives steps stored without priorities: ``initial_priority``,
+        with "actor" (every actor hands its own) falling back to "max"."""
+        return "max" if self.initial_priority == "actor" else self.initial_priority
 
 
 @dataclass
 class TrainingConfig:
     """The learner."""
 
-    training_steps: int = _opt(10_000, ">= 1", "total learner steps (batches); the run ends there")
-    batch_size: int = _opt(128, ">= 1", "positions per training batch")
-    num_unroll_steps: int = _opt(10, ">= 0", "dynamics steps unrolled from each position (K)")
-    td_steps: int = _opt(50, ">= 1", "n of the n-step bootstrapped value target")
-    stacked_observations: int = _opt(0, ">= 0", "past observations (and actions) stacked into the input")
-    value_loss_weight: float = _opt(0.25, ">= 0", "scale of the value loss (paper: 0.25 with reanalyse)")
-    optimizer: str = _opt("adam", ("adam", "sgd"), '"adam" or "sgd"')
-    momentum: float = _opt(0.9, "[0, 1]", "sgd only")
-    lr_init: float = _opt(0.02, "> 0", "initial learning rate")
-    lr_decay_rate: float = _opt(0.8, "(0, 1]", "exponential: lr = lr_init * rate ** (step / lr_decay_steps); 1: constant")
-    lr_decay_steps: int = _opt(1000, ">= 1", "training steps per factor lr_decay_rate")
-    weight_decay: float = _opt(1e-4, ">= 0", "L2 weight regularisation")
-    grad_clip: float | None = _opt(None, "> 0", "max global gradient norm; null: off")
-    publish_interval: int = _opt(10, ">= 1", "publish the weights to self-play, the evaluator and the reanalyser "
+    training_steps: int = opt(10_000, ">= 1", "total learner steps (batches); the run ends there")
+    batch_size: int = opt(128, ">= 1", "positions per training batch")
+    optimizer: str = opt("adam", ("adam", "sgd"), '"adam" or "sgd"')
+    momentum: float = opt(0.9, "[0, 1]", "sgd only")
+    lr_init: float = opt(0.02, "> 0", "initial learning rate")
+    lr_decay_rate: float = opt(0.8, "(0, 1]", "exponential: lr = lr_init * rate ** (step / lr_decay_steps); 1: constant")
+    lr_decay_steps: int = opt(1000, ">= 1", "training steps per factor lr_decay_rate")
+    weight_decay: float = opt(1e-4, ">= 0", "L2 weight regularisation")
+    grad_clip: float | None = opt(None, "> 0", "max global gradient norm; null: off")
+    publish_interval: int = opt(10, ">= 1", "publish the weights to self-play, the evaluator and the reanalyser "
                                  "every N training steps (checkpoint.pt: runtime.checkpoint_interval_s)")
-    samples_per_insert: float | None = _opt(None, "> 0", "training samples per stored step; null: off")
-    samples_per_insert_tolerance: float = _opt(0.2, ">= 0", "relative slack before a side waits")
-    min_buffer_steps: int = _opt(500, ">= 1", "stored steps before learning starts")
-    symmetry_augmentation: bool = _opt(False, None, "train each sampled position through a random board symmetry "
-                                       "the env declares (env.unwrapped.symmetries(); MuZero, no stacking)")
-    ema_decay: float | None = _opt(None, "(0, 1)", "act, evaluate and checkpoint with an exponential moving average "
+    samples_per_insert: float | None = opt(None, "> 0", "training samples per stored step; null: off")
+    samples_per_insert_tolerance: float = opt(0.2, ">= 0", "relative slack before a side waits")
+    min_buffer_steps: int = opt(500, ">= 1", "stored steps before learning starts")
+    ema_decay: float | None = opt(None, "(0, 1)", "act, evaluate and checkpoint with an exponential moving average "
                                    "of the trained weights, this decay per training step; null: the weights as trained")
-    priority_update: str = _opt("sampled", ("sampled", "unrolled"), 'MuZero: new priorities after a step: "sampled" '
-                                '(|v - z| of each sampled position) or "unrolled" (of each of the K + 1 unrolled '
-                                'positions, as muzero-general)')
 
 
 @dataclass
 class RuntimeConfig:
     """Processes, devices, evaluation and stopping."""
 
-    workers: int = _opt(8, ">= 0", "self-play processes; 0: everything in one process, in turns")
-    envs_per_worker: int = _opt(8, ">= 1", "K environments searched together by each worker")
-    device: str = _opt("auto", ("auto", "cpu", "cuda"), 'learner device: "auto" (cuda when available), "cpu", "cuda"')
-    seed: int = _opt(0, f"[0, {MAX_SEED}]", "seed for numpy, torch and the envs; each process derives its own")
-    reanalyse: bool = _opt(True, None, "run the reanalyse process (use_last_model_value)")
-    reanalyse_batch_episodes: int = _opt(8, ">= 1", "episodes refreshed per reanalyse batch")
-    evaluation_interval_s: float = _opt(10.0, "> 0", "seconds between greedy evaluations")
-    evaluation_episodes: int = _opt(10, ">= 1", "greedy episodes whose mean return is reported; two-player envs: "
+    workers: int = opt(8, ">= 0", "self-play processes; 0: everything in one process, in turns")
+    envs_per_worker: int = opt(8, ">= 1", "K environments searched together by each worker")
+    device: str = opt("auto", ("auto", "cpu", "cuda"), 'learner device: "auto" (cuda when available), "cpu", "cuda"')
+    seed: int = opt(0, f"[0, {MAX_SEED}]", "seed for numpy, torch and the envs; each process derives its own")
+    evaluation_interval_s: float = opt(10.0, "> 0", "seconds between greedy evaluations")
+    evaluation_episodes: int = opt(10, ">= 1", "greedy episodes whose mean return is reported; two-player envs: "
                                     "games against each opponent of the env, half as first player, half as second")
-    solve_return: float | None = _opt(None, None, "stop when the mean greedy return reaches this (two-player envs: "
+    solve_return: float | None = opt(None, None, "stop when the mean greedy return reaches this (two-player envs: "
                                       "the mean score against the last, strongest opponent, win +1 / draw 0 / "
                                       "loss -1); null: never")
-    checkpoint_interval_s: float = _opt(60.0, "> 0", "seconds between checkpoint.pt writes")
-    max_worker_restarts: int = _opt(3, ">= 0", "restarts of a failing worker before the run stops")
-    time_limit_s: float | None = _opt(None, "> 0", "stop cleanly after this many seconds; null: no limit")
-    max_episodes: int | None = _opt(None, ">= 1", "stop cleanly after this many self-play episodes; null: no limit")
-    log_interval_s: float = _opt(5.0, "> 0", "compact progress line when stdout is not a terminal")
-    torch_threads: int = _opt(1, ">= 1", "torch threads per child process")
+    checkpoint_interval_s: float = opt(60.0, "> 0", "seconds between checkpoint.pt writes")
+    max_worker_restarts: int = opt(3, ">= 0", "restarts of a failing worker before the run stops")
+    time_limit_s: float | None = opt(None, "> 0", "stop cleanly after this many seconds; null: no limit")
+    max_episodes: int | None = opt(None, ">= 1", "stop cleanly after this many self-play episodes; null: no limit")
+    log_interval_s: float = opt(5.0, "> 0", "compact progress line when stdout is not a terminal")
+    torch_threads: int = opt(1, ">= 1", "torch threads per child process")
 
 
-@dataclass
-class DQNConfig:
-    """DQN (algorithm "dqn"): acting, targets and the Q-network head. The network widths
-    are network.hidden; optimizer, lr, batch, clipping and rate control are training.*."""
+@dataclass(frozen=True)
+class Rule:
+    """A rule between keys of an algorithm's sections: ``check(config)`` returns None when
+    it holds, else what is wrong (``ConfigError`` names ``keys[0]`` and where the first of
+    ``keys`` that a flag or ``--set`` changed came from)."""
 
-    n_step: int = _opt(3, ">= 1", "n of the n-step return R = sum_{i<n} gamma^i r_{t+1+i} (1: one-step DQN)")
-    gamma: float = _opt(0.99, "(0, 1]", "discount of the n-step return and of the bootstrap")
-    double: bool = _opt(True, None, "double DQN: the online net picks the next action, the target net values it")
-    dueling: bool = _opt(False, None, "dueling head: Q = V + A - mean(A)")
-    loss: str = _opt("huber", ("huber", "mse"), '"huber" (smooth L1, delta 1) or "mse" (squared TD error)')
-    target_update: str = _opt("hard", ("hard", "soft"), '"hard": copy every target_update_interval steps; "soft": Polyak tau each step')
-    target_update_interval: int = _opt(100, ">= 1", "hard updates: training steps between target-network copies")
-    tau: float = _opt(0.005, "(0, 1]", "soft updates: target = tau * online + (1 - tau) * target, each step")
-    grad_clip_value: float | None = _opt(None, "> 0", "clamp each gradient element to [-v, v] (easy-rl's PER-DQN notebook: clamp_(-1, 1)); null: off")
-    exploration: str = _opt("apex", ("apex", "decay"), '"apex": a constant epsilon per actor; "decay": one exponential schedule')
-    apex_epsilon: float = _opt(0.4, "[0, 1]", "apex: eps_i = apex_epsilon ** (1 + i * apex_alpha / (N - 1)), actor i of N")
-    apex_alpha: float = _opt(7.0, ">= 0", "apex: exponent spread of the per-actor epsilons")
-    epsilon_start: float = _opt(1.0, "[0, 1]", "decay: epsilon at the first step")
-    epsilon_end: float = _opt(0.05, "[0, 1]", "decay: epsilon it decays to")
-    epsilon_decay: float = _opt(10_000.0, "> 0", "decay: eps = end + (start - end) * exp(-steps / decay), steps of each worker")
-    initial_priority: str = _opt("td", ("td", "max"), '"td": |TD error| from the actor\'s own weights (Ape-X); "max": replay.initial_priority')
-    priority_clip: float | None = _opt(None, "> 0", "raw priorities |TD| clipped to at most this (easy-rl's notebook: abs_err_upper); null: off")
+    keys: tuple[str, ...]
+    check: Callable[[Any], str | None]
+
+
+@dataclass(frozen=True)
+class AlgorithmConfig:
+    """The config sections an algorithm owns (section name -> dataclass built like the
+    shared ones, with :func:`opt` fields) and the rules between their keys."""
+
+    sections: Mapping[str, type]
+    rules: tuple[Rule, ...] = ()
 
 
 @dataclass
 class Config:
-    """A whole run: the algorithm and one object per section."""
+    """A whole run: the algorithm, one object per shared section and, in ``sections``, the
+    algorithm's own sections by name; ``config.mcts`` reads ``config.sections["mcts"]``."""
 
-    algorithm: str = _opt("muzero", ("muzero", "dqn"), '"muzero" or "dqn" (sections mcts and reanalyse: muzero only; dqn: dqn only)')
+    algorithm: str = opt("muzero", None, "the algorithm to train; its own sections are the other keys of the file")
     env: EnvConfig = field(default_factory=EnvConfig)
-    network: NetworkConfig = field(default_factory=NetworkConfig)
-    mcts: MCTSConfig = field(default_factory=MCTSConfig)
-    dqn: DQNConfig = field(default_factory=DQNConfig)
     replay: ReplayConfig = field(default_factory=ReplayConfig)
     training: TrainingConfig = field(default_factory=TrainingConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    sections: dict = field(default_factory=dict, metadata={"algorithm_sections": True})
+
+    def __getattr__(self, name: str):
+        # Called only for names that are not attributes: an algorithm's section.
+        sections = self.__dict__.get("sections")
+        if sections is not None and name in sections:
+            return sections[name]
+        raise AttributeError(f"{type(self).__name__} of algorithm {self.__dict__.get('algorithm')!r} "
+                             f"has no section {name!r}")  # fmt: skip
 
 
 # (key, "<=", other key): checked after every field is valid; also listed by describe_config.
@@ -451,12 +422,14 @@ def _default_of(f: dataclasses.Field):
 
 
 @functools.cache
-def section_specs(cls) -> dict[str, FieldSpec]:
+def section_specs(cls, name: str | None = None) -> dict[str, FieldSpec]:
+    """The keys of one section (``cls``, called ``name`` in the file), or of the top
+    level (``cls`` is :class:`Config`, ``name`` None)."""
     hints = get_type_hints(cls)
-    prefix = "" if cls is Config else _SECTION_OF[cls] + "."
+    prefix = "" if name is None else name + "."
     out = {}
     for f in dataclasses.fields(cls):
-        if dataclasses.is_dataclass(hints[f.name]):
+        if dataclasses.is_dataclass(hints[f.name]) or f.metadata.get("algorithm_sections"):
             continue
         allowed = f.metadata["allowed"]
         if isinstance(allowed, str):
@@ -466,25 +439,60 @@ def section_specs(cls) -> dict[str, FieldSpec]:
     return out
 
 
-def _sections() -> dict[str, type]:
+def _shared_sections() -> dict[str, type]:
     hints = get_type_hints(Config)
     return {f.name: hints[f.name] for f in dataclasses.fields(Config) if dataclasses.is_dataclass(hints[f.name])}
 
 
-_SECTIONS: dict[str, type] = _sections()
-_SECTION_OF: dict[type, str] = {cls: name for name, cls in _SECTIONS.items()}
+SHARED_SECTIONS: dict[str, type] = _shared_sections()
 
 
-def field_specs() -> list[FieldSpec]:
-    """Every key of a config, in declaration order (top-level keys first)."""
-    out = list(section_specs(Config).values())
-    for cls in _SECTIONS.values():
-        out.extend(section_specs(cls).values())
+class _Schema:
+    """What a file may hold: the top-level keys, the shared sections and the sections of
+    ``algorithm`` (one of ``algorithms``); ``owner`` names the algorithm of every other
+    algorithm's section, for the error that says whose it is."""
+
+    def __init__(self, algorithms: Mapping[str, AlgorithmConfig], algorithm: str):
+        self.algorithms, self.algorithm = algorithms, algorithm
+        own = algorithms[algorithm].sections
+        clash = set(own) & (set(SHARED_SECTIONS) | set(section_specs(Config)))
+        if clash:
+            raise ValueError(f"algorithm {algorithm!r} defines sections that exist already: {sorted(clash)}")
+        self.sections: dict[str, type] = {**SHARED_SECTIONS, **own}
+        self.owner = {sec: name for name, a in algorithms.items() for sec in a.sections if sec not in own}
+        self.top = _top_specs(algorithms)
+
+    def specs(self, section: str) -> dict[str, FieldSpec]:
+        return section_specs(self.sections[section], section)
+
+    def all_keys(self) -> list[str]:
+        """Every key of every algorithm (for "did you mean" across sections)."""
+        keys = list(self.top)
+        for name, cls in SHARED_SECTIONS.items():
+            keys += [s.key for s in section_specs(cls, name).values()]
+        for a in self.algorithms.values():
+            for name, cls in a.sections.items():
+                keys += [s.key for s in section_specs(cls, name).values()]
+        return keys
+
+
+def _top_specs(algorithms: Mapping[str, AlgorithmConfig]) -> dict[str, FieldSpec]:
+    """The top-level keys; ``algorithm`` allows the names of ``algorithms``."""
+    top = dict(section_specs(Config))
+    top["algorithm"] = dataclasses.replace(top["algorithm"], allowed=tuple(algorithms))
+    return top
+
+
+def field_specs(algorithms: Mapping[str, AlgorithmConfig]) -> list[FieldSpec]:
+    """Every key of a config, in declaration order: top-level keys, the shared sections,
+    then each algorithm's sections."""
+    out = list(_top_specs(algorithms).values())
+    for name, cls in SHARED_SECTIONS.items():
+        out.extend(section_specs(cls, name).values())
+    for a in algorithms.values():
+        for name, cls in a.sections.items():
+            out.extend(section_specs(cls, name).values())
     return out
-
-
-def _all_keys() -> list[str]:
-    return [s.key for s in field_specs()]
 
 
 # ---- validation -------------------------------------------------------------------------------
@@ -506,30 +514,47 @@ def _pairs_hook(pairs):
     return obj
 
 
-# Keys that had another name: an old name is an error that names the new one.
-RENAMED = {"training.checkpoint_interval": "training.publish_interval"}
+# Keys that had another name or moved to an algorithm's section: an old name is an error
+# that names the new one.
+RENAMED = {
+    "training.checkpoint_interval": ("training.publish_interval", "same meaning"),
+    **{f"training.{k}": (f"muzero.{k}", "same meaning") for k in (
+        "num_unroll_steps", "td_steps", "stacked_observations", "value_loss_weight", "symmetry_augmentation",
+        "priority_update")},
+    "runtime.reanalyse": ("reanalyse.enabled", "same meaning"),
+    "runtime.reanalyse_batch_episodes": ("reanalyse.batch_episodes", "same meaning"),
+    "dqn.initial_priority": ("replay.initial_priority", '"td" is now "actor"'),
+}  # fmt: skip
 
 
-def _unknown_key(source: str, key: str, section: str | None, known: Iterable[str]) -> ConfigError:
-    """``unknown key`` with a did-you-mean from the same section, else from any section."""
+def _unknown_key(source: str, key: str, section: str | None, known: Iterable[str], schema: _Schema) -> ConfigError:
+    """``unknown key`` with a did-you-mean from the same section, else from any section;
+    a section of another algorithm says whose it is."""
     dotted = f"{section}.{key}" if section else key
     if dotted in RENAMED:
-        return ConfigError(f"{source}: {dotted}: renamed to {RENAMED[dotted]} (same meaning)")
+        new, note = RENAMED[dotted]
+        return ConfigError(f"{source}: {dotted}: renamed to {new} ({note})")
+    if section is None and key in schema.owner:
+        return ConfigError(f'{source}: {key}: a section of algorithm "{schema.owner[key]}", not of '
+                           f'"{schema.algorithm}" (whose sections are '
+                           f'{", ".join(schema.sections)})')  # fmt: skip
     known = list(known)
+    all_keys = schema.all_keys()
     close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
     if close:
         hint = f"did you mean {section + '.' if section else ''}{close[0]}?"
     else:
-        elsewhere = [k for k in _all_keys() if k.rsplit(".", 1)[-1] == key]
+        elsewhere = [k for k in all_keys if k.rsplit(".", 1)[-1] == key]
         if not elsewhere:
-            elsewhere = difflib.get_close_matches(key, [k.rsplit(".", 1)[-1] for k in _all_keys()], n=1, cutoff=0.75)
-            elsewhere = [k for k in _all_keys() if elsewhere and k.rsplit(".", 1)[-1] == elsewhere[0]]
-        if elsewhere:
-            hint = f"did you mean {elsewhere[0]}?"
+            elsewhere = difflib.get_close_matches(key, [k.rsplit(".", 1)[-1] for k in all_keys], n=1, cutoff=0.75)
+            elsewhere = [k for k in all_keys if elsewhere and k.rsplit(".", 1)[-1] == elsewhere[0]]
+        own = [k for k in elsewhere if k.split(".")[0] in schema.sections or "." not in k]
+        if own or elsewhere:
+            hint = f"did you mean {(own or elsewhere)[0]}?"
         else:
             hint = f"allowed in {section}: " if section else "allowed at the top level: "
             hint += ", ".join(known)
-    what = "unknown section" if section is None and close and close[0] in _SECTIONS else "unknown key"
+    what = "unknown section" if section is None and close and close[0] in schema.sections else "unknown key"
     return ConfigError(f"{source}: {dotted}: {what} ({hint})")
 
 
@@ -598,21 +623,20 @@ class _Sources:
         return self.file
 
 
-def _check_structure(data: Any, source: str) -> None:
+def _check_structure(data: Any, source: str, schema: _Schema) -> None:
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: expected a JSON object at the top level, got {_json_kind(data)}")
     if getattr(data, "duplicates", None):
         raise ConfigError(f"{source}: {data.duplicates[0]}: duplicate key")
-    top = section_specs(Config)
-    known = list(top) + list(_SECTIONS)
+    known = list(schema.top) + list(schema.sections)
     for key, value in data.items():
-        if key in _SECTIONS:
+        if key in schema.sections:
             if not isinstance(value, dict):
                 raise ConfigError(f"{source}: {key}: expected an object (a section of keys), got {_show(value)}")
             if getattr(value, "duplicates", None):
                 raise ConfigError(f"{source}: {key}.{value.duplicates[0]}: duplicate key")
-        elif key not in top:
-            raise _unknown_key(source, key, None, known)
+        elif key not in schema.top:
+            raise _unknown_key(source, key, None, known, schema)
 
 
 def _json_kind(v: Any) -> str:
@@ -641,30 +665,33 @@ def _parse_set(text: str) -> tuple[str, Any]:
     return key, value
 
 
-def _apply_override(data: dict, key: str, value: Any, label: str, sources: _Sources) -> None:
+def _apply_override(data: dict, key: str, value: Any, label: str, sources: _Sources, schema: _Schema) -> None:
     parts = key.split(".")
-    top = section_specs(Config)
+    top = schema.top
     if any(not p for p in parts):
         raise ConfigError(f"{label}: {key}: expected section.key=value, e.g. --set training.batch_size=64")
     head = parts[0]
     if len(parts) == 1:
-        if head in _SECTIONS:
-            raise ConfigError(f"{label}: {key}: is a section; set one of its keys, e.g. --set {key}.{next(iter(section_specs(_SECTIONS[key])))}=...")
+        if head in schema.sections:
+            first = next(iter(schema.specs(head)))
+            raise ConfigError(f"{label}: {key}: is a section; set one of its keys, e.g. --set {key}.{first}=...")
         if head not in top:
-            raise _unknown_key(label, head, None, list(top) + list(_SECTIONS))
+            raise _unknown_key(label, head, None, list(top) + list(schema.sections), schema)
         data[head] = value
         sources.by_key[head] = label
         return
-    if head not in _SECTIONS:
+    if head not in schema.sections:
         if head in top:
             raise ConfigError(f"{label}: {key}: {head} is not a section")
-        close = difflib.get_close_matches(head, list(_SECTIONS), n=1, cutoff=0.6)
-        hint = f"did you mean {close[0]}?" if close else "sections: " + ", ".join(_SECTIONS)
+        if head in schema.owner:
+            raise _unknown_key(label, head, None, schema.sections, schema)
+        close = difflib.get_close_matches(head, list(schema.sections), n=1, cutoff=0.6)
+        hint = f"did you mean {close[0]}?" if close else "sections: " + ", ".join(schema.sections)
         raise ConfigError(f"{label}: {head}: unknown section ({hint})")
-    specs = section_specs(_SECTIONS[head])
+    specs = schema.specs(head)
     name = parts[1]
     if name not in specs:
-        raise _unknown_key(label, name, head, specs)
+        raise _unknown_key(label, name, head, specs, schema)
     section = data.setdefault(head, {})
     dotted = f"{head}.{name}"
     if len(parts) > 2:  # into an object-valued key, e.g. env.kwargs.render_mode=rgb_array
@@ -692,18 +719,27 @@ def _cuda_available() -> bool:
     return bool(torch.cuda.is_available())
 
 
-def _build(cls, raw: Mapping, sources: _Sources):
-    specs = section_specs(cls)
+def _build_section(cls, name: str, raw: Mapping, sources: _Sources, schema: _Schema):
+    specs = section_specs(cls, name)
     kwargs = {}
     for key, value in raw.items():
-        if key in _SECTIONS and cls is Config:
-            kwargs[key] = _build(_SECTIONS[key], value, sources)
-            continue
-        if key not in specs:  # sections were checked by _check_structure; this is a section key
-            section = _SECTION_OF[cls]
-            raise _unknown_key(sources(f"{section}.{key}"), key, section, specs)
+        if key not in specs:
+            raise _unknown_key(sources(f"{name}.{key}"), key, name, specs, schema)
         kwargs[key] = _check_value(specs[key], value, sources(specs[key].key))
     return cls(**kwargs)
+
+
+def _build(raw: Mapping, sources: _Sources, schema: _Schema) -> Config:
+    kwargs = {}
+    for key, value in raw.items():
+        if key in SHARED_SECTIONS:
+            kwargs[key] = _build_section(SHARED_SECTIONS[key], key, value, sources, schema)
+        elif key in schema.top:
+            kwargs[key] = _check_value(schema.top[key], value, sources(key))
+    own = schema.algorithms[schema.algorithm].sections
+    kwargs["sections"] = {name: _build_section(cls, name, raw.get(name, {}), sources, schema)
+                          for name, cls in own.items()}  # fmt: skip
+    return Config(**kwargs)
 
 
 def _get(config: Config, dotted: str):
@@ -713,12 +749,27 @@ def _get(config: Config, dotted: str):
     return obj
 
 
-def _check_cross(config: Config, sources: _Sources) -> None:
+def _check_cross(config: Config, sources: _Sources, schema: _Schema) -> None:
     for a, op, b in CROSS_RULES:
         va, vb = _get(config, a), _get(config, b)
         assert op == "<="
         if va > vb:
             raise ConfigError(f"{sources(a, b)}: {a}: must be <= {b} ({_show(vb)}), got {_show(va)}")
+    for rule in schema.algorithms[config.algorithm].rules:
+        problem = rule.check(config)
+        if problem:
+            raise ConfigError(f"{sources(*rule.keys)}: {rule.keys[0]}: {problem}")
+
+
+def _algorithm_of(data: Mapping, overrides: list[tuple[str, Any, str]], source: str,
+                  algorithms: Mapping[str, AlgorithmConfig]) -> str:  # fmt: skip
+    """The algorithm the file (or the last override or flag that sets it) names, checked:
+    it decides which sections the rest of the file may hold."""
+    label, value = source, data.get("algorithm", section_specs(Config)["algorithm"].default)
+    for key, v, lab in overrides:
+        if key == "algorithm":
+            label, value = lab, v
+    return _check_value(_top_specs(algorithms)["algorithm"], value, label)
 
 
 def config_from_dict(
@@ -726,6 +777,7 @@ def config_from_dict(
     source: str = "<config>",
     overrides: Iterable[str] = (),
     *,
+    algorithms: Mapping[str, AlgorithmConfig],
     flags: Iterable[tuple[str, str, Any]] = (),
     check_env: bool = True,
     check_device: bool = True,
@@ -733,27 +785,30 @@ def config_from_dict(
 ) -> Config:
     """Validate a parsed JSON object into a :class:`Config`.
 
-    ``overrides`` are ``"section.key=value"`` strings (``--set``); ``flags`` are
-    ``(label, dotted key, value)`` triples for command-line flags (applied last, so a flag
-    wins over ``--set`` and the file). Missing keys take their defaults. Raises
-    :class:`ConfigError` naming ``source`` (or the override/flag that set the bad value).
+    ``algorithms``: each algorithm's :class:`AlgorithmConfig` by name (what
+    ``mpper.algos.registry`` binds). ``overrides`` are ``"section.key=value"`` strings
+    (``--set``); ``flags`` are ``(label, dotted key, value)`` triples for command-line
+    flags (applied last, so a flag wins over ``--set`` and the file). Missing keys take
+    their defaults. Raises :class:`ConfigError` naming ``source`` (or the override/flag
+    that set the bad value).
 
     ``env_factory_from_file=False``: ``data`` did not come from the user (a run
     directory's ``config.json``), so an ``env.id`` of the form ``module:callable`` is
     refused unless an override or flag set it; see :func:`load_run_config`.
     """
     sources = _Sources(source)
-    _check_structure(data, source)
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: expected a JSON object at the top level, got {_json_kind(data)}")
+    changes = [(*_parse_set(text), f"--set {text}") for text in overrides]
+    changes += [(key, value, label) for label, key, value in flags]
+    schema = _Schema(algorithms, _algorithm_of(data, changes, source, algorithms))
+    _check_structure(data, source, schema)
     data = copy.deepcopy(data)
-    for text in overrides:
-        key, value = _parse_set(text)
-        _apply_override(data, key, value, f"--set {text}", sources)
-    for label, key, value in flags:
-        _apply_override(data, key, value, label, sources)
+    for key, value, label in changes:
+        _apply_override(data, key, value, label, sources, schema)
     # top-level and section duplicates were checked above; build checks every key
-    config = _build(Config, data, sources)
-    _check_cross(config, sources)
-    _check_algorithm(config, sources)
+    config = _build(data, sources, schema)
+    _check_cross(config, sources, schema)
     if check_device and config.runtime.device == "cuda" and not _cuda_available():
         raise ConfigError(
             f'{sources("runtime.device")}: runtime.device: "cuda" but torch.cuda.is_available() is false on this '
@@ -764,23 +819,9 @@ def config_from_dict(
     return config
 
 
-def _check_algorithm(config: Config, sources: _Sources) -> None:
-    """Keys that only one algorithm supports, or that need another key's setting."""
-    t = config.training
-    if t.symmetry_augmentation and (config.algorithm != "muzero" or t.stacked_observations != 0):
-        raise ConfigError(f'{sources("training.symmetry_augmentation")}: training.symmetry_augmentation: needs '
-                          f'algorithm "muzero" and training.stacked_observations 0 (stacked action planes are '
-                          f'not transformed), got algorithm {_show(config.algorithm)} and stacked_observations '
-                          f'{t.stacked_observations}')  # fmt: skip
-    if config.algorithm != "dqn":
-        return
-    if config.network.kind != "fc":
-        raise ConfigError(f'{sources("network.kind")}: network.kind: algorithm "dqn" uses an MLP Q-network, '
-                          f'expected "fc", got {_show(config.network.kind)}')  # fmt: skip
-    if config.training.stacked_observations != 0:
-        raise ConfigError(f'{sources("training.stacked_observations")}: training.stacked_observations: '
-                          f'algorithm "dqn" does not stack observations, expected 0, '
-                          f'got {config.training.stacked_observations}')  # fmt: skip
+def default_config(algorithm: str, algorithms: Mapping[str, AlgorithmConfig]) -> Config:
+    """Every key at its default, for ``algorithm``."""
+    return config_from_dict({"algorithm": algorithm}, algorithms=algorithms, check_env=False, check_device=False)
 
 
 def is_env_factory(env_id: str) -> bool:
@@ -802,7 +843,7 @@ def _check_env_late(config: Config, sources: _Sources, env_factory_from_file: bo
             f"config.json may only name a registered gymnasium id. If that code is yours and you trust it, "
             f"name it yourself: --set env.id={config.env.id}"
         )
-    spec = section_specs(EnvConfig)["id"]
+    spec = section_specs(EnvConfig, "env")["id"]
     _check_value(spec, config.env.id, source, late=True)
 
 
@@ -815,6 +856,7 @@ def load_config(
     seed: int | None = None,
     training_steps: int | None = None,
     time_limit_s: float | None = None,
+    algorithms: Mapping[str, AlgorithmConfig],
     check_env: bool = True,
     check_device: bool = True,
     env_factory_from_file: bool = True,
@@ -856,8 +898,8 @@ def load_config(
         )
         if value is not None
     ]
-    return config_from_dict(data, label, overrides, flags=flags, check_env=check_env, check_device=check_device,
-                            env_factory_from_file=env_factory_from_file)  # fmt: skip
+    return config_from_dict(data, label, overrides, algorithms=algorithms, flags=flags, check_env=check_env,
+                            check_device=check_device, env_factory_from_file=env_factory_from_file)  # fmt: skip
 
 
 def load_run_config(run_dir: str | Path, overrides: Iterable[str] = (), **flags) -> Config:
@@ -871,8 +913,17 @@ def load_run_config(run_dir: str | Path, overrides: Iterable[str] = (), **flags)
 
 
 def config_to_dict(config: Config) -> dict:
-    """Plain JSON-ready dict of every key (the resolved ``config.json`` of a run)."""
-    return dataclasses.asdict(config)
+    """Plain JSON-ready dict of every key (the resolved ``config.json`` of a run): the
+    top-level keys, ``env``, the algorithm's sections, then the other shared sections."""
+    out = {f.name: getattr(config, f.name) for f in dataclasses.fields(Config)
+           if not dataclasses.is_dataclass(getattr(config, f.name)) and not f.metadata.get("algorithm_sections")}
+    out["env"] = dataclasses.asdict(config.env)
+    for name, section in config.sections.items():
+        out[name] = dataclasses.asdict(section)
+    for name in SHARED_SECTIONS:
+        if name != "env":
+            out[name] = dataclasses.asdict(getattr(config, name))
+    return copy.deepcopy(out)
 
 
 # ---- documentation ----------------------------------------------------------------------------
@@ -882,16 +933,22 @@ def _default_text(v: Any) -> str:
     return json.dumps(v)
 
 
-def describe_config(markdown: bool = False) -> str:
+def describe_config(algorithms: Mapping[str, AlgorithmConfig], markdown: bool = False) -> str:
     """Every key with its type, default, allowed values and description: plain text for
-    ``--help-config``, or a Markdown table (``markdown=True``)."""
-    specs = field_specs()
+    ``--help-config``, or a Markdown table (``markdown=True``). The sections of an
+    algorithm are marked with its name."""
+    specs = field_specs(algorithms)
+    owner = {sec: name for name, a in algorithms.items() for sec in a.sections}
+    docs = {**SHARED_SECTIONS, **{sec: cls for a in algorithms.values() for sec, cls in a.sections.items()}}
     rows = [(s.key, s.type_name, _default_text(s.default), s.allowed_text, s.doc) for s in specs]
     rules = [f"{a} {op} {b}" for a, op, b in CROSS_RULES]
     if markdown:
         lines = ["| key | type | default | allowed | description |", "|---|---|---|---|---|"]
-        for row in rows:
-            lines.append("| " + " | ".join(c.replace("|", "\\|") for c in (f"`{row[0]}`", *row[1:3], *row[3:])) + " |")
+        for spec, row in zip(specs, rows):
+            sec = spec.key.split(".")[0]
+            doc = f"({owner[sec]} only) {row[4]}" if sec in owner and "." in spec.key else row[4]
+            cells = (f"`{row[0]}`", row[1], row[2], row[3], doc)
+            lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
         lines.append("")
         lines.append("Rules between keys: " + "; ".join(f"`{r}`" for r in rules) + ".")
         return "\n".join(lines)
@@ -903,6 +960,7 @@ def describe_config(markdown: bool = False) -> str:
 
     lines = [
         "Config keys (JSON: top-level keys, then one object per section). Missing keys take the default.",
+        "env, replay, training and runtime are shared; the other sections belong to one algorithm each.",
         "Override any key with --set section.key=value (value parsed as JSON, else as a string).",
         "",
         fmt(head),
@@ -913,7 +971,8 @@ def describe_config(markdown: bool = False) -> str:
         if sec != section:
             section = sec
             lines.append("")
-            lines.append(f"[{sec}] {_SECTIONS[sec].__doc__.strip()}")
+            whose = f" (algorithm {owner[sec]})" if sec in owner else ""
+            lines.append(f"[{sec}]{whose} {docs[sec].__doc__.strip()}")
         lines.append(fmt(row))
     lines.append("")
     lines.append("Rules between keys: " + "; ".join(rules) + ".")

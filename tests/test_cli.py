@@ -16,8 +16,9 @@ import pytest
 
 from mpper import cli
 from mpper import config as cfg
+from mpper.algos.configs import field_specs, load_config
 from mpper.algos.registry import algorithm_of
-from mpper.config import config_to_dict, field_specs, load_config
+from mpper.config import config_to_dict
 
 ROOT = Path(__file__).resolve().parents[1]
 CARTPOLE = ROOT / "configs" / "cartpole.json"
@@ -72,7 +73,10 @@ MISTAKES = [
     ("unknown-key", _set("training", "batch_sise", 64), [],
      ["{cfg}: training.batch_sise: unknown key", "did you mean training.batch_size?"]),
     ("unknown-section", _top("trainig", {}), [], ["{cfg}: trainig: unknown section", "did you mean training?"]),
-    ("key-in-wrong-section", _set("mcts", "td_steps", 5), [], ["{cfg}: mcts.td_steps", "did you mean training.td_steps?"]),
+    ("key-in-wrong-section", _set("mcts", "td_steps", 5), [], ["{cfg}: mcts.td_steps", "did you mean muzero.td_steps?"]),
+    ("key-moved-to-algorithm-section", _set("training", "td_steps", 5), [],
+     ["{cfg}: training.td_steps: renamed to muzero.td_steps (same meaning)"]),
+    ("section-of-another-algorithm", _top("dqn", {}), [], ['{cfg}: dqn: a section of algorithm "dqn", not of "muzero"']),
     ("unknown-top-level-key", _top("seed", 1), [], ["{cfg}: seed: unknown key", "did you mean runtime.seed?"]),
     ("string-for-int", _set("training", "batch_size", "128"), [], ['{cfg}: training.batch_size: expected an integer >= 1, got "128"']),
     ("bool-for-int", _set("runtime", "workers", True), [], ["{cfg}: runtime.workers: expected an integer >= 0, got true"]),
@@ -87,7 +91,7 @@ MISTAKES = [
      ["{cfg}: training.batch_size: must be <= training.min_buffer_steps (500), got 1000"]),
     ("min-buffer-over-capacity", _set("replay", "capacity", 300), [],
      ["{cfg}: training.min_buffer_steps: must be <= replay.capacity (300), got 500"]),
-    ("td-steps-zero", _set("training", "td_steps", 0), [], ["{cfg}: training.td_steps: expected an integer >= 1, got 0"]),
+    ("td-steps-zero", _set("muzero", "td_steps", 0), [], ["{cfg}: muzero.td_steps: expected an integer >= 1, got 0"]),
     ("probability-over-1", _set("mcts", "root_exploration_fraction", 1.5), [],
      ["{cfg}: mcts.root_exploration_fraction: expected a number in [0, 1], got 1.5"]),
     ("discount-zero", _set("mcts", "discount", 0), [], ["{cfg}: mcts.discount: expected a number in (0, 1], got 0"]),
@@ -115,7 +119,7 @@ MISTAKES = [
      ["{cfg}: mcts.temperature_schedule[1][0]: expected a fraction of training in [0, 1], got 1.5"]),
     ("hidden-zero-width", _set("network", "hidden", [16, 0]), [], ["{cfg}: network.hidden[1]: expected an integer >= 1, got 0"]),
     ("hidden-not-a-list", _set("network", "hidden", 16), [], ["{cfg}: network.hidden: expected a list of integers >= 1, got 16"]),
-    ("initial-priority", _set("replay", "initial_priority", "min"), [], ['{cfg}: replay.initial_priority: expected "max" or a number >= 0']),
+    ("initial-priority", _set("replay", "initial_priority", "min"), [], ['{cfg}: replay.initial_priority: expected "actor", "max" or a number >= 0']),
     ("section-not-object", _top("training", [1, 2]), [], ["{cfg}: training: expected an object (a section of keys), got [1, 2]"]),
     ("top-level-not-object", "[1, 2, 3]", [], ["{cfg}: expected a JSON object at the top level, got a list"]),
     ("missing-file", "MISSING", [], ["{cfg}: no such file"]),
@@ -125,7 +129,7 @@ MISTAKES = [
     ("set-unknown-key", None, ["--set", "training.batchsize=64"],
      ["--set training.batchsize=64: training.batchsize: unknown key", "did you mean training.batch_size?"]),
     ("set-no-equals", None, ["--set", "training.batch_size"], ["--set training.batch_size: expected section.key=value"]),
-    ("set-wrong-type", None, ["--set", "runtime.reanalyse=maybe"], ['--set runtime.reanalyse=maybe: runtime.reanalyse: expected true or false, got "maybe"']),
+    ("set-wrong-type", None, ["--set", "reanalyse.enabled=maybe"], ['--set reanalyse.enabled=maybe: reanalyse.enabled: expected true or false, got "maybe"']),
     ("set-out-of-range", None, ["--set", "mcts.discount=1.5"], ["--set mcts.discount=1.5: mcts.discount: expected a number in (0, 1]"]),
     ("workers-flag-negative", None, ["--workers", "-1"], ["--workers: runtime.workers: expected an integer >= 0, got -1"]),
     ("max-train-steps-zero", None, ["--max-train-steps", "0"], ["--max-train-steps: training.training_steps: expected an integer >= 1, got 0"]),

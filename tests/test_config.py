@@ -10,18 +10,14 @@ from pathlib import Path
 import pytest
 
 from mpper import config as cfg
-from mpper.config import (
-    Config,
-    ConfigError,
-    config_from_dict,
-    config_to_dict,
-    describe_config,
-    field_specs,
-    load_config,
-)
+from mpper.algos.configs import ALGORITHM_CONFIGS, config_from_dict, describe_config, field_specs, load_config
+from mpper.algos.dqn.config import DQNConfig
+from mpper.algos.muzero.config import MCTSConfig, MuZeroConfig, NetworkConfig, ReanalyseConfig
+from mpper.config import SHARED_SECTIONS, Config, ConfigError, config_to_dict
 
 ROOT = Path(__file__).resolve().parents[1]
 CARTPOLE = ROOT / "configs" / "cartpole.json"
+CARTPOLE_DQN = ROOT / "configs" / "cartpole_dqn.json"
 
 
 def write(tmp_path: Path, data, name: str = "c.json") -> Path:
@@ -41,31 +37,111 @@ def error_of(data, overrides=(), **kw) -> str:
 # ---- defaults and the shipped config ----------------------------------------------------------
 
 
-def test_empty_object_gives_the_defaults():
-    assert config_from_dict({}) == Config()
+MUZERO_DEFAULTS = Config(sections={"network": NetworkConfig(), "mcts": MCTSConfig(), "muzero": MuZeroConfig(),
+                                    "reanalyse": ReanalyseConfig()})  # fmt: skip
+DQN_DEFAULTS = Config(algorithm="dqn", sections={"dqn": DQNConfig()})
+
+
+def test_empty_object_gives_the_defaults_of_the_algorithm_and_only_its_sections():
+    assert config_from_dict({}) == MUZERO_DEFAULTS
+    assert config_from_dict({"algorithm": "dqn"}) == DQN_DEFAULTS
+    assert config_from_dict({}, "x.json", ["algorithm=dqn"]) == DQN_DEFAULTS
 
 
 def test_every_field_has_a_description_and_its_default_passes_its_own_checks():
     specs = field_specs()
-    sections = ("env", "network", "mcts", "dqn", "replay", "training", "runtime")
-    n_fields = len(dataclasses.fields(Config)) - len(sections) + sum(
-        len(dataclasses.fields(type(getattr(Config(), s)))) for s in sections
-    )
-    assert len(specs) == n_fields
+    classes = [*SHARED_SECTIONS.values(), *(c for a in ALGORITHM_CONFIGS.values() for c in a.sections.values())]
+    top = [f for f in dataclasses.fields(Config) if f.name == "algorithm"]
+    assert len(specs) == len(top) + sum(len(dataclasses.fields(c)) for c in classes)
     assert len({s.key for s in specs}) == len(specs)
     for spec in specs:
         assert spec.doc.strip(), spec.key
-    assert config_from_dict(config_to_dict(Config())) == Config()
+    for defaults in (MUZERO_DEFAULTS, DQN_DEFAULTS):
+        assert config_from_dict(config_to_dict(defaults)) == defaults
+
+
+def keys_of(path: Path) -> set[str]:
+    raw = json.loads(path.read_text())
+    keys = {k for k, v in raw.items() if not isinstance(v, dict)}
+    return keys | {f"{s}.{k}" for s, sec in raw.items() if isinstance(sec, dict) for k in sec}
+
+
+def keys_for(algorithm: str) -> set[str]:
+    """The top-level keys, the shared sections' and ``algorithm``'s own."""
+    own = set(SHARED_SECTIONS) | set(ALGORITHM_CONFIGS[algorithm].sections)
+    return {s.key for s in field_specs() if "." not in s.key or s.key.split(".")[0] in own}
 
 
 def test_cartpole_json_sets_every_key_explicitly_and_is_valid():
-    raw = json.loads(CARTPOLE.read_text())
-    keys = {k for k, v in raw.items() if not isinstance(v, dict)}
-    keys |= {f"{s}.{k}" for s, sec in raw.items() if isinstance(sec, dict) for k in sec}
-    assert keys == {s.key for s in field_specs() if not s.key.startswith("dqn.")}  # a MuZero config
+    assert keys_of(CARTPOLE) == keys_for("muzero")
     c = load_config(CARTPOLE)
     assert c.algorithm == "muzero" and c.env.id == "CartPole-v1" and c.network.kind == "fc"
     assert c.training.batch_size <= c.training.min_buffer_steps <= c.replay.capacity
+
+
+def test_a_dqn_config_holds_every_dqn_key_and_no_muzero_key():
+    assert keys_of(CARTPOLE_DQN) == keys_for("dqn")
+    muzero_only = keys_for("muzero") - keys_for("dqn")
+    assert muzero_only and not keys_of(CARTPOLE_DQN) & muzero_only
+    c = load_config(CARTPOLE_DQN)
+    assert list(c.sections) == ["dqn"] and list(config_to_dict(c)) == list(json.loads(CARTPOLE_DQN.read_text()))
+    with pytest.raises(AttributeError, match="Config of algorithm 'dqn' has no section 'mcts'"):
+        c.mcts  # noqa: B018
+
+
+@pytest.mark.parametrize("data,overrides,expected", [
+    ({"algorithm": "dqn", "mcts": {}}, [], 'x.json: mcts: a section of algorithm "muzero", not of "dqn" (whose '
+                                           'sections are env, replay, training, runtime, dqn)'),
+    ({"algorithm": "dqn"}, ["network.hidden=[8]"], '--set network.hidden=[8]: network: a section of algorithm '
+                                                   '"muzero", not of "dqn"'),
+    ({"mcts": {"num_simulations": 5}}, ["algorithm=dqn"], 'x.json: mcts: a section of algorithm "muzero"'),
+    ({"dqn": {}}, [], 'x.json: dqn: a section of algorithm "dqn", not of "muzero" (whose sections are env, replay, '
+                      'training, runtime, network, mcts, muzero, reanalyse)'),
+])  # fmt: skip
+def test_a_section_of_another_algorithm_names_its_owner(data, overrides, expected):
+    assert expected in error_of(data, overrides)
+
+
+@pytest.mark.parametrize("old,new", [
+    ("training.num_unroll_steps", "muzero.num_unroll_steps"), ("training.td_steps", "muzero.td_steps"),
+    ("training.stacked_observations", "muzero.stacked_observations"),
+    ("training.value_loss_weight", "muzero.value_loss_weight"),
+    ("training.symmetry_augmentation", "muzero.symmetry_augmentation"),
+    ("training.priority_update", "muzero.priority_update"), ("runtime.reanalyse", "reanalyse.enabled"),
+    ("runtime.reanalyse_batch_episodes", "reanalyse.batch_episodes"),
+])  # fmt: skip
+def test_a_key_that_moved_to_an_algorithm_section_names_its_new_place(old, new):
+    section, key = old.split(".")
+    assert error_of({section: {key: 1}}) == f"x.json: {old}: renamed to {new} (same meaning)"
+    assert error_of({}, [f"{old}=1"]) == f"--set {old}=1: {old}: renamed to {new} (same meaning)"
+
+
+def test_one_initial_priority_key_for_both_algorithms():
+    msg = error_of({"algorithm": "dqn", "dqn": {"initial_priority": "td"}})
+    assert msg == 'x.json: dqn.initial_priority: renamed to replay.initial_priority ("td" is now "actor")'
+    for algorithm in ("muzero", "dqn"):
+        assert config_from_dict({"algorithm": algorithm}).replay.initial_priority == "actor"
+        c = config_from_dict({"algorithm": algorithm, "replay": {"initial_priority": "max"}})
+        assert c.replay.initial_priority == c.replay.buffer_initial_priority == "max"
+    assert config_from_dict({}).replay.buffer_initial_priority == "max"  # "actor": every step comes with its own
+    assert 'expected "actor", "max" or a number >= 0, got "td"' in error_of({"replay": {"initial_priority": "td"}})
+
+
+def test_an_algorithm_rule_names_its_keys():
+    msg = error_of({"muzero": {"symmetry_augmentation": True, "stacked_observations": 2}})
+    assert msg == ("x.json: muzero.symmetry_augmentation: needs muzero.stacked_observations 0 (stacked action "
+                   "planes are not transformed), got 2")  # fmt: skip
+    msg = error_of({"muzero": {"symmetry_augmentation": True}}, ["muzero.stacked_observations=1"])
+    assert msg.startswith("--set muzero.stacked_observations=1: muzero.symmetry_augmentation: ")
+
+
+def test_a_config_copies_and_pickles_with_its_sections():
+    import copy
+    import pickle
+
+    c = load_config(CARTPOLE)
+    assert copy.deepcopy(c) == c and pickle.loads(pickle.dumps(c)) == c
+    assert pickle.loads(pickle.dumps(c)).mcts.num_simulations == c.mcts.num_simulations
 
 
 def test_resolved_config_round_trips_through_json(tmp_path):
@@ -93,7 +169,7 @@ def test_resolved_config_round_trips_through_json(tmp_path):
         ("mcts", "root_exploration_fraction", -0.1, "expected a number in [0, 1]"),
         ("replay", "capacity", 1, "expected an integer in [2, "),
         ("training", "grad_clip", 0, "expected a number > 0 or null, got 0"),
-        ("runtime", "reanalyse", 1, "expected true or false, got 1"),
+        ("reanalyse", "enabled", 1, "expected true or false, got 1"),
         ("env", "kwargs", [], "expected an object, got []"),
         ("env", "id", 5, "expected a registered gymnasium id"),
         ("runtime", "solve_return", "high", "expected a number or null"),
@@ -116,7 +192,8 @@ def test_wrong_types_and_out_of_range_values(section, key, value, fragment):
         ("replay", "initial_priority", "max", "max"),
         ("training", "grad_clip", None, None),
         ("runtime", "workers", 0, 0),
-        ("training", "num_unroll_steps", 0, 0),
+        ("muzero", "num_unroll_steps", 0, 0),
+        ("replay", "initial_priority", "actor", "actor"),
         ("network", "hidden", [], []),
     ],
 )
@@ -209,7 +286,7 @@ def test_cuda_check_uses_torch():
     [
         ({"training": {"batch_sise": 1}}, "x.json: training.batch_sise: unknown key (did you mean training.batch_size?)"),
         ({"trainig": {}}, "x.json: trainig: unknown section (did you mean training?)"),
-        ({"mcts": {"td_steps": 5}}, "x.json: mcts.td_steps: unknown key (did you mean training.td_steps?)"),
+        ({"mcts": {"td_steps": 5}}, "x.json: mcts.td_steps: unknown key (did you mean muzero.td_steps?)"),
         ({"batch_size": 5}, "x.json: batch_size: unknown key (did you mean training.batch_size?)"),
         ({"runtime": {"num_workers": 2}}, "x.json: runtime.num_workers: unknown key (did you mean runtime.workers?)"),
         ({"algorithm": "muzer"}, 'x.json: algorithm: expected one of "muzero", "dqn", got "muzer" (did you mean "muzero"?)'),
@@ -245,7 +322,7 @@ def test_structure_errors():
         ("env.id=CartPole-v0", "env.id", "CartPole-v0"),  # not JSON: a plain string
         ('env.id="Acrobot-v1"', "env.id", "Acrobot-v1"),  # JSON string
         ("runtime.device=cpu", "runtime.device", "cpu"),
-        ("runtime.reanalyse=false", "runtime.reanalyse", False),
+        ("reanalyse.enabled=false", "reanalyse.enabled", False),
         ("network.hidden=[32, 32]", "network.hidden", [32, 32]),
         ("replay.initial_priority=max", "replay.initial_priority", "max"),
         ("replay.initial_priority=2", "replay.initial_priority", 2.0),

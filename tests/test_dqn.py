@@ -14,17 +14,18 @@ import pytest
 import torch
 
 from mpper import ReplayBuffer
+from mpper.algos.configs import config_from_dict
 from mpper.algos.dqn.dqn import DQNTrainer, EpsilonGreedyPlayer, QNetwork, apex_epsilons, decayed_epsilon, td_errors
 from mpper.algos.dqn.targets import NStepTargets, dqn_schema
 from mpper.algos.registry import algorithm_of
 from mpper.checkpoint import load_checkpoint, save_checkpoint
-from mpper.config import config_from_dict
 
 
-def dqn_config(**dqn):
+def dqn_config(replay=None, **dqn):
     return config_from_dict({
-        "algorithm": "dqn", "network": {"hidden": [32, 32]},
-        "dqn": {"n_step": 3, "gamma": 0.9, **dqn},
+        "algorithm": "dqn",
+        "dqn": {"hidden": [32, 32], "n_step": 3, "gamma": 0.9, **dqn},
+        "replay": replay or {},
         "training": {"batch_size": 16, "min_buffer_steps": 16, "lr_init": 1e-2, "weight_decay": 0.0},
         "runtime": {"workers": 2, "envs_per_worker": 3},
     }, check_env=False)  # fmt: skip
@@ -139,8 +140,8 @@ def test_new_and_updated_priorities_obey_the_same_clip():
     from mpper.runtime.run import create_buffer
 
     net = QNetwork((4,), 2, [8]).eval()
-    for initial in ("td", "max"):
-        config = dqn_config(priority_clip=0.05, initial_priority=initial)
+    for initial in ("actor", "max"):
+        config = dqn_config(priority_clip=0.05, replay={"initial_priority": initial})
         config = dataclasses.replace(config, replay=dataclasses.replace(config.replay, alpha=0.5, priority_eps=1e-3))
         buf = create_buffer(config, env_spec(config.env))
         try:
@@ -315,10 +316,10 @@ def test_non_finite_loss_raises_before_the_step():
         buf.close()
 
 
-def test_dqn_config_rejects_muzero_only_network_options():
+def test_dqn_config_rejects_muzero_only_options():
     from mpper.config import ConfigError
 
-    with pytest.raises(ConfigError, match='network.kind: algorithm "dqn".*"fc"'):
+    with pytest.raises(ConfigError, match='network: a section of algorithm "muzero", not of "dqn"'):
         config_from_dict({"algorithm": "dqn", "network": {"kind": "residual"}}, check_env=False)
-    with pytest.raises(ConfigError, match="training.stacked_observations"):
+    with pytest.raises(ConfigError, match="training.stacked_observations: renamed to muzero.stacked_observations"):
         config_from_dict({"algorithm": "dqn", "training": {"stacked_observations": 2}}, check_env=False)

@@ -13,8 +13,8 @@ import torch
 from test_train_e2e import check_outputs
 
 from mpper import ReplayBuffer
+from mpper.algos.configs import load_config
 from mpper.cli import main
-from mpper.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL_DQN = [
@@ -71,7 +71,7 @@ def test_dqn_with_two_workers_trains_and_everything_is_saved(tmp_path):
     from mpper.algos.dqn.dqn import QNetwork, td_errors
 
     config = load_config(run_dir / "config.json")
-    net = QNetwork((4,), 2, list(config.network.hidden), config.dqn.dueling)
+    net = QNetwork((4,), 2, list(config.dqn.hidden), config.dqn.dueling)
     net.load_state_dict(ckpt["network"])
     errors = []
     with ReplayBuffer.load(run_dir / "buffer", mmap=True) as snap:
@@ -112,19 +112,20 @@ def test_dqn_in_one_process_is_repeatable_and_resumes(tmp_path):
 
 
 def test_shipped_dqn_configs_are_valid_and_set_every_dqn_key():
-    from mpper.config import field_specs
+    from mpper.algos.configs import field_specs
 
     for name in ("cartpole_dqn.json", "cartpole_dqn_easyrl.json"):
         raw = json.loads((ROOT / "configs" / name).read_text())
-        assert raw["algorithm"] == "dqn" and "mcts" not in raw, name
+        assert raw["algorithm"] == "dqn", name
         keys = {f"{s}.{k}" for s, sec in raw.items() if isinstance(sec, dict) for k in sec}
         keys |= {k for k, v in raw.items() if not isinstance(v, dict)}
-        assert keys == {s.key for s in field_specs() if not s.key.startswith("mcts.")}, name
+        sections = ("env", "replay", "training", "runtime", "dqn")
+        assert keys == {s.key for s in field_specs() if "." not in s.key or s.key.split(".")[0] in sections}, name
         config = load_config(ROOT / "configs" / name)
         assert config.algorithm == "dqn"
     seed = load_config(ROOT / "configs" / "cartpole_dqn_easyrl.json")
     # the easy-rl notebook's hyperparameters
-    assert seed.network.hidden == [256, 256] and seed.training.lr_init == 1e-4 and seed.dqn.gamma == 0.95
+    assert seed.dqn.hidden == [256, 256] and seed.training.lr_init == 1e-4 and seed.dqn.gamma == 0.95
     assert seed.training.batch_size == 64 and seed.replay.capacity == 100_000
     assert seed.dqn.target_update_interval == 4 and seed.dqn.exploration == "decay"
     assert (seed.dqn.epsilon_start, seed.dqn.epsilon_end, seed.dqn.epsilon_decay) == (0.95, 0.01, 500)

@@ -147,7 +147,7 @@ def test_render_on_an_env_without_rgb_array(tmp_path, capsys, monkeypatch):
     run_dir = tmp_path / "run"
     proc = subprocess.run([sys.executable, "run.py", "--config", "configs/cartpole.json", "--device", "cpu",
                            "--run-dir", str(run_dir), *SMALL, "--workers", "0", "--max-train-steps", "2",
-                           "--set", "env.id=noframes_env:NoFrames", "--set", "runtime.reanalyse=false"],
+                           "--set", "env.id=noframes_env:NoFrames", "--set", "reanalyse.enabled=false"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=100, check=False)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     monkeypatch.syspath_prepend(str(tmp_path))  # the env module, for the in-process calls below

@@ -14,11 +14,11 @@ import seed_reference as ref
 import torch
 
 from mpper import load_snapshot
+from mpper.algos.configs import load_config
 from mpper.algos.muzero.networks import make_network, support_to_scalar
 from mpper.algos.registry import ALGORITHMS
 from mpper.checkpoint import load_checkpoint
 from mpper.cli import main
-from mpper.config import load_config
 from mpper.replay.positions import all_positions
 from mpper.tools.evaluate_snapshot import evaluate_on_snapshot, format_table
 
@@ -35,7 +35,7 @@ def reference_errors(run_dir) -> dict:
     """Per unroll step k, the lists of value / reward errors and policy KLs, one position
     and one step at a time, counting only steps on stored data (see evaluate_muzero)."""
     config = load_config(run_dir / "config.json")
-    t = config.training
+    t = config.muzero
     K, S = t.num_unroll_steps, config.network.support_size
     network = make_network(config.network, (4,), 2, t.stacked_observations)
     network.load_state_dict(load_checkpoint(run_dir / "checkpoint.pt")["network"])

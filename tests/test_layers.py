@@ -9,7 +9,8 @@ Layers, lowest first (a module may import its own layer and the ones below):
 2. ``mpper.config``: the config sections and their checks;
 3. ``mpper.envs``, ``mpper.checkpoint``;
 4. ``mpper.algos``: each algorithm's folder imports ``mpper.algos.base`` and itself,
-   never another algorithm; only ``mpper.algos.registry`` names them all;
+   never another algorithm; only ``mpper.algos.registry`` (the algorithms) and
+   ``mpper.algos.configs`` (their config sections) name them all;
 5. ``mpper.runtime``: processes, scheduling, the run directory;
 6. ``mpper.tools``: evaluate, inspect, plot;
 7. ``mpper.cli`` and the package itself.
@@ -118,6 +119,25 @@ def test_only_the_registry_compares_algorithm_names():
                 if any(isinstance(s, ast.Attribute) and s.attr == "algorithm" for s in sides):
                     readers.append(f"{module}:{node.lineno}")
     assert not readers, readers
+
+
+def test_every_algorithm_has_its_config_sections_and_reading_a_config_imports_no_torch():
+    """The registry and the config loaders list the same algorithms; the loaders import
+    each algorithm's ``config`` module only, so the command line checks a config before
+    torch is imported (the forkserver's imports then overlap the supervisor's)."""
+    import subprocess
+    import sys
+
+    from mpper.algos.configs import ALGORITHM_CONFIGS
+    from mpper.algos.registry import ALGORITHMS
+
+    assert list(ALGORITHMS) == list(ALGORITHM_CONFIGS)
+    code = ("import sys; from mpper.algos.configs import load_config; "
+            "[load_config(f'configs/{n}.json', check_env=False) for n in ('cartpole', 'cartpole_dqn')]; "
+            "print(sorted(m for m in ('torch', 'mpper.algos.registry') if m in sys.modules))")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], cwd=PACKAGE.parent, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
 
 
 def test_no_import_cycles():

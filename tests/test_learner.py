@@ -8,6 +8,7 @@ episodes; batches come from ``buffer.sample(..., MuZeroTargets(...))``.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import multiprocessing as mp
 import os
 import queue
@@ -20,11 +21,13 @@ import torch
 from conftest import make_episode
 
 from mpper import ReplayBuffer
+from mpper.algos.configs import load_config
+from mpper.algos.muzero.config import MCTSConfig, MuZeroConfig, NetworkConfig, ReanalyseConfig
 from mpper.algos.muzero.networks import make_network, scale_gradient, support_to_scalar
 from mpper.algos.muzero.targets import MuZeroTargets, muzero_schema
 from mpper.algos.muzero.trainer import MuZeroTrainer
 from mpper.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from mpper.config import Config, NetworkConfig, ReplayConfig, RuntimeConfig, TrainingConfig, load_config
+from mpper.config import Config, ReplayConfig, RuntimeConfig, TrainingConfig
 from mpper.replay.buffer import Batch
 from mpper.runtime.learner import beta_schedule, run_learner
 from mpper.runtime.weights import WeightStore
@@ -34,24 +37,31 @@ pytestmark = pytest.mark.timeout(60)
 OBS, ACTIONS, K = (4,), 2, 3
 
 
-def small_config(**training) -> Config:
-    base = dict(
-        training_steps=6, batch_size=16, num_unroll_steps=K, td_steps=5, value_loss_weight=0.25,
-        optimizer="adam", lr_init=0.01, lr_decay_rate=1.0, lr_decay_steps=100, weight_decay=1e-4,
-        publish_interval=2, min_buffer_steps=16,
+MUZERO_KEYS = {f.name for f in dataclasses.fields(MuZeroConfig)}
+
+
+def small_config(**keys) -> Config:
+    """A small MuZero config (not checked, so that a test can pick any sizes): ``keys``
+    of the ``training`` and ``muzero`` sections."""
+    training = dict(
+        training_steps=6, batch_size=16, optimizer="adam", lr_init=0.01, lr_decay_rate=1.0, lr_decay_steps=100,
+        weight_decay=1e-4, publish_interval=2, min_buffer_steps=16,
     )  # fmt: skip
-    base.update(training)
+    muzero = dict(num_unroll_steps=K, td_steps=5, value_loss_weight=0.25)
+    for key, value in keys.items():
+        (muzero if key in MUZERO_KEYS else training)[key] = value
     return Config(
-        network=NetworkConfig(kind="fc", encoding_size=8, hidden=[16], support_size=5),
         replay=ReplayConfig(capacity=512, alpha=0.6, beta=0.4),
-        training=TrainingConfig(**base),
+        training=TrainingConfig(**training),
         runtime=RuntimeConfig(device="cpu", torch_threads=1, checkpoint_interval_s=3600.0, seed=0),
-    )
+        sections={"network": NetworkConfig(kind="fc", encoding_size=8, hidden=[16], support_size=5),
+                  "mcts": MCTSConfig(), "muzero": MuZeroConfig(**muzero), "reanalyse": ReanalyseConfig()},
+    )  # fmt: skip
 
 
 def make_trainer(config: Config, seed: int = 0) -> MuZeroTrainer:
     torch.manual_seed(seed)
-    net = make_network(config.network, OBS, ACTIONS, config.training.stacked_observations)
+    net = make_network(config.network, OBS, ACTIONS, config.muzero.stacked_observations)
     return MuZeroTrainer(config, net, torch.device("cpu"))
 
 
@@ -82,7 +92,7 @@ def buffer():
 
 
 def sample(buf: ReplayBuffer, config: Config, batch_size: int = 16, seed: int = 0) -> Batch:
-    t = config.training
+    t = config.muzero
     targets = MuZeroTargets(t.num_unroll_steps, t.td_steps, 0.997, ACTIONS, t.stacked_observations)
     return buf.sample(batch_size, 0.4, targets, np.random.default_rng(seed))
 
@@ -149,7 +159,7 @@ def test_unrolled_priorities_are_the_value_errors_of_every_unrolled_position(buf
     batch = sample(buffer, config)
     before = copy.deepcopy(trainer.network)
     _, priorities = trainer.train_step(batch)
-    k1 = config.training.num_unroll_steps + 1
+    k1 = config.muzero.num_unroll_steps + 1
     support = config.network.support_size
     expected = np.empty((16, k1))
     with torch.no_grad():
@@ -387,7 +397,7 @@ def _drain(q, timeout: float = 0.0) -> list:
 
 
 def _store_for(config: Config) -> WeightStore:
-    net = make_network(config.network, OBS, ACTIONS, config.training.stacked_observations)
+    net = make_network(config.network, OBS, ACTIONS, config.muzero.stacked_observations)
     return WeightStore.create(net.num_flat_weights())
 
 
@@ -600,7 +610,7 @@ def test_inline_run_trains_with_the_annealed_importance_weights(tmp_path, monkey
 
     seen = record_train_steps(monkeypatch)
     sets = ["replay.beta=0.2", "replay.beta_anneal_steps=4", "training.min_buffer_steps=64", "training.batch_size=16",
-            "runtime.reanalyse=false", "runtime.evaluation_interval_s=1000"]  # fmt: skip
+            "reanalyse.enabled=false", "runtime.evaluation_interval_s=1000"]  # fmt: skip
     rc = cli.main(["--config", str(ROOT / "configs" / "cartpole.json"), "--workers", "0", "--device", "cpu",
                    "--run-dir", str(tmp_path / "run"), "--max-train-steps", "6", *SMALL,
                    *(x for kv in sets for x in ("--set", kv))])  # fmt: skip

@@ -18,9 +18,9 @@ import pytest
 import torch
 from torch import nn
 
+from mpper.algos.muzero.config import MCTSConfig, NetworkConfig
 from mpper.algos.muzero.mcts import BatchedMCTS, select_action, temperature_at
 from mpper.algos.muzero.networks import NetworkOutput, make_network, scalar_to_support, support_to_scalar
-from mpper.config import MCTSConfig, NetworkConfig
 
 SUPPORT = 5
 

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from mpper.algos.muzero.config import NetworkConfig
 from mpper.algos.muzero.networks import (
     MuZeroNetwork,
     h,
@@ -16,7 +17,6 @@ from mpper.algos.muzero.networks import (
     support_to_scalar,
 )
 from mpper.algos.muzero.targets import stacked_observations
-from mpper.config import NetworkConfig
 
 
 def wide_range(dtype) -> torch.Tensor:

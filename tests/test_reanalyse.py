@@ -12,10 +12,11 @@ import torch
 from conftest import make_episode
 
 from mpper import ReplayBuffer
+from mpper.algos.configs import default_config
+from mpper.algos.muzero.config import NetworkConfig
 from mpper.algos.muzero.networks import make_network, support_to_scalar
 from mpper.algos.muzero.reanalyse import Reanalyser
 from mpper.algos.muzero.targets import muzero_schema
-from mpper.config import Config, NetworkConfig
 from mpper.runtime.procs import StopSignal
 from mpper.runtime.reanalyser import run_reanalyser
 from mpper.runtime.supervisor import _JOIN_TIMEOUT_S
@@ -26,13 +27,14 @@ OBS, ACTIONS, STACK = (4,), 2, 2
 
 
 def make_config(batch_episodes=3):
-    c = Config()
+    c = default_config("muzero")
     return dataclasses.replace(
         c,
-        network=NetworkConfig(kind="fc", encoding_size=8, hidden=[16], support_size=5),
-        training=dataclasses.replace(c.training, stacked_observations=STACK),
-        runtime=dataclasses.replace(c.runtime, reanalyse_batch_episodes=batch_episodes, torch_threads=1, seed=3),
-    )
+        runtime=dataclasses.replace(c.runtime, torch_threads=1, seed=3),
+        sections={**c.sections, "network": NetworkConfig(kind="fc", encoding_size=8, hidden=[16], support_size=5),
+                  "muzero": dataclasses.replace(c.muzero, stacked_observations=STACK),
+                  "reanalyse": dataclasses.replace(c.reanalyse, batch_episodes=batch_episodes)},
+    )  # fmt: skip
 
 
 def make_net(config, seed):
@@ -208,7 +210,7 @@ def test_reports_errors(setup):
     """In this process, so it undoes what the child set-up changes here."""
     config, buf, store, _ = setup
     handler, threads = signal.getsignal(signal.SIGINT), torch.get_num_threads()
-    bad = dataclasses.replace(config, network=dataclasses.replace(config.network, hidden=[3]))  # wrong size
+    bad = dataclasses.replace(config, sections={**config.sections, "network": dataclasses.replace(config.network, hidden=[3])})
     stop, reports = StopSignal(CTX), CTX.Queue()
     try:
         with pytest.raises(ValueError):

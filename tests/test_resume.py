@@ -17,9 +17,9 @@ import torch
 from test_train_e2e import ROOT, SMALL, complete_lines
 
 from mpper import COUNTERS, ReplayBuffer
+from mpper.algos.configs import load_config
 from mpper.algos.registry import algorithm_of
 from mpper.checkpoint import load_checkpoint
-from mpper.config import load_config
 from mpper.envs import env_spec
 
 FIRST, SECOND, BATCH = 20, 40, 32  # training steps before and after the resume; SMALL's batch size

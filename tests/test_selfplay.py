@@ -11,9 +11,11 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from mpper.algos.configs import default_config
+from mpper.algos.muzero.config import NetworkConfig
 from mpper.algos.muzero.networks import make_network, support_to_scalar
 from mpper.algos.muzero.player import BatchedPlayer
-from mpper.config import Config, EnvConfig, NetworkConfig
+from mpper.config import Config, EnvConfig
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import seed_reference as ref  # noqa: E402
@@ -22,14 +24,14 @@ TIME_LIMIT = 12
 
 
 def make_config() -> Config:
-    c = Config()
+    c = default_config("muzero")
     return dataclasses.replace(
         c,
         env=EnvConfig(id="CartPole-v1", max_episode_steps=TIME_LIMIT),
-        network=NetworkConfig(kind="fc", encoding_size=8, hidden=[16], support_size=5),
-        mcts=dataclasses.replace(c.mcts, num_simulations=4),
-        training=dataclasses.replace(c.training, td_steps=5, stacked_observations=0),
-    )
+        sections={**c.sections, "network": NetworkConfig(kind="fc", encoding_size=8, hidden=[16], support_size=5),
+                  "mcts": dataclasses.replace(c.mcts, num_simulations=4),
+                  "muzero": dataclasses.replace(c.muzero, td_steps=5, stacked_observations=0)},
+    )  # fmt: skip
 
 
 def test_truncated_episodes_store_the_final_value_and_bootstrap_their_priorities():
@@ -57,7 +59,7 @@ def test_truncated_episodes_store_the_final_value_and_bootstrap_their_priorities
             assert expected != 0.0 and np.isclose(arrays["root_value"][T], expected, rtol=1e-5, atol=1e-6)
         # priorities: |root value - n-step target| with the episode's own ending rule
         episode = {k: arrays[k] for k in ("action", "reward", "to_play", "root_value")}
-        targets = [ref.compute_target_value(episode, t, config.training.td_steps, config.mcts.discount,
+        targets = [ref.compute_target_value(episode, t, config.muzero.td_steps, config.mcts.discount,
                                             terminated=ep.terminated) for t in range(T)]  # fmt: skip
         np.testing.assert_allclose(priorities, np.abs(arrays["root_value"][:T] - np.array(targets)),
                                    rtol=1e-5, atol=1e-5)  # fmt: skip

@@ -12,9 +12,10 @@ import numpy as np
 import pytest
 
 import mpper  # noqa: F401  (registers mpper/TicTacToe-v0)
+from mpper.algos.configs import load_config
 from mpper.algos.muzero.targets import MuZeroTargets, muzero_schema
 from mpper.algos.registry import algorithm_of
-from mpper.config import ConfigError, load_config
+from mpper.config import ConfigError
 from mpper.envs.symmetry import SymmetryAugmented, check_symmetries, dihedral_symmetries
 from mpper.envs.tictactoe import TicTacToeEnv, position_value
 from mpper.replay.buffer import ReplayBuffer
@@ -124,11 +125,11 @@ def test_augmented_targets_are_the_plain_targets_seen_through_the_drawn_symmetry
 
 def test_the_tictactoe_config_trains_through_the_symmetries():
     config = load_config(ROOT / "configs" / "tictactoe.json")
-    assert config.training.symmetry_augmentation
+    assert config.muzero.symmetry_augmentation
     targets = algorithm_of(config).make_targets(config, 9)
     assert isinstance(targets, SymmetryAugmented)
     np.testing.assert_array_equal(targets.symmetries, dihedral_symmetries(3))
-    off = load_config(ROOT / "configs" / "tictactoe.json", ["training.symmetry_augmentation=false"])
+    off = load_config(ROOT / "configs" / "tictactoe.json", ["muzero.symmetry_augmentation=false"])
     assert isinstance(algorithm_of(off).make_targets(off, 9), MuZeroTargets)
 
 
@@ -149,22 +150,22 @@ def test_malformed_symmetries_are_refused_with_the_env_named(src, shape, match):
 
 
 def test_the_config_refuses_augmentation_with_dqn_or_stacking():
-    with pytest.raises(ConfigError, match="symmetry_augmentation.*algorithm \"dqn\""):
-        load_config(ROOT / "configs" / "cartpole_dqn.json", ["training.symmetry_augmentation=true"], check_env=False)
-    with pytest.raises(ConfigError, match="stacked_observations 2"):
-        load_config(ROOT / "configs" / "tictactoe.json", ["training.stacked_observations=2"])
+    with pytest.raises(ConfigError, match='muzero: a section of algorithm "muzero", not of "dqn"'):
+        load_config(ROOT / "configs" / "cartpole_dqn.json", ["muzero.symmetry_augmentation=true"], check_env=False)
+    with pytest.raises(ConfigError, match="needs muzero.stacked_observations 0 .*, got 2"):
+        load_config(ROOT / "configs" / "tictactoe.json", ["muzero.stacked_observations=2"])
 
 
 @pytest.mark.slow
 def test_a_run_on_an_env_without_symmetries_stops_before_it_starts(tmp_path):
     proc = subprocess.run(
         [sys.executable, "run.py", "--config", "configs/cartpole.json", "--workers", "0", "--run-dir",
-         str(tmp_path / "run"), "--set", "training.symmetry_augmentation=true"],
+         str(tmp_path / "run"), "--set", "muzero.symmetry_augmentation=true"],
         cwd=ROOT, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().splitlines()[-1] == (
-        "error: env 'CartPole-v1': training.symmetry_augmentation is on, but the env declares no symmetries "
+        "error: env 'CartPole-v1': symmetry augmentation is on, but the env declares no symmetries "
         "(env.unwrapped.symmetries(); see mpper.envs.symmetry)"
     )
     assert not (tmp_path / "run" / "checkpoint.pt").exists()

@@ -23,10 +23,11 @@ from gymnasium.utils.env_checker import check_env
 
 import mpper  # noqa: F401  (registers mpper/TicTacToe-v0)
 from mpper import ReplayBuffer
+from mpper.algos.configs import load_config
 from mpper.algos.muzero.arena import load_mcts_agent, mcts_agent, play_match
 from mpper.algos.muzero.networks import make_network
 from mpper.algos.muzero.targets import MuZeroTargets
-from mpper.config import EnvConfig, load_config
+from mpper.config import EnvConfig
 from mpper.envs import env_spec, make_env
 from mpper.envs.tictactoe import (
     ENV_ID,
@@ -165,7 +166,7 @@ def test_registered_id_factory_and_config():
     assert config.env.id == ENV_ID and config.network.kind == "residual"
     # A fresh interpreter that imports only the config module: mpper's __init__ registers
     # the id before the config is validated.
-    code = "from mpper.config import load_config; print(load_config('configs/tictactoe.json').env.id)"
+    code = "from mpper.algos.configs import load_config; print(load_config('configs/tictactoe.json').env.id)"
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and proc.stdout.strip() == ENV_ID, proc.stderr
 
@@ -546,6 +547,6 @@ def test_mcts_agent_plays_legal_moves_and_refuses_stacked_observations():
     games: list = []
     res = play_match(lambda: GameLog(TicTacToeEnv(), games), agent, random_agent(0), agent_first=False, games=3, seed=0)
     assert len(games) == 3 and res == replayed_results(games, agent_first=False)
-    stacked = load_config(ROOT / "configs" / "tictactoe.json", ["training.stacked_observations=1", "training.symmetry_augmentation=false"])
+    stacked = load_config(ROOT / "configs" / "tictactoe.json", ["muzero.stacked_observations=1", "muzero.symmetry_augmentation=false"])
     with pytest.raises(ValueError, match="stacked_observations"):
         mcts_agent(stacked, make_network(stacked.network, (3, 3, 3), 9, 1))

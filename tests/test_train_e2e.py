@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from mpper import ReplayBuffer, shm
+from mpper.algos.configs import load_config
 from mpper.algos.registry import algorithm_of
-from mpper.config import load_config
 from mpper.envs import env_spec, make_env
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -18,6 +18,7 @@ import torch
 
 import mpper  # noqa: F401  (registers mpper/TicTacToe-v0)
 from mpper import cli
+from mpper.algos.configs import load_config
 from mpper.algos.muzero.arena import (
     MCTSAgent,
     evaluate_against_opponents,
@@ -29,7 +30,6 @@ from mpper.algos.muzero.arena import (
 from mpper.algos.muzero.mcts import BatchedMCTS
 from mpper.algos.muzero.player import BatchedPlayer
 from mpper.algos.registry import algorithm_of
-from mpper.config import load_config
 from mpper.envs.tictactoe import TicTacToeEnv, perfect_agent, random_agent
 from mpper.envs.two_player import evaluation_opponents
 from mpper.runtime.evaluator import evaluate
@@ -129,8 +129,8 @@ def test_play_match_uses_the_batched_path_for_an_mcts_agent_with_the_same_result
 
 
 def test_stacked_observations_play_batched_but_not_one_position_at_a_time():
-    config = load_config(TICTACTOE, ["mcts.num_simulations=4", "training.stacked_observations=2",
-                                    "training.symmetry_augmentation=false"])
+    config = load_config(TICTACTOE, ["mcts.num_simulations=4", "muzero.stacked_observations=2",
+                                    "muzero.symmetry_augmentation=false"])
     network = network_for(config)
     agent = MCTSAgent(config, network)
     res = play_match(TicTacToeEnv, agent, random_agent(0), agent_first=False, games=3, seed=0)
@@ -194,7 +194,7 @@ def test_inline_run_evaluates_against_the_opponents_and_stops_on_solve_return(tm
                    "--set", "training.min_buffer_steps=64", "--set", "training.batch_size=16",
                    "--set", "mcts.num_simulations=4", "--set", "runtime.envs_per_worker=4",
                    "--set", "runtime.evaluation_interval_s=0.5", "--set", "runtime.evaluation_episodes=4",
-                   "--set", "runtime.solve_return=-1", "--set", "runtime.reanalyse=false",
+                   "--set", "runtime.solve_return=-1", "--set", "reanalyse.enabled=false",
                    "--set", "replay.capacity=2000", "--max-train-steps", "2000", "--time-limit", "40"])  # fmt: skip
     out = capsys.readouterr().out
     assert rc == 0 and "solved: mean score -" in out and "against perfect >= -1" in out, out
@@ -222,7 +222,7 @@ def test_two_worker_run_writes_per_opponent_evaluations(tmp_path):
             "--set", "mcts.num_simulations=4", "--set", "runtime.envs_per_worker=4",
             "--set", "replay.capacity=2000", "--set", "runtime.evaluation_interval_s=1",
             "--set", "runtime.evaluation_episodes=6", "--set", "runtime.solve_return=-1",
-            "--set", "runtime.reanalyse=false"]  # fmt: skip
+            "--set", "reanalyse.enabled=false"]  # fmt: skip
     proc = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=110)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert "solved: mean score" in proc.stdout and "against perfect" in proc.stdout, proc.stdout[-2000:]

@@ -10,9 +10,10 @@ import pytest
 import torch
 from test_learner import ACTIONS, OBS, _drain, _store_for, buffer, make_trainer, sample, small_config  # noqa: F401, F811 (buffer: a fixture)
 
+from mpper.algos.configs import load_config
 from mpper.algos.muzero.networks import make_network
 from mpper.checkpoint import load_checkpoint, save_checkpoint
-from mpper.config import ConfigError, load_config
+from mpper.config import ConfigError
 from mpper.runtime.learner import run_learner
 
 pytestmark = pytest.mark.timeout(60)

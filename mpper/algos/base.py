@@ -81,6 +81,11 @@ class Algorithm:
     make_trainer: Callable[[Config, torch.nn.Module, torch.device], Trainer]
     evaluate_snapshot: Callable[..., dict]  # (SnapshotRun) -> {"table": [...], ...}
     make_reanalyser: Callable[..., Any] | None = None  # (config, buf, weights) -> object with step()
+    # whether a run of this config starts the reanalyser (make_reanalyser's process)
+    reanalyses: Callable[[Config], bool] = lambda config: False
+    # whether the learner sees positions through the env's board symmetries (the run
+    # checks, before it starts, that the env declares them)
+    augments_symmetries: Callable[[Config], bool] = lambda config: False
     # bytes one worker's player holds beside the network: (config, env spec, model on the
     # meta device) -> int (MuZero: its search trees); for the memory check before a run
     player_bytes: Callable[..., int] | None = None

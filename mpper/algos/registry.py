@@ -1,8 +1,9 @@
 """The algorithms mpper trains, by the name ``config.algorithm`` gives.
 
 Adding an algorithm is adding its folder under ``mpper/algos/`` (an
-:class:`~mpper.algos.base.Algorithm` named ``ALGORITHM`` in its ``__init__``) and one
-line here; ``docs/architecture.md`` walks through it.
+:class:`~mpper.algos.base.Algorithm` named ``ALGORITHM`` in its ``algorithm`` module,
+its config sections in its ``config`` module), one line here and one in
+:mod:`mpper.algos.configs`; ``docs/architecture.md`` walks through it.
 """
 
 from __future__ import annotations
@@ -10,8 +11,8 @@ from __future__ import annotations
 from ..config import Config, ConfigError
 from ..envs import EnvSpec, config_symmetries, env_spec
 from .base import Algorithm
-from .dqn import ALGORITHM as DQN
-from .muzero import ALGORITHM as MUZERO
+from .dqn.algorithm import ALGORITHM as DQN
+from .muzero.algorithm import ALGORITHM as MUZERO
 
 __all__ = ["ALGORITHMS", "algorithm_of", "get_algorithm", "run_env_spec"]
 
@@ -39,7 +40,8 @@ def run_env_spec(config: Config) -> EnvSpec:
     Raises ``ValueError`` when the env breaks the two-player contract; when it is a
     two-player env and the algorithm cannot train one (DQN reads neither ``to_play`` nor
     the legal-action mask: it would learn one Q-function for both players and play
-    illegal moves); when ``training.symmetry_augmentation`` is on and the env declares
+    illegal moves); when the algorithm trains through board symmetries (MuZero's
+    ``muzero.symmetry_augmentation``) and the env declares
     no valid symmetries (:mod:`mpper.envs.symmetry`).
     """
     spec = env_spec(config.env)
@@ -48,6 +50,7 @@ def run_env_spec(config: Config) -> EnvSpec:
         able = " or ".join(f'"{a.name}"' for a in ALGORITHMS.values() if a.two_player)
         raise ValueError(f'algorithm: "{algorithm.name}" cannot train the two-player env {config.env.id!r}: it '
                          f"ignores to_play and the legal-action mask; use {able}")  # fmt: skip
-    if config.training.symmetry_augmentation:
+    if algorithm.augments_symmetries(config):
         config_symmetries(config)
     return spec
+

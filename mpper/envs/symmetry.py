@@ -3,7 +3,7 @@
 A board game often looks the same after a rotation or a reflection of the board: the
 TicTacToe position with X in a corner is, up to symmetry, the position with X in any
 other corner. AlphaGo Zero trained on a random one of the 8 dihedral transformations of
-each sampled position; mpper does the same (``training.symmetry_augmentation``) for
+each sampled position; mpper does the same (MuZero's ``muzero.symmetry_augmentation``) for
 envs that declare their symmetries, so that a position seen once in self-play teaches
 the network its 8 images, and a rare line of play (what a random opponent does) is
 less rare.
@@ -73,7 +73,7 @@ def env_symmetries(env, observation_shape: tuple[int, ...], num_actions: int, wh
     ``ValueError`` when it declares none."""
     declare = getattr(env.unwrapped, "symmetries", None)
     if not callable(declare):
-        raise ValueError(f"{where}: training.symmetry_augmentation is on, but the env declares no symmetries "
+        raise ValueError(f"{where}: symmetry augmentation is on, but the env declares no symmetries "
                          "(env.unwrapped.symmetries(); see mpper.envs.symmetry)")  # fmt: skip
     return check_symmetries(declare(), observation_shape, num_actions, where)
 

@@ -85,7 +85,7 @@ def _train(cfg: Config, run: Run, resume: Path | None, spec, signals: StopReques
         publish()
         envs = [make_env(cfg.env) for _ in range(cfg.runtime.envs_per_worker)]
         player = algorithm.make_player(cfg, envs, acting, explore=True, seed=run.seeds.worker(0))
-        reanalyse = cfg.runtime.reanalyse and algorithm.make_reanalyser is not None
+        reanalyse = algorithm.make_reanalyser is not None and algorithm.reanalyses(cfg)
         reanalyser = algorithm.make_reanalyser(cfg, buf, store) if reanalyse else None
         targets = algorithm.make_targets(cfg, spec.num_actions)
         rng = np.random.default_rng([cfg.runtime.seed, 0x1EA2])

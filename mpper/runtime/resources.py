@@ -85,7 +85,7 @@ def run_size(config: Config, spec: EnvSpec) -> RunSize:
     parameters = sum(p.numel() for p in model.parameters())
     rt = config.runtime
     workers = rt.workers
-    reanalyser = rt.reanalyse and algorithm.make_reanalyser is not None
+    reanalyser = algorithm.make_reanalyser is not None and algorithm.reanalyses(config)
     children = workers + 2 + (1 if reanalyser else 0)  # + learner, evaluator
     copies = _LEARNER_COPIES + (children - 1) + 1  # the learner's, one per other child, the weight store
     search = 0
@@ -110,12 +110,10 @@ def check_fits(config: Config, spec: EnvSpec) -> None:
         return
     h = shm.human_bytes
     parts = [f"replay buffer {h(size.buffer)} (replay.capacity {config.replay.capacity:,})",
-             f"network {h(size.network)} ({size.parameters:,} parameters, network.hidden {config.network.hidden}, "
-             f"encoding_size {config.network.encoding_size}, in every process)"]  # fmt: skip
+             f"network {h(size.network)} ({size.parameters:,} parameters, in every process)"]  # fmt: skip
     if size.search:
-        parts.append(f"search trees {h(size.search)} (runtime.workers {config.runtime.workers} x envs_per_worker "
-                     f"{config.runtime.envs_per_worker} x (mcts.num_simulations {config.mcts.num_simulations} + 1) "
-                     f"nodes)")  # fmt: skip
+        parts.append(f"players {h(size.search)} (runtime.workers {config.runtime.workers} x envs_per_worker "
+                     f"{config.runtime.envs_per_worker} envs, beside the network: MuZero's search trees)")  # fmt: skip
     parts.append(f"{size.processes} processes {h(size.interpreters)}")
     raise ConfigError(f"this run needs about {h(size.total)} of memory but this machine has {h(available)}: "
                       f"{', '.join(parts)}; lower the largest")  # fmt: skip

@@ -61,7 +61,7 @@ def create_buffer(cfg: Config, spec, mp_context=None) -> ReplayBuffer:
     schema = algorithm.schema(spec.observation_shape, spec.num_actions, spec.observation_dtype)
     r = cfg.replay
     return ReplayBuffer.create(schema, r.capacity, alpha=r.alpha, priority_eps=r.priority_eps,
-                               priority_clip=algorithm.priority_clip(cfg), initial_priority=r.initial_priority,
+                               priority_clip=algorithm.priority_clip(cfg), initial_priority=r.buffer_initial_priority,
                                mp_context=mp_context)  # fmt: skip
 
 

@@ -192,7 +192,7 @@ class Supervisor:
         for i in range(cfg.runtime.workers):
             self._add(Child(f"worker-{i}", run_selfplay, {**shared, **handles, "worker_id": i,
                                                           "seed": self.run_files.seeds.worker(i), "rate": self.rate}))  # fmt: skip
-        if cfg.runtime.reanalyse and self.algorithm.make_reanalyser is not None:
+        if self.algorithm.make_reanalyser is not None and self.algorithm.reanalyses(cfg):
             self._add(Child("reanalyser", run_reanalyser, {**shared, **handles}))
         self._add(Child("evaluator", run_evaluator, {**shared, "weight_handle": self.store.handle,
                                                      "observation_shape": self.spec.observation_shape,

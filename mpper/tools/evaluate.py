@@ -24,10 +24,11 @@ import gymnasium as gym
 import numpy as np
 from tqdm import tqdm
 
+from ..algos.configs import load_run_config
 from ..algos.registry import algorithm_of
 from ..atomic import write_atomic, write_json_atomic
 from ..checkpoint import CheckpointError, load_checkpoint, load_network_weights
-from ..config import ConfigError, EnvConfig, load_run_config
+from ..config import ConfigError, EnvConfig
 from ..envs.spec import env_spec, make_env
 from ..envs.two_player import evaluation_opponents
 from ..extras import MissingExtraError, require
@@ -48,7 +49,7 @@ def evaluate_run(run_dir: Path, episodes: int = 10, checkpoint: Path | None = No
     ``render``: also write the first episode, as the env draws it, to this GIF. Every
     check (Pillow installed, the env renders ``rgb_array``, the directory exists) runs
     before the first move, so a failed check writes nothing. ``overrides``: ``--set``
-    strings applied to the run's config (:func:`mpper.config.load_run_config`: the only
+    strings applied to the run's config (:func:`mpper.algos.configs.load_run_config`: the only
     way a ``module:callable`` env of a run directory gets imported).
     """
     config = load_run_config(run_dir, overrides)

@@ -26,10 +26,11 @@ from pathlib import Path
 from tqdm import tqdm
 
 from ..algos.base import SnapshotRun
+from ..algos.configs import load_run_config
 from ..algos.registry import algorithm_of
 from ..atomic import write_json_atomic
 from ..checkpoint import CheckpointError, load_checkpoint
-from ..config import ConfigError, load_run_config
+from ..config import ConfigError
 from ..envs import env_spec
 from ..replay.buffer import load_snapshot
 from ..replay.positions import all_positions

@@ -101,7 +101,7 @@ def apex_epsilons(base: float, alpha: float, num_actors: int) -> np.ndarray:
 
 
 def decayed_epsilon(start: float, end: float, decay: float, steps: int) -> float:
-    """The seed's schedule ``end + (start - end) * exp(-steps / decay)``; ``steps`` counts
+    """easy-rl's PER-DQN notebook's schedule ``end + (start - end) * exp(-steps / decay)``; ``steps`` counts
     the actions the actor took before this one."""
     return end + (start - end) * math.exp(-steps / decay)
 
@@ -181,6 +181,7 @@ class EpsilonGreedyPlayer:
     def __init__(self, config: Config, envs: list, network: QNetwork, explore: bool, seed: int,
                  actor_index: int = 0, num_actors: int = 1) -> None:  # fmt: skip
         self.config = config.dqn
+        self.replay = config.replay
         self.envs = envs
         self.network = network
         self.explore = explore
@@ -229,12 +230,12 @@ class EpsilonGreedyPlayer:
 
     def stored(self, ep: DQNEpisode) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
         """(rows, raw priorities or None) to hand to ``ReplayBuffer.add_episode``:
-        Ape-X's initial priorities (|TD| with this actor's weights, clipped like the
-        learner's: the buffer applies ``dqn.priority_clip`` to both) or None for the
-        buffer's ``replay.initial_priority``."""
+        with ``replay.initial_priority`` "actor", Ape-X's initial priorities (|TD| with
+        this actor's weights, clipped like the learner's: the buffer applies
+        ``dqn.priority_clip`` to both); otherwise None (the buffer's own rule)."""
         arrays = ep.arrays()
         d = self.config
-        if d.initial_priority == "max":
+        if self.replay.initial_priority != "actor":
             return arrays, None
         return arrays, td_errors(self.network, arrays, ep.terminated, d.n_step, d.gamma)
 

@@ -27,7 +27,7 @@ def evaluate_dqn(run: SnapshotRun) -> dict:
 
     cfg = run.config
     network = run.load_weights(QNetwork(run.spec.observation_shape, run.spec.num_actions,
-                                        list(cfg.network.hidden), cfg.dqn.dueling))  # fmt: skip
+                                        list(cfg.dqn.hidden), cfg.dqn.dueling))  # fmt: skip
     targets = NStepTargets(cfg.dqn.n_step, cfg.dqn.gamma)
     deltas, done, q_taken = [], [], []
     with torch.no_grad():

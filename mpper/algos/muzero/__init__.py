@@ -1,4 +1,4 @@
-"""MuZero (Schrittwieser et al. 2020) with muzero-general's choices: the registry entry.
+"""MuZero (Schrittwieser et al. 2020) with muzero-general's choices.
 
 Read in this order: ``networks`` (representation, dynamics, prediction; value and
 reward as distributions over a support), ``mcts`` (batched pUCT search), ``player``
@@ -7,81 +7,3 @@ unroll targets built at sample time), ``trainer`` (the loss and one update),
 ``reanalyse`` (stored values refreshed with the newest weights), ``arena`` (two-player
 evaluation), ``snapshot_eval`` (a network judged on stored data).
 """
-
-from __future__ import annotations
-
-import math
-
-import torch
-
-from ...config import Config
-from ...envs import config_symmetries
-from ...envs.symmetry import SymmetryAugmented
-from ..base import Algorithm
-from .arena import evaluate_against_opponents
-from .networks import make_network, stacked_shape
-from .player import BatchedPlayer
-from .reanalyse import Reanalyser
-from .snapshot_eval import evaluate_muzero
-from .targets import MuZeroTargets, muzero_schema
-from .trainer import MuZeroTrainer
-
-__all__ = ["ALGORITHM"]
-
-
-def make_model(config: Config, observation_shape: tuple[int, ...], num_actions: int) -> torch.nn.Module:
-    """The MuZero network of ``config.network``, over ``training.stacked_observations``
-    stacked observations."""
-    return make_network(config.network, observation_shape, num_actions, config.training.stacked_observations)
-
-
-def make_player(config: Config, envs: list, network, explore: bool, seed: int, worker_id: int = 0) -> BatchedPlayer:
-    """K envs played together with one batched search per move."""
-    return BatchedPlayer(config, envs, network, explore, seed)
-
-
-def make_targets(config: Config, num_actions: int):
-    """Unroll targets, seen through a random board symmetry with
-    ``training.symmetry_augmentation``."""
-    t = config.training
-    targets = MuZeroTargets(
-        num_unroll_steps=t.num_unroll_steps, td_steps=t.td_steps, discount=config.mcts.discount,
-        num_actions=num_actions, stacked_observations=t.stacked_observations,
-    )  # fmt: skip
-    if t.symmetry_augmentation:
-        return SymmetryAugmented(targets, config_symmetries(config))
-    return targets
-
-
-# Per search-tree node: visit count, value sum, reward, player (8 bytes each), path entry;
-# per action a prior (8) and a child index (8).
-_NODE_BYTES, _NODE_ACTION_BYTES = 5 * 8, 16
-
-
-def search_tree_bytes(config: Config, spec, model: torch.nn.Module) -> int:
-    """Bytes of one worker's search trees: ``envs_per_worker x (num_simulations + 1)``
-    nodes, each with its statistics, a prior and a child per action, and a hidden state
-    (its size from ``model`` built on torch's meta device)."""
-    hidden = config.network.encoding_size
-    shape = stacked_shape(spec.observation_shape, config.training.stacked_observations)
-    try:
-        hidden = math.prod(model.representation(torch.empty((1, *shape), device="meta")).shape[1:])
-    except (RuntimeError, NotImplementedError, TypeError):  # an op without a meta kernel
-        pass
-    nodes = config.runtime.envs_per_worker * (config.mcts.num_simulations + 1)
-    return nodes * (_NODE_BYTES + _NODE_ACTION_BYTES * spec.num_actions + 4 * hidden)
-
-
-ALGORITHM = Algorithm(
-    name="muzero",
-    schema=muzero_schema,
-    make_network=make_model,
-    make_player=make_player,
-    make_targets=make_targets,
-    make_trainer=MuZeroTrainer,
-    evaluate_snapshot=evaluate_muzero,
-    make_reanalyser=Reanalyser,
-    player_bytes=search_tree_bytes,
-    play_against=evaluate_against_opponents,
-    description="MuZero: learned model, batched MCTS, reanalyse",
-)

@@ -39,6 +39,7 @@ from ...checkpoint import load_checkpoint, load_network_weights
 from ...config import Config, load_run_config
 from ...envs.spec import env_spec, make_env
 from ...envs.two_player import AgentFn
+from .config import CONFIG
 from .mcts import BatchedMCTS, select_action
 from .networks import MuZeroNetwork, make_network
 from .targets import stacked_observations
@@ -73,14 +74,14 @@ class MCTSAgent:
         self.config = config
         self.network = network.eval()
         self.num_actions = int(network.num_actions)
-        self.stacked = int(config.training.stacked_observations)
+        self.stacked = int(config.muzero.stacked_observations)
         self.search = BatchedMCTS(self.num_actions, config.mcts, config.network.support_size, two_player=True)
         self.rng = np.random.default_rng(seed)
         self.tie_break = tie_break
 
     def act_batch(self, inputs: np.ndarray, masks: np.ndarray, to_play: np.ndarray) -> np.ndarray:
         """Actions (K,) for K positions: ``inputs`` (K, ...) the network inputs (stacked
-        as ``training.stacked_observations`` says), ``masks`` (K, A) bool, ``to_play`` (K,)."""
+        as ``muzero.stacked_observations`` says), ``masks`` (K, A) bool, ``to_play`` (K,)."""
         result = self.search.run(self.network, np.asarray(inputs, np.float32), np.asarray(masks, bool),
                                  np.asarray(to_play, np.int64), False, self.rng)  # fmt: skip
         if self.tie_break == "first":
@@ -100,7 +101,7 @@ class MCTSAgent:
     def __call__(self, observation: np.ndarray, mask: np.ndarray, to_play: int) -> int:
         if self.stacked:
             raise ValueError(
-                f"MCTSAgent: training.stacked_observations = {self.stacked}; called one position at a time, the "
+                f"MCTSAgent: muzero.stacked_observations = {self.stacked}; called one position at a time, the "
                 "agent sees no history: play it with play_match (batched, which keeps each game's history)"
             )
         return int(self.act_batch(np.asarray(observation)[None], np.asarray(mask, bool)[None], np.array([to_play]))[0])
@@ -295,13 +296,13 @@ def mcts_agent(config: Config, network: MuZeroNetwork, seed: int = 0, tie_break:
         network: a ``MuZeroNetwork`` for this env; it is put in eval mode (BatchNorm
             must use its running statistics in the search).
 
-    Needs ``training.stacked_observations == 0``: an agent called one position at a
+    Needs ``muzero.stacked_observations == 0``: an agent called one position at a
     time sees only the current observation, not the game's history (the batched path
     of :func:`play_match`, which keeps each game's history, could stack them).
     """
-    if config.training.stacked_observations:
+    if config.muzero.stacked_observations:
         raise ValueError(
-            f"mcts_agent: training.stacked_observations = {config.training.stacked_observations}; an arena agent "
+            f"mcts_agent: muzero.stacked_observations = {config.muzero.stacked_observations}; an arena agent "
             "sees only the current observation, so only 0 is supported"
         )
     return MCTSAgent(config, network, seed, tie_break)
@@ -311,13 +312,13 @@ def load_mcts_agent(run_dir: str | Path, checkpoint: str | Path | None = None, s
                     tie_break: str = "random", overrides: Sequence[str] = ()) -> tuple[MCTSAgent, Config]:  # fmt: skip
     """:func:`mcts_agent` with the network of a run's checkpoint (default
     ``RUN_DIR/checkpoint.pt``) and the run's ``config.json`` (read with
-    :func:`mpper.config.load_run_config`, ``overrides`` applied); returns (agent, config)."""
+    :func:`mpper.config.load_run_config` as a MuZero config, ``overrides`` applied); returns (agent, config)."""
     run_dir = Path(run_dir)
-    config = load_run_config(run_dir, overrides)
+    config = load_run_config(run_dir, overrides, algorithms={"muzero": CONFIG})
     state = load_checkpoint(Path(checkpoint) if checkpoint is not None else run_dir / "checkpoint.pt")
     spec = env_spec(config.env)
     network = make_network(config.network, spec.observation_shape, spec.num_actions,
-                           config.training.stacked_observations)  # fmt: skip
+                           config.muzero.stacked_observations)  # fmt: skip
     load_network_weights(network, state["network"], checkpoint if checkpoint is not None else run_dir / "checkpoint.pt")
     return mcts_agent(config, network, seed, tie_break), config
 

@@ -67,7 +67,7 @@ import numba
 import numpy as np
 import torch
 
-from ...config import MCTSConfig
+from .config import MCTSConfig
 from .networks import EPS, support_to_scalar
 
 __all__ = ["BatchedMCTS", "SearchResult", "select_action", "temperature_at"]

@@ -29,8 +29,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from ...config import NetworkConfig
 from ..base import FlatWeights
+from .config import NetworkConfig
 
 __all__ = [
     "EPS",

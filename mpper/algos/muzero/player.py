@@ -84,7 +84,7 @@ class BatchedPlayer:
     """Steps K environments with one batched search per move.
 
     Args:
-        config: the run config (mcts, training.stacked_observations).
+        config: the run config (mcts, muzero.stacked_observations, replay.initial_priority).
         envs: K gymnasium environments.
         network: a MuZeroNetwork on the CPU, in eval mode.
         explore: Dirichlet root noise and visit-count temperature (self-play); without
@@ -98,7 +98,7 @@ class BatchedPlayer:
         self.network = network
         self.explore = explore
         self.num_actions = int(envs[0].action_space.n)
-        self.stacked = config.training.stacked_observations
+        self.stacked = config.muzero.stacked_observations
         self.mcts = BatchedMCTS(self.num_actions, config.mcts, config.network.support_size,
                                 two_player=is_two_player(envs[0]))  # fmt: skip
         self.rng = np.random.default_rng(seed)
@@ -167,10 +167,14 @@ class BatchedPlayer:
         return support_to_scalar(out.value_logits, self.config.network.support_size).numpy()
 
 
-    def stored(self, ep: Episode) -> tuple[dict[str, np.ndarray], np.ndarray]:
-        """(rows, raw initial priorities) to hand to ``ReplayBuffer.add_episode``."""
+    def stored(self, ep: Episode) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
+        """(rows, raw initial priorities) to hand to ``ReplayBuffer.add_episode``: with
+        ``replay.initial_priority`` "actor", muzero-general's ``|root value - n-step
+        target|``; otherwise None (the buffer's own rule)."""
         arrays = ep.arrays(self.num_actions)
-        return arrays, initial_priorities(arrays, self.config.training.td_steps, self.config.mcts.discount,
+        if self.config.replay.initial_priority != "actor":
+            return arrays, None
+        return arrays, initial_priorities(arrays, self.config.muzero.td_steps, self.config.mcts.discount,
                                           ep.terminated)
 
 

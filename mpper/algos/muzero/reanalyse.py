@@ -45,8 +45,8 @@ class Reanalyser:
             raise KeyError("reanalyse needs a buffer whose schema has a 'reanalysed_value' field")
         self.buf = buf
         self.store = store
-        self.batch_episodes = int(config.runtime.reanalyse_batch_episodes)
-        self.num_stacked = int(config.training.stacked_observations)
+        self.batch_episodes = int(config.reanalyse.batch_episodes)
+        self.num_stacked = int(config.muzero.stacked_observations)
         self.support_size = int(config.network.support_size)
         self.max_positions = int(max_positions)
         obs_shape = tuple(buf.fields["observation"].shape[1:])

@@ -26,7 +26,7 @@ def evaluate_muzero(run: SnapshotRun) -> dict:
     are not stored data, so only i < T counts for value and policy, and i <= T for the
     reward (r_T, the last reward, is stored). ``positions`` per step says how many counted.
     """
-    cfg, t = run.config, run.config.training
+    cfg, t = run.config, run.config.muzero
     K, num_actions = t.num_unroll_steps, run.spec.num_actions
     network = run.load_weights(make_network(cfg.network, run.spec.observation_shape, num_actions,
                                             t.stacked_observations))  # fmt: skip

@@ -40,7 +40,7 @@ class MuZeroTrainer(Trainer):
     # ---- one update ---------------------------------------------------------------------
     def train_step(self, batch: Batch) -> tuple[dict[str, float], np.ndarray]:
         """One optimizer step on ``batch``; returns (metrics, raw priorities float64: (B,),
-        or (B, K+1) with ``training.priority_update`` "unrolled").
+        or (B, K+1) with ``muzero.priority_update`` "unrolled").
 
         ``batch.data`` (from ``MuZeroTargets``): observation (B, *obs), actions (B, K+1)
         (column 0 unused: the action that led to the root), target_value,
@@ -51,7 +51,7 @@ class MuZeroTrainer(Trainer):
         gradient norm is not finite: the weights, the optimizer state and the step
         counter are then unchanged, and no priority comes back.
         """
-        t = self.train_config
+        t, m = self.train_config, self.config.muzero
         net = self.network
         support = net.support_size
         lr = self.learning_rate()
@@ -91,7 +91,7 @@ class MuZeroTrainer(Trainer):
 
         # Per-sample loss (B,), weighted by the importance weights that correct the
         # prioritized sampling's bias, then the mean over the batch.
-        per_sample = value_loss * t.value_loss_weight + reward_loss + policy_loss
+        per_sample = value_loss * m.value_loss_weight + reward_loss + policy_loss
         loss = (per_sample * weights).mean()
 
         self.optimizer.zero_grad(set_to_none=True)
@@ -103,10 +103,10 @@ class MuZeroTrainer(Trainer):
             grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params])
 
         # New raw priorities |v - z|: of the sampled positions (B,), or of every unrolled
-        # position (B, K+1) with training.priority_update "unrolled" (the buffer writes
+        # position (B, K+1) with muzero.priority_update "unrolled" (the buffer writes
         # column k to the position k moves later in the same episode, where there is one).
         with torch.no_grad():
-            if t.priority_update == "unrolled":
+            if m.priority_update == "unrolled":
                 logits = unrolled.value_logits.detach()
                 predicted = support_to_scalar(logits.reshape(-1, logits.shape[-1]), support).view(batch_size, k1)
                 priorities = (predicted - d["target_value"]).abs().reshape(-1)
@@ -123,7 +123,7 @@ class MuZeroTrainer(Trainer):
             host = torch.cat([stats, priorities.to(stats.dtype)]).to("cpu", torch.float64).numpy()
         total, value, reward, policy, norm = (float(x) for x in host[:5])
         priorities = host[5:].copy()
-        if t.priority_update == "unrolled":
+        if m.priority_update == "unrolled":
             priorities = priorities.reshape(batch_size, k1)
         if not (math.isfinite(total) and math.isfinite(value) and math.isfinite(reward) and math.isfinite(policy)):
             raise FloatingPointError(f"non-finite loss at training step {self.training_step}")

@@ -1,0 +1,39 @@
+"""DQN's config section, ``dqn``: the Q-network, acting, targets and target updates.
+
+Optimizer, learning rate, batch size, gradient clipping and the rate control are the
+shared ``training`` section; priorities are ``replay`` (:mod:`mpper.config`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...config import WIDTHS, AlgorithmConfig, opt
+
+__all__ = ["CONFIG", "DQNConfig"]
+
+
+@dataclass
+class DQNConfig:
+    """DQN (algorithm "dqn"): the Q-network, acting, targets and target updates."""
+
+    hidden: list = opt([64], WIDTHS, "widths of the Q-network's hidden layers (an MLP)")
+    dueling: bool = opt(False, None, "dueling head: Q = V + A - mean(A)")
+    n_step: int = opt(3, ">= 1", "n of the n-step return R = sum_{i<n} gamma^i r_{t+1+i} (1: one-step DQN)")
+    gamma: float = opt(0.99, "(0, 1]", "discount of the n-step return and of the bootstrap")
+    double: bool = opt(True, None, "double DQN: the online net picks the next action, the target net values it")
+    loss: str = opt("huber", ("huber", "mse"), '"huber" (smooth L1, delta 1) or "mse" (squared TD error)')
+    target_update: str = opt("hard", ("hard", "soft"), '"hard": copy every target_update_interval steps; "soft": Polyak tau each step')
+    target_update_interval: int = opt(100, ">= 1", "hard updates: training steps between target-network copies")
+    tau: float = opt(0.005, "(0, 1]", "soft updates: target = tau * online + (1 - tau) * target, each step")
+    grad_clip_value: float | None = opt(None, "> 0", "clamp each gradient element to [-v, v] (easy-rl's PER-DQN notebook: clamp_(-1, 1)); null: off")
+    exploration: str = opt("apex", ("apex", "decay"), '"apex": a constant epsilon per actor; "decay": one exponential schedule')
+    apex_epsilon: float = opt(0.4, "[0, 1]", "apex: eps_i = apex_epsilon ** (1 + i * apex_alpha / (N - 1)), actor i of N")
+    apex_alpha: float = opt(7.0, ">= 0", "apex: exponent spread of the per-actor epsilons")
+    epsilon_start: float = opt(1.0, "[0, 1]", "decay: epsilon at the first step")
+    epsilon_end: float = opt(0.05, "[0, 1]", "decay: epsilon it decays to")
+    epsilon_decay: float = opt(10_000.0, "> 0", "decay: eps = end + (start - end) * exp(-steps / decay), steps of each worker")
+    priority_clip: float | None = opt(None, "> 0", "raw priorities |TD| clipped to at most this (easy-rl's notebook: abs_err_upper); null: off")
+
+
+CONFIG = AlgorithmConfig(sections={"dqn": DQNConfig})

@@ -1,0 +1,90 @@
+"""MuZero's config sections: ``network``, ``mcts``, ``muzero`` (what the learner unrolls
+and how it weighs the losses) and ``reanalyse``.
+
+Names follow muzero-general (and the MuZero paper) where a counterpart exists. The
+shared sections (``env``, ``replay``, ``training``, ``runtime``) and the engine that
+checks every key are :mod:`mpper.config`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...config import SCHEDULE, WIDTHS, AlgorithmConfig, Rule, opt
+
+__all__ = ["CONFIG", "MCTSConfig", "MuZeroConfig", "NetworkConfig", "ReanalyseConfig"]
+
+
+@dataclass
+class NetworkConfig:
+    """Representation, dynamics and prediction networks."""
+
+    kind: str = opt("fc", ("fc", "residual"), '"fc" (fully connected) or "residual" (board games)')
+    encoding_size: int = opt(16, ">= 1", "hidden-state size (fc); channels for residual")
+    hidden: list = opt([64], WIDTHS, "widths of the hidden layers of each head's MLP (fc and residual)")
+    blocks: int = opt(2, ">= 1", "residual: residual blocks per function")
+    support_size: int = opt(10, ">= 1", "value/reward support is [-support_size, support_size]")
+    # muzero-general's reduced_channels_{value,reward,policy}: one number for the three
+    # heads of the residual network (whose MLPs use the widths in hidden).
+    reduced_channels: int = opt(2, ">= 1", "residual: planes of the 1x1 conv before each head's MLP (widths: hidden)")
+
+
+@dataclass
+class MCTSConfig:
+    """Batched Monte-Carlo tree search in the self-play workers."""
+
+    num_simulations: int = opt(50, ">= 1", "simulations (recurrent inferences) per move")
+    discount: float = opt(0.997, "(0, 1]", "reward discount, in the search and in the value targets")
+    pb_c_base: float = opt(19652.0, "> 0", "pUCT exploration base")
+    pb_c_init: float = opt(1.25, ">= 0", "pUCT exploration constant")
+    root_dirichlet_alpha: float = opt(0.25, "> 0", "Dirichlet noise concentration at the root")
+    root_exploration_fraction: float = opt(0.25, "[0, 1]", "share of Dirichlet noise in the root priors")
+    temperature_schedule: list = opt(
+        [[0.0, 1.0], [0.5, 0.5], [0.75, 0.25]],
+        SCHEDULE,
+        "visit-count temperature by training progress: [[fraction_of_training_steps, T], ...]; T = 0: greedy",
+    )
+    temperature_threshold_moves: int | None = opt(
+        None,
+        ">= 1",
+        "self-play: the first N moves of each episode use temperature_schedule, later moves the most visited "
+        "action (T = 0; muzero-general's temperature_threshold N samples N - 1 moves); null: the schedule for "
+        "every move",
+    )
+
+
+@dataclass
+class MuZeroConfig:
+    """What the learner unrolls, and how it weighs and prioritises."""
+
+    num_unroll_steps: int = opt(10, ">= 0", "dynamics steps unrolled from each position (K)")
+    td_steps: int = opt(50, ">= 1", "n of the n-step bootstrapped value target")
+    stacked_observations: int = opt(0, ">= 0", "past observations (and actions) stacked into the input")
+    value_loss_weight: float = opt(0.25, ">= 0", "scale of the value loss (paper: 0.25 with reanalyse)")
+    symmetry_augmentation: bool = opt(False, None, "train each sampled position through a random board symmetry "
+                                      "the env declares (env.unwrapped.symmetries(); needs stacked_observations 0)")
+    priority_update: str = opt("sampled", ("sampled", "unrolled"), 'new priorities after a step: "sampled" '
+                               '(|v - z| of each sampled position) or "unrolled" (of each of the K + 1 unrolled '
+                               'positions, as muzero-general)')
+
+
+@dataclass
+class ReanalyseConfig:
+    """The reanalyse process: stored values refreshed with the newest weights."""
+
+    enabled: bool = opt(True, None, "run the reanalyse process (muzero-general's use_last_model_value)")
+    batch_episodes: int = opt(8, ">= 1", "episodes refreshed per reanalyse batch")
+
+
+def _symmetry_needs_no_stacking(config) -> str | None:
+    m = config.muzero
+    if m.symmetry_augmentation and m.stacked_observations != 0:
+        return (f"needs muzero.stacked_observations 0 (stacked action planes are not transformed), "
+                f"got {m.stacked_observations}")  # fmt: skip
+    return None
+
+
+CONFIG = AlgorithmConfig(
+    sections={"network": NetworkConfig, "mcts": MCTSConfig, "muzero": MuZeroConfig, "reanalyse": ReanalyseConfig},
+    rules=(Rule(("muzero.symmetry_augmentation", "muzero.stacked_observations"), _symmetry_needs_no_stacking),),
+)
