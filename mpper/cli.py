@@ -227,13 +227,6 @@ def main(argv: list[str] | None = None) -> int:
     except RunDirError as e:
         return _fail(str(e))
 
-    from .algos.registry import run_env_spec
-    from .runtime.resources import check_fits
-
-    try:  # the env itself: kwargs it rejects, a broken two-player contract, an algorithm that cannot train it
-        spec = run_env_spec(config)
-    except ValueError as e:
-        return _fail(str(e))
     if config.runtime.workers > 0:
         # Children will be forked from a server: boot it now, so that its imports run beside
         # ours (torch, from the checks below on). It does nothing until a child is asked for,
@@ -241,6 +234,14 @@ def main(argv: list[str] | None = None) -> int:
         from .runtime.procs import start_process_server
 
         start_process_server()
+
+    from .algos.registry import run_env_spec
+    from .runtime.resources import check_fits
+
+    try:  # the env itself: kwargs it rejects, a broken two-player contract, an algorithm that cannot train it
+        spec = run_env_spec(config)
+    except ValueError as e:
+        return _fail(str(e))
     try:  # the sizes against /dev/shm and this machine's memory
         check_fits(config, spec)
     except ValueError as e:

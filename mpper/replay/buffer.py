@@ -208,10 +208,13 @@ def _empty_draw(n: int) -> tuple[np.ndarray, ...]:
 _warm = False
 
 
-def _warm_kernels() -> None:
+def warm_kernels() -> None:
     """Load the compiled kernels that run under the shared lock once per process, on
     tiny arrays and outside the lock: the first call of a numba function in a process
-    takes ~0.2 s, and under the lock it would stall every other process that long."""
+    takes ~0.2 s (the very first ~0.8 s), and under the lock it would stall every other
+    process that long. Called by the methods that run them (a no-op after the first
+    call), so that a process that never writes (the supervisor) never loads them, and
+    by the forkserver for every child (``mpper.runtime.preload``)."""
     global _warm
     if _warm:
         return
@@ -298,7 +301,6 @@ class ReplayBuffer(shm_mod.SharedObject):
         self._ring = EpisodeRing(self.capacity, self._episodes, self._ring_state, self._generation,
                                  self._info, self._tree, self._counters, COUNTER_INDEX)  # fmt: skip
         self._rng = np.random.default_rng()
-        _warm_kernels()
         self.snapshot_manifest: dict | None = None  # set by load(): the manifest it came from
         self._raw_rows = RawRows()
 
@@ -419,6 +421,7 @@ class ReplayBuffer(shm_mod.SharedObject):
         """
         if self.read_only:
             raise PermissionError("this buffer was loaded read-only (mmap=True)")
+        warm_kernels()
         rows, prepared = self._prepare_episode(arrays)
         leaf = None if priorities is None else self._leaf_values(priorities, expect=rows - 1)
         res = self._reserve(rows, terminated)
@@ -530,6 +533,7 @@ class ReplayBuffer(shm_mod.SharedObject):
                 f"{idx.shape}, {gen.shape} and {p.shape}"
             )
         p = p.reshape(idx.shape[0], -1)
+        warm_kernels()
         bad = _check_update(self.capacity, idx, p)
         if bad >= 0:
             if not 0 <= idx[bad] < self.capacity:

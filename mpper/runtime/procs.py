@@ -18,13 +18,13 @@ __all__ = ["ForcedStop", "StopRequests", "StopSignal", "child_init", "child_proc
            "report_error", "start_process_server"]
 
 
-# What every child imports anyway; the forkserver imports it once for all of them.
-_PRELOAD = ["mpper.runtime.learner", "mpper.runtime.actor", "mpper.algos.muzero.reanalyse", "mpper.algos.dqn.dqn"]
+# What every child needs anyway; the forkserver loads it once for all of them.
+_PRELOAD = ["mpper.runtime.preload"]
 
 
 def process_context():
     """The multiprocessing context children start from: ``forkserver`` with torch, numba
-    and mpper preloaded, else ``spawn``.
+    and mpper preloaded (``mpper.runtime.preload``), else ``spawn``.
 
     A spawned child spends 1-2 CPU seconds importing torch, numba and mpper before it
     does anything; on a 2-core machine, 8 workers + learner + evaluator took ~20 s to

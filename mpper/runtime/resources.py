@@ -2,9 +2,10 @@
 starts, against the free space of /dev/shm and the machine's memory.
 
 What a run holds (figures per process measured on the 2-core VM with
-``configs/cartpole.json``: a child's private memory, beside the libraries it shares
-with the forkserver, was 83-86 MiB; the supervisor and the forkserver about 260 MiB
-together):
+``configs/cartpole.json`` and 8 workers: a child's private memory, beside what it shares
+with the forkserver (libraries, and numba's compiler with the buffer's kernels, which
+``mpper.runtime.preload`` loads there once), was 15-30 MiB; the supervisor, the
+forkserver and the resource tracker about 300 MiB together):
 
 - the replay buffer, one shared-memory segment: exactly the bytes of its layout;
 - the network, as float32 parameters: the learner holds it with its gradients, Adam's
@@ -35,8 +36,8 @@ from ..replay.buffer import segment_bytes
 
 __all__ = ["RunSize", "check_fits", "memory_bytes", "run_size"]
 
-_CHILD_BYTES = 80 << 20  # private memory of one child process (worker, learner, evaluator, reanalyser)
-_BASE_BYTES = 260 << 20  # the supervisor and the forkserver, with the libraries all processes share
+_CHILD_BYTES = 32 << 20  # private memory of one child process (worker, learner, evaluator, reanalyser)
+_BASE_BYTES = 320 << 20  # the supervisor, the forkserver and the resource tracker, with the libraries all processes share
 _LEARNER_COPIES = 5  # weights, gradients, Adam's two moments, moving average or target network
 
 

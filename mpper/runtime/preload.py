@@ -1,0 +1,22 @@
+"""What the forkserver does once, before it forks any child (``procs.process_context``).
+
+Every child is a fork of the forkserver, so whatever is loaded here is loaded in all of
+them at no cost. Imported for its effects, by the forkserver only:
+
+- the modules every child imports anyway (the process mains and both algorithms);
+- ``torch._dynamo``: torch imports it on the first ``torch.optim`` optimizer a process
+  builds (``Optimizer.add_param_group`` is wrapped by ``torch._disable_dynamo``), which
+  took the learner ~2.4 CPU s between its start and its first training step;
+- the replay buffer's compiled kernels (``mpper.replay.buffer.warm_kernels``): the first
+  numba kernel a process loads from the on-disk cache costs it ~0.8 s.
+"""
+
+import torch._dynamo  # noqa: F401
+
+import mpper.algos.dqn.dqn  # noqa: F401
+import mpper.algos.muzero.reanalyse  # noqa: F401
+import mpper.runtime.actor  # noqa: F401
+import mpper.runtime.learner  # noqa: F401
+from mpper.replay.buffer import warm_kernels
+
+warm_kernels()

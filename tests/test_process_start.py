@@ -1,0 +1,68 @@
+"""What a child process finds loaded when it starts, and what the supervisor never loads.
+
+Children are forks of the forkserver (``mpper.runtime.procs.process_context``), which
+loads once what every child would otherwise load for itself (``mpper.runtime.preload``):
+torch's optimizer machinery (``torch._dynamo``, imported by the first ``torch.optim``
+optimizer of a process) and the replay buffer's compiled kernels. A process that only
+creates and reads a buffer (the supervisor) loads no kernel at all.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _what_is_loaded(results) -> None:
+    """A child's main: report what was already there when it began."""
+    from mpper.replay import buffer
+
+    results.put({
+        "torch._dynamo": "torch._dynamo" in sys.modules,
+        "apply_update": len(buffer._apply_update.signatures),
+        "draw": len(buffer._draw_kernel.signatures),
+    })  # fmt: skip
+
+
+def test_a_child_starts_with_the_optimizer_imports_and_the_buffer_kernels_loaded():
+    from mpper.runtime.procs import process_context
+
+    ctx = process_context()
+    assert ctx.get_start_method() == "forkserver"
+    results = ctx.Queue()
+    proc = ctx.Process(target=_what_is_loaded, args=(results,))
+    proc.start()
+    try:
+        loaded = results.get(timeout=120)
+    finally:
+        proc.join(30)
+    assert proc.exitcode == 0
+    assert loaded["torch._dynamo"]
+    assert loaded["apply_update"] >= 1 and loaded["draw"] >= 1
+
+
+def test_a_process_that_only_creates_and_reads_a_buffer_loads_no_kernel():
+    """The supervisor creates the buffer, reads its counters and snapshots it; the
+    kernels (and numba's compiler, ~65 MiB) are loaded by the first write."""
+    code = """
+import numpy as np
+from mpper.algos.dqn.targets import dqn_schema
+from mpper.replay import buffer as b
+buf = b.ReplayBuffer.create(dqn_schema((4,)), capacity=64)
+try:
+    loaded = [len(b._apply_update.signatures), len(b._draw_kernel.signatures)]
+    print(*loaded, buf.counters["steps"], len(buf))
+    buf.add_episode({"observation": np.zeros((3, 4), np.float32), "action": np.zeros(3, np.int64),
+                     "reward": np.ones(3, np.float32)}, priorities=np.ones(2))
+    print(len(b._apply_update.signatures), len(b._draw_kernel.signatures), buf.counters["steps"], len(buf))
+finally:
+    buf.close()
+"""
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    created, written = (line.split() for line in out.stdout.splitlines())
+    assert created == ["0", "0", "0", "0"]
+    assert written == ["1", "1", "2", "2"]  # the episode's 2 moves
