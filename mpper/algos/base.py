@@ -165,6 +165,32 @@ class Trainer:
         step = self.training_step if step is None else step
         return t.lr_init * t.lr_decay_rate ** (step / t.lr_decay_steps)
 
+    # ---- gradients -------------------------------------------------------------------
+    def backward(self, loss: torch.Tensor, clip_value: float | None = None) -> torch.Tensor:
+        """The gradients of ``loss`` in the network's parameters, each element clipped to
+        ``[-clip_value, clip_value]`` when given, then all of them scaled to a total L2
+        norm of at most ``training.grad_clip`` when set; returns the total norm before
+        that scaling (a 0-d tensor; the caller checks it is finite).
+
+        The arithmetic of ``torch.nn.utils.clip_grad_norm_`` (coefficient
+        ``grad_clip / (norm + 1e-6)``, at most 1) in a few tensor ops: torch's version
+        sorts the gradients by device and dtype in Python on every call, ~0.2 ms of a
+        ~3 ms DQN step on CartPole on the 2-core VM.
+        """
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grads = [p.grad for p in self.network.parameters() if p.grad is not None]
+        if clip_value is not None:
+            for g in grads:
+                g.clamp_(-clip_value, clip_value)
+        norm = torch.linalg.vector_norm(torch.cat([g.reshape(-1) for g in grads]))
+        max_norm = self.train_config.grad_clip
+        if max_norm is not None:
+            coefficient = (max_norm / (norm + 1e-6)).clamp_(max=1.0)
+            for g in grads:
+                g.mul_(coefficient)
+        return norm
+
     # ---- host -> device ---------------------------------------------------------------
     def _to_device(self, arrays: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
         """numpy arrays -> tensors on the device.

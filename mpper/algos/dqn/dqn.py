@@ -287,7 +287,7 @@ class DQNTrainer(Trainer):
         Raises FloatingPointError, before the optimizer step, if the loss or the
         gradient norm is not finite (weights, optimizer and counter unchanged).
         """
-        t, d = self.train_config, self.dqn
+        d = self.dqn
         for group in self.optimizer.param_groups:
             group["lr"] = lr = self.learning_rate()
         x = self._to_device({**batch.data, "weights": batch.weights})
@@ -317,15 +317,7 @@ class DQNTrainer(Trainer):
             per_sample = td.pow(2)
         loss = (per_sample * x["weights"]).mean()
 
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        params = [p for p in self.network.parameters() if p.grad is not None]
-        if d.grad_clip_value is not None:
-            torch.nn.utils.clip_grad_value_(params, d.grad_clip_value)
-        if t.grad_clip is not None:
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, t.grad_clip)
-        else:
-            grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+        grad_norm = self.backward(loss, clip_value=d.grad_clip_value)  # clipped as configured
         with torch.no_grad():
             priorities = td.detach().abs()
             stats = torch.stack([loss.detach(), q_sa.detach().mean(), grad_norm.to(loss.dtype)])

@@ -51,7 +51,7 @@ class MuZeroTrainer(Trainer):
         gradient norm is not finite: the weights, the optimizer state and the step
         counter are then unchanged, and no priority comes back.
         """
-        t, m = self.train_config, self.config.muzero
+        m = self.config.muzero
         net = self.network
         support = net.support_size
         lr = self.learning_rate()
@@ -94,13 +94,7 @@ class MuZeroTrainer(Trainer):
         per_sample = value_loss * m.value_loss_weight + reward_loss + policy_loss
         loss = (per_sample * weights).mean()
 
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        params = [p for p in net.parameters() if p.grad is not None]
-        if t.grad_clip is not None:
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, t.grad_clip)  # the norm before clipping
-        else:
-            grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+        grad_norm = self.backward(loss)  # the norm before clipping to training.grad_clip
 
         # New raw priorities |v - z|: of the sampled positions (B,), or of every unrolled
         # position (B, K+1) with muzero.priority_update "unrolled" (the buffer writes
