@@ -267,6 +267,33 @@ def test_gradient_value_clipping():
         buf.close()
 
 
+@pytest.mark.parametrize("grad_clip, clip_value", [(None, None), (1e-2, None), (1e3, None), (1e-2, 2e-3)])
+def test_trainer_backward_clips_as_torch_does(grad_clip, clip_value):
+    """``Trainer.backward`` against torch's own ``clip_grad_value_`` and
+    ``clip_grad_norm_`` on a copy of the same network and loss: the same gradients, and
+    the norm before the norm clipping."""
+    config = dataclasses.replace(dqn_config(), training=dataclasses.replace(dqn_config().training, grad_clip=grad_clip))
+    torch.manual_seed(0)
+    trainer = DQNTrainer(config, QNetwork((4,), 2, [32, 32], dueling=True), torch.device("cpu"))
+    reference = QNetwork((4,), 2, [32, 32], dueling=True)
+    reference.load_state_dict(trainer.network.state_dict())
+    x = torch.randn(16, 4)
+    norm = trainer.backward(trainer.network(x).pow(2).mean() * 50, clip_value=clip_value)
+    reference(x).pow(2).mean().mul(50).backward()
+    params = list(reference.parameters())
+    if clip_value is not None:
+        torch.nn.utils.clip_grad_value_(params, clip_value)
+    if grad_clip is not None:
+        expected_norm = torch.nn.utils.clip_grad_norm_(params, grad_clip)
+    else:
+        expected_norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+    torch.testing.assert_close(norm, expected_norm)
+    for ours, theirs in zip(trainer.network.parameters(), params):
+        torch.testing.assert_close(ours.grad, theirs.grad)
+    if grad_clip == 1e-2:  # the clip did something
+        assert float(torch.linalg.vector_norm(torch.cat([p.grad.reshape(-1) for p in params]))) < float(norm)
+
+
 def test_dueling_head_combines_value_and_centred_advantage():
     net = QNetwork((4,), 3, [8], dueling=True)
     x = torch.randn(5, 4)
