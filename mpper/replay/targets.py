@@ -53,8 +53,8 @@ def gather_rows(src: np.ndarray, rows: np.ndarray) -> np.ndarray:
     """``src[rows]`` as a new contiguous array, for a field array ``(capacity, ...)``.
 
     The fields of a shared buffer are strided views into per-slot records; numpy's
-    fancy indexing walks them through its generic strided machinery, a compiled loop
-    is about twice as fast (np.take would even copy the whole field first).
+    fancy indexing walks them through its generic strided machinery, where a compiled
+    loop is faster (``bench/kernels.py``); np.take would even copy the whole field first.
     """
     out = np.empty((rows.shape[0], *src.shape[1:]), src.dtype)
     if src.ndim == 1:
