@@ -6,8 +6,11 @@ library, in a rotating order, so machine noise hits all alike):
 * single process, CartPole-sized transitions (obs 4 x float32, int action, float32
   reward, done) at each capacity, buffers filled first: add a chunk of 500, sample
   64 / 256 / 1024 with importance weights (alpha 0.6, beta 0.4), update 256
-  priorities, and a learner step (sample 256 + update 256). mpper samples raw rows
-  (``targets=None``); ``mpper n-step 3`` is the same buffer with ``NStepTargets(n=3)``.
+  priorities, and a learner step (sample 256 + update 256). ``mpper`` samples
+  transitions, as the peers return them (observation, action, reward, next observation,
+  done: ``NStepTargets(n=1)``), and the ratios are taken on it; ``mpper raw rows`` is the
+  same buffer sampled without targets (``targets=None``: the stored rows only, no next
+  observation).
   ``numpy floor`` gathers observation, action and reward rows from plain numpy arrays
   at fresh uniform random indices (no tree, no weights): the cost of the rows alone;
 * mpper's MuZero batch: 128 positions, unroll 10, td 50, from 500 episodes of 200-500
@@ -32,8 +35,8 @@ Chunks: an mpper chunk is one episode of 500 rows (``add_episode``), which holds
 transitions (the last row is the final observation). cpprb adds 500 transitions in one
 ``add`` call; tianshou's ``PrioritizedReplayBuffer.add`` takes one transition per call,
 so its chunk is ``buffer.update(staging)`` from a 500-transition staging buffer (its
-bulk path). Peers store ``next_obs`` explicitly; mpper's raw rows do not (its n-step
-row gathers the next observation).
+bulk path). Peers store ``next_obs`` explicitly; mpper stores each observation once and
+gathers the next one at sample time.
 """
 
 from __future__ import annotations
@@ -186,17 +189,20 @@ def import_libraries() -> dict:
 
 # ---- single-process adapters: one method per measured operation --------------------------
 class MpperBench:
+    """mpper sampled as the peers sample: one-step transitions (observation, action,
+    reward, next observation, done) built by ``NStepTargets(n=1)``."""
+
     name = "mpper"
 
     def __init__(self, capacity: int, chunks: list[dict], seed: int):
         from mpper import ReplayBuffer
-        from mpper.algos.dqn.targets import dqn_schema
+        from mpper.algos.dqn.targets import NStepTargets, dqn_schema
 
         self.buf = ReplayBuffer.create(dqn_schema(OBS_SHAPE), capacity=capacity, alpha=ALPHA)
         self.rng = np.random.default_rng(seed)
         self.episodes = Rotation([mpper_episode(c) for c in chunks])
         self.prios = Rotation(make_update_priorities(seed))
-        self.targets = None
+        self.targets = NStepTargets(n=1, gamma=0.99)
         for i in range(-(-capacity // CHUNK)):  # fill: every slot written once
             c = chunks[i % len(chunks)]
             self.buf.add_episode(mpper_episode(c), priorities=c["priorities"][: CHUNK - 1])
@@ -224,26 +230,27 @@ class MpperBench:
         b = self.sample(batch_size)
         assert b.indices.shape == b.weights.shape == (batch_size,), "mpper: batch shapes"
         assert np.all(b.weights > 0) and np.all(b.weights <= 1.0 + 1e-6), "mpper: weights"
+        if self.targets is not None:
+            assert {"observation", "next_observation", "action", "reward", "done"} <= set(b.data), "mpper: fields"
 
     def close(self):
         self.buf.close()
 
 
-class MpperNStepBench(MpperBench):
-    """The same buffer as ``MpperBench``, sampled with ``NStepTargets(n=3)``."""
+class MpperRawRowsBench(MpperBench):
+    """The same buffer as ``MpperBench``, sampled without targets: each stored row as it
+    is (observation, the action that led to it, its reward), no next observation."""
 
-    name = "mpper n-step 3"
+    name = "mpper raw rows"
 
-    def __init__(self, raw: MpperBench):
-        from mpper.algos.dqn.targets import NStepTargets
+    def __init__(self, transitions: MpperBench):
+        self.buf, self.rng, self.prios = transitions.buf, np.random.default_rng(1), transitions.prios
+        self.targets = None
 
-        self.buf, self.rng, self.prios = raw.buf, np.random.default_rng(1), raw.prios
-        self.targets = NStepTargets(n=3, gamma=0.99)
-
-    add = update = prepare_update = None  # measured once, on the raw adapter
+    add = update = prepare_update = None  # measured once, on the transitions adapter
 
     def close(self):
-        pass  # the raw adapter owns the buffer
+        pass  # the transitions adapter owns the buffer
 
 
 class CpprbBench:
@@ -388,8 +395,8 @@ def bench_single_process(capacity: int, libs: dict, reps: int, target_s: float) 
     benches = []
     try:
         if "mpper" in libs:
-            raw = MpperBench(capacity, chunks, seed=1)
-            benches += [raw, MpperNStepBench(raw)]
+            transitions = MpperBench(capacity, chunks, seed=1)
+            benches += [transitions, MpperRawRowsBench(transitions)]
         if "cpprb" in libs:
             benches.append(CpprbBench(capacity, chunks, seed=2))
         if "tianshou" in libs:
@@ -520,11 +527,14 @@ def _mpper_roles(shared, role: str, seed: int):
 
     buf = ReplayBuffer.attach(shared)
     if role == "learner":
+        from mpper.algos.dqn.targets import NStepTargets
+
         rng = np.random.default_rng(seed)
         prios = Rotation(make_update_priorities(seed, MP_BATCH))
+        transitions = NStepTargets(n=1, gamma=0.99)  # what cpprb's learner gets: next_obs and done too
 
         def step():
-            b = buf.sample(MP_BATCH, BETA, rng=rng)
+            b = buf.sample(MP_BATCH, BETA, targets=transitions, rng=rng)
             buf.update_priorities(b.indices, b.generations, prios.next())
 
         return step, buf.close, None
@@ -706,7 +716,7 @@ def ratio(a: dict | None, b: dict | None) -> str:
 
 
 def markdown(report: dict) -> str:
-    libs = ["mpper", "mpper n-step 3", "cpprb", "tianshou", "numpy floor"]
+    libs = ["mpper", "mpper raw rows", "cpprb", "tianshou", "numpy floor"]
     lines = [
         "# Replay benchmark",
         "",
@@ -716,7 +726,8 @@ def markdown(report: dict) -> str:
         "",
         f"## Single process: ms per call, median (min-max) over {report['reps']} repetitions",
         "",
-        "Ratios are mpper / peer on the medians (raw rows; in brackets: mpper n-step 3).",
+        "Ratios are mpper / peer on the medians: mpper sampling transitions as the peers do (observation, "
+        "action, reward, next observation, done); in brackets: mpper's raw rows.",
         "",
         "| capacity | operation | " + " | ".join(libs) + " | mpper/cpprb | mpper/tianshou |",
         "|---|---|" + "---|" * (len(libs) + 2),
@@ -727,8 +738,8 @@ def markdown(report: dict) -> str:
             ratios = []
             for peer in ("cpprb", "tianshou"):
                 r = ratio(res.get("mpper"), res.get(peer))
-                if res.get("mpper n-step 3") and res.get(peer):
-                    r += f" ({ratio(res['mpper n-step 3'], res[peer])})"
+                if res.get("mpper raw rows") and res.get(peer):
+                    r += f" ({ratio(res['mpper raw rows'], res[peer])})"
                 ratios.append(r)
             lines.append(f"| {float(cap):.0e} | {op} | " + " | ".join(cells + ratios) + " |")
     if report.get("muzero"):

@@ -12,8 +12,13 @@ the checkpoint's move in each of the 4,520 unfinished positions of the game chec
 against the solver (how many keep the position's game-theoretic value).
 
 Targets: 0 losses against random; >= 90 % draws against perfect (nobody beats it). The
-report gives, per seed, the first training time each target was met, the final numbers,
-Markdown tables and a PNG of both curves against training time (matplotlib, optional).
+report gives, per seed, the first training time each target was met and both were met
+together, how many evaluations from then on met both, the final numbers, Markdown tables
+and a PNG of both curves against training time (matplotlib, optional).
+
+The long check (``--check-games N``, default 500): the saved checkpoint then plays N games
+against random as the first player, N as the second, and N / 5 against perfect as the
+second player (the side where a weak agent loses), and the report counts its losses.
 
 Resumable: each seed's result is written to ``OUT/seed<N>.json`` as soon as that seed
 is done, and the tables and the PNG are rebuilt from every ``seed*.json`` present; a
@@ -97,7 +102,31 @@ def run_seed(seed: int, args, out_dir: Path) -> dict:
         "first_met_perfect_s": next((p["time_s"] for p in curve if p["met_perfect"]), None),
     }  # fmt: skip
     result["final"] = final_evaluation(run_dir, args.games, seed)
+    result["check"] = long_check(run_dir, args.check_games, seed)
     return result
+
+
+def long_check(run_dir: Path, games: int, seed: int) -> dict:
+    """The saved checkpoint's games per (opponent, side) for the long check:
+    ``games`` against random as first and as second player, ``games // 5`` against
+    perfect as second player; {} without a checkpoint or with ``games`` 0."""
+    import torch
+
+    from mpper.algos.muzero.arena import load_mcts_agent, play_match
+    from mpper.envs.tictactoe import TicTacToeEnv, perfect_agent, random_agent
+
+    torch.set_num_threads(1)
+    if games <= 0 or not (run_dir / "checkpoint.pt").exists():
+        return {}
+    agent, _ = load_mcts_agent(run_dir, seed=seed)
+    plan = (("random", random_agent, True, games), ("random", random_agent, False, games),
+            ("perfect", perfect_agent, False, games // 5))  # fmt: skip
+    out = {}
+    for name, make, first, n in plan:
+        side = "first" if first else "second"
+        out[f"{name} as {side}"] = play_match(TicTacToeEnv, agent, make(20_000 + seed), agent_first=first, games=n,
+                                              seed=seed + 1)  # fmt: skip
+    return out
 
 
 def final_evaluation(run_dir: Path, games: int, seed: int) -> dict:
@@ -164,12 +193,17 @@ def report(results: list[dict]) -> str:
         f"{results[0]['games']} games per opponent per evaluation (half first, half second). Targets: 0 losses vs "
         f"random; >= {PERFECT_DRAW_TARGET:.0%} draws vs perfect. Times are training time (since the run started).",
         "",
-        "| seed | 0 losses vs random first at | >= 90 % draws vs perfect first at | evaluations | training steps | env steps |",
-        "|---|---|---|---|---|---|",
+        "| seed | 0 losses vs random first at | >= 90 % draws vs perfect first at | both first met at "
+        "| evaluations from then on meeting both | evaluations | training steps | env steps |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
+        both = [p["met_random"] and p["met_perfect"] for p in r["curve"]]
+        first = both.index(True) if True in both else None
+        first_s = None if first is None else r["curve"][first]["time_s"]
+        kept = "-" if first is None else f"{sum(both[first:])} of {len(both) - first}"
         lines.append(f"| {r['seed']} | {_time(r['first_met_random_s'])} | {_time(r['first_met_perfect_s'])} | "
-                     f"{len(r['curve'])} | {r['training_steps']} | {r['env_steps']} |")  # fmt: skip
+                     f"{_time(first_s)} | {kept} | {len(r['curve'])} | {r['training_steps']} | {r['env_steps']} |")  # fmt: skip
     lines += [
         "",
         "Final checkpoint (W/D/L from the agent's side, as first player | as second player):",
@@ -188,6 +222,15 @@ def report(results: list[dict]) -> str:
         kept = f"{m['value_kept']:,} ({m['value_kept'] / m['positions']:.1%})" if m else "-"
         lines.append(f"| {r['seed']} | {_wdl(f['random']['first'])} | {_wdl(f['random']['second'])} | "
                      f"{_wdl(f['perfect']['first'])} | {_wdl(f['perfect']['second'])} | {met} | {kept} |")  # fmt: skip
+    checks = [r for r in results if r.get("check")]
+    if checks:
+        games = sum(c["wins"] + c["draws"] + c["losses"] for r in checks for c in r["check"].values())
+        losses = sum(c["losses"] for r in checks for c in r["check"].values())
+        lines += ["", f"Long check of the final checkpoints (`--check-games`): {losses} losses in {games:,} games", "",
+                  "| seed | " + " | ".join(f"{k} (W/D/L)" for k in checks[0]["check"]) + " |",
+                  "|---|" + "---|" * len(checks[0]["check"])]  # fmt: skip
+        for r in checks:
+            lines.append(f"| {r['seed']} | " + " | ".join(_wdl(c) for c in r["check"].values()) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -228,6 +271,9 @@ def main() -> int:
     ap.add_argument("--eval-interval", type=float, default=60.0, metavar="SECONDS",
                     help="seconds between the run's evaluations (default 60)")
     ap.add_argument("--games", type=int, default=100, help="games per opponent per evaluation (half first)")
+    ap.add_argument("--check-games", type=int, default=500,
+                    help="long check of the final checkpoint: games vs random per side (and a fifth of it vs "
+                         "perfect as second player); 0: none")  # fmt: skip
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "tictactoe"), metavar="DIR")
     ap.add_argument("--force", action="store_true", help="rerun seeds whose result JSON exists")
     args = ap.parse_args()

@@ -16,15 +16,16 @@ it for everything that differs between algorithms and never compares algorithm n
 - ``play_against`` (optional): games against an env's opponents, which is what
   training on two-player games needs.
 
-:class:`Trainer` (optimizer, lr schedule, moving average, checkpoint state) and
-:class:`FlatWeights` (one float32 vector of every parameter, what the weight store
-carries) are the shared parts of trainers and networks.
+:class:`Trainer` (optimizer, lr schedule, gradient clipping, moving average, checkpoint
+state), :class:`FlatWeights` (one float32 vector of every parameter, what the weight store
+carries) and :class:`EpisodeRows` (an episode's observation, action and reward rows) are
+the shared parts of trainers, networks and players.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -38,7 +39,7 @@ from ..envs.spec import EnvSpec
 from ..replay.buffer import ReplayBuffer
 from ..replay.positions import Positions
 
-__all__ = ["Algorithm", "FlatWeights", "Player", "Trainer", "WeightSource"]
+__all__ = ["Algorithm", "EpisodeRows", "FlatWeights", "Player", "Trainer", "WeightSource"]
 
 
 class Player(Protocol):
@@ -53,6 +54,38 @@ class Player(Protocol):
     def step(self, progress: float = 0.0) -> list: ...
 
     def stored(self, episode) -> tuple[dict[str, np.ndarray], np.ndarray]: ...
+
+
+@dataclass
+class EpisodeRows:
+    """The rows every algorithm stores for one episode, in muzero-general's GameHistory
+    layout: T moves are T + 1 rows; row i holds the observation o_i, the action a_{i-1}
+    that led to it and the reward r_i received on arriving there (row 0: action 0, reward
+    0). An algorithm's episode adds its own fields (MuZero: to_play and the search's
+    statistics). ``terminated``: the env ended the episode (False: cut by a time limit,
+    whose last transition bootstraps)."""
+
+    observation: list = field(default_factory=list)  # o_0 .. o_T
+    action: list = field(default_factory=lambda: [0])  # a_{i-1} on row i (row 0: 0)
+    reward: list = field(default_factory=lambda: [0.0])  # r_i on row i (row 0: 0)
+    terminated: bool = False
+
+    @property
+    def moves(self) -> int:
+        return len(self.observation) - 1
+
+    @property
+    def total_reward(self) -> float:
+        return float(sum(self.reward))
+
+    def rows(self) -> dict[str, np.ndarray]:
+        """``observation`` (T + 1, *obs) float32, ``action`` (T + 1,) int64, ``reward``
+        (T + 1,) float32: the fields of every algorithm's schema."""
+        return {
+            "observation": np.stack(self.observation).astype(np.float32, copy=False),
+            "action": np.asarray(self.action, np.int64),
+            "reward": np.asarray(self.reward, np.float32),
+        }
 
 
 class WeightSource(Protocol):

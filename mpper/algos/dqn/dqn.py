@@ -38,7 +38,7 @@ from torch import nn
 
 from ...config import Config
 from ...replay.buffer import Batch
-from ..base import FlatWeights, Trainer
+from ..base import EpisodeRows, FlatWeights, Trainer
 from .targets import NStepTargets
 
 __all__ = [
@@ -138,30 +138,12 @@ def td_errors(network: QNetwork, arrays: dict[str, np.ndarray], terminated: bool
 # --------------------------------------------------------------------------------------
 
 
-class DQNEpisode:
+class DQNEpisode(EpisodeRows):
     """One episode as buffer rows: T moves, T + 1 rows (see the module docstring)."""
 
-    def __init__(self, observation: np.ndarray) -> None:
-        self.observation = [observation]
-        self.action = [0]
-        self.reward = [0.0]
-        self.terminated = False
-
-    @property
-    def moves(self) -> int:
-        return len(self.observation) - 1
-
-    @property
-    def total_reward(self) -> float:
-        return float(sum(self.reward))
-
     def arrays(self) -> dict[str, np.ndarray]:
-        """Rows for ``ReplayBuffer.add_episode`` with ``dqn_schema``."""
-        return {
-            "observation": np.stack(self.observation).astype(np.float32, copy=False),
-            "action": np.asarray(self.action, np.int64),
-            "reward": np.asarray(self.reward, np.float32),
-        }
+        """Rows for ``ReplayBuffer.add_episode`` with ``dqn_schema``: the common rows."""
+        return self.rows()
 
 
 class EpsilonGreedyPlayer:
@@ -197,7 +179,7 @@ class EpsilonGreedyPlayer:
 
     def _reset(self, k: int, seed: int | None = None) -> DQNEpisode:
         obs, _ = self.envs[k].reset(seed=seed)
-        return DQNEpisode(np.asarray(obs, np.float32))
+        return DQNEpisode(observation=[np.asarray(obs, np.float32)])
 
     def current_epsilons(self) -> np.ndarray:
         """Epsilon of each env for the next step (K,)."""

@@ -19,6 +19,7 @@ import torch
 
 from ...config import Config
 from ...envs.two_player import is_two_player
+from ..base import EpisodeRows
 from .mcts import BatchedMCTS, select_action, temperature_at
 from .networks import support_to_scalar
 from .targets import MuZeroTargets, stacked_observations
@@ -27,35 +28,22 @@ __all__ = ["BatchedPlayer", "Episode", "initial_priorities"]
 
 
 @dataclass
-class Episode:
-    """One game in muzero-general's GameHistory layout: T moves, T + 1 rows."""
+class Episode(EpisodeRows):
+    """One game in muzero-general's GameHistory layout: T moves, T + 1 rows (the common
+    rows of :class:`~mpper.algos.base.EpisodeRows`, and the search's)."""
 
-    observation: list = field(default_factory=list)  # o_0 .. o_T
-    action: list = field(default_factory=lambda: [0])  # a_{i-1} on row i (row 0: 0)
-    reward: list = field(default_factory=lambda: [0.0])  # r_i on row i (row 0: 0)
     to_play: list = field(default_factory=list)
     root_value: list = field(default_factory=list)  # search value at o_i, i < T
     child_visits: list = field(default_factory=list)  # visit distribution at o_i, i < T
-    terminated: bool = False
     # The network's value of o_T, for an episode cut by a time limit: its value targets
     # bootstrap from it (mpper.replay.targets). 0 for a terminated one, whose row T is never read.
     final_value: float = 0.0
-
-    @property
-    def moves(self) -> int:
-        return len(self.observation) - 1
-
-    @property
-    def total_reward(self) -> float:
-        return float(sum(self.reward))
 
     def arrays(self, num_actions: int) -> dict[str, np.ndarray]:
         """Rows for ``ReplayBuffer.add_episode`` (final row: ``final_value`` as its
         root value, no visits)."""
         return {
-            "observation": np.stack(self.observation).astype(np.float32, copy=False),
-            "action": np.asarray(self.action, np.int64),
-            "reward": np.asarray(self.reward, np.float32),
+            **self.rows(),
             "to_play": np.asarray(self.to_play, np.int8),
             "root_value": np.asarray(self.root_value + [self.final_value], np.float32),
             "child_visits": np.vstack(self.child_visits + [np.zeros(num_actions)]).astype(np.float32),
