@@ -467,13 +467,7 @@ class _Schema:
 
     def all_keys(self) -> list[str]:
         """Every key of every algorithm (for "did you mean" across sections)."""
-        keys = list(self.top)
-        for name, cls in SHARED_SECTIONS.items():
-            keys += [s.key for s in section_specs(cls, name).values()]
-        for a in self.algorithms.values():
-            for name, cls in a.sections.items():
-                keys += [s.key for s in section_specs(cls, name).values()]
-        return keys
+        return [spec.key for spec in field_specs(self.algorithms)]
 
 
 def _top_specs(algorithms: Mapping[str, AlgorithmConfig]) -> dict[str, FieldSpec]:
