@@ -2,8 +2,8 @@
 
 For each checkout in ``--roots`` (default: this one; name an older checkout beside it to
 compare two versions, their runs interleaved), runs ``python run.py --config CONFIG
---workers N`` ``--repeats`` times, each stopped after ``--seconds`` (``--time-limit``; no
-solve stop), with a progress record every 0.1 s (``runtime.log_interval_s``; the
+--workers N`` ``--repeats`` times (after one unmeasured run per checkout, which fills
+numba's cache there), each stopped after ``--seconds`` (``--time-limit``; no solve stop), with a progress record every 0.1 s (``runtime.log_interval_s``; the
 supervisor writes one about every 0.2 s, as it reads its queue for up to 0.2 s between
 them). From the run's ``metrics.jsonl``, in seconds after the launch of ``run.py``:
 
@@ -128,6 +128,8 @@ def main() -> int:
     args = ap.parse_args()
     roots = [Path(r).resolve() for r in args.roots]
     results: dict[Path, list[dict]] = {r: [] for r in roots}
+    for root in roots:  # unmeasured: a checkout's first run compiles numba's kernels into its cache
+        one_run(root, args.config, args.workers, min(args.seconds, 10.0), min(args.memory_at, 5.0))
     for _ in range(args.repeats):
         for root in roots:  # interleaved, so that the machine's mood hits every checkout alike
             results[root].append(one_run(root, args.config, args.workers, args.seconds, args.memory_at))
