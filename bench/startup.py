@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import statistics
 import subprocess
 import sys
@@ -94,13 +95,19 @@ def one_run(root: Path, config: str, workers: int, seconds: float, memory_at: fl
                "--set", "runtime.log_interval_s=0.1"]  # fmt: skip
         launched = time.time()
         proc = subprocess.Popen(cmd, cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        memory = {}
-        while proc.poll() is None:
-            if not memory and time.time() - launched >= memory_at:
-                memory = memory_by_process(proc.pid)
-                roles = {pid: name for name, pid in json.loads((run_dir / "processes.json").read_text()).items()}
-                roles[proc.pid] = "supervisor"
-            time.sleep(0.05)
+        memory, roles = {}, {}
+        try:
+            while proc.poll() is None:
+                due = time.time() - launched >= memory_at
+                if due and not memory and (run_dir / "processes.json").exists():  # the children have started
+                    roles = {pid: name for name, pid in json.loads((run_dir / "processes.json").read_text()).items()}
+                    roles[proc.pid] = "supervisor"
+                    memory = memory_by_process(proc.pid)
+                time.sleep(0.05)
+        finally:
+            if proc.poll() is None:  # this script failed: stop the run as Ctrl-C would, then wait for it
+                proc.send_signal(signal.SIGINT)
+                proc.wait(60)
         if proc.returncode != 0:
             raise RuntimeError(f"{' '.join(cmd)} (in {root}) exited with {proc.returncode}:\n{proc.stderr.read()[-3000:]}")
         records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]

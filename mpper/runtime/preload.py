@@ -6,9 +6,11 @@ them at no cost. Imported for its effects, by the forkserver only:
 - the modules every child imports anyway (the process mains and both algorithms);
 - ``torch._dynamo``: torch imports it on the first ``torch.optim`` optimizer a process
   builds (``Optimizer.add_param_group`` is wrapped by ``torch._disable_dynamo``), which
-  took the learner ~2.4 CPU s between its start and its first training step;
-- the replay buffer's compiled kernels (``mpper.replay.buffer.warm_kernels``): the first
-  numba kernel a process loads from the on-disk cache costs it ~0.8 s.
+  took the learner 2-2.4 CPU s between its start and its first training step;
+- the replay buffer's compiled kernels (``mpper.replay.buffer.warm_kernels``), with
+  numba's compiler: about 1 CPU s and 55 MiB in each process that loads them.
+
+``python bench/startup.py`` times each of these steps and the start of a run.
 """
 
 import torch._dynamo  # noqa: F401

@@ -2,9 +2,10 @@
 starts, against the free space of /dev/shm and the machine's memory.
 
 What a run holds (figures per process measured on the 2-core VM with
-``configs/cartpole.json`` and 8 workers: a child's private memory, beside what it shares
-with the forkserver (libraries, and numba's compiler with the buffer's kernels, which
-``mpper.runtime.preload`` loads there once), was 15-30 MiB; the supervisor, the
+``configs/cartpole.json`` and 8 workers, ``python bench/startup.py --config
+configs/cartpole.json --workers 8 --repeats 1``: a child's private memory, beside what it
+shares with the forkserver (libraries, and numba's compiler with the buffer's kernels,
+which ``mpper.runtime.preload`` loads there once), was 13-27 MiB; the supervisor, the
 forkserver and the resource tracker about 300 MiB together):
 
 - the replay buffer, one shared-memory segment: exactly the bytes of its layout;
@@ -37,7 +38,7 @@ from ..replay.buffer import segment_bytes
 __all__ = ["RunSize", "check_fits", "memory_bytes", "run_size"]
 
 _CHILD_BYTES = 32 << 20  # private memory of one child process (worker, learner, evaluator, reanalyser)
-_BASE_BYTES = 320 << 20  # the supervisor, the forkserver and the resource tracker, with the libraries all processes share
+_BASE_BYTES = 320 << 20  # supervisor, forkserver and resource tracker, with the libraries all processes share
 _LEARNER_COPIES = 5  # weights, gradients, Adam's two moments, moving average or target network
 
 
