@@ -227,13 +227,18 @@ def main(argv: list[str] | None = None) -> int:
     except RunDirError as e:
         return _fail(str(e))
 
+    refuse = _fail
     if config.runtime.workers > 0:
         # Children will be forked from a server: boot it now, so that its imports run beside
-        # ours (torch, from the checks below on). It does nothing until a child is asked for,
-        # and exits with this process, also when a check below refuses the run.
-        from .runtime.procs import start_process_server
+        # ours (torch, from the checks below on). A check below that refuses the run stops
+        # it at once: it has started no child, and would otherwise finish its imports first.
+        from .runtime.procs import start_process_server, stop_process_server
 
         start_process_server()
+
+        def refuse(message: str) -> int:
+            stop_process_server()
+            return _fail(message)
 
     from .algos.registry import run_env_spec
     from .runtime.resources import check_fits
@@ -241,19 +246,19 @@ def main(argv: list[str] | None = None) -> int:
     try:  # the env itself: kwargs it rejects, a broken two-player contract, an algorithm that cannot train it
         spec = run_env_spec(config)
     except ValueError as e:
-        return _fail(str(e))
+        return refuse(str(e))
     try:  # the sizes against /dev/shm and this machine's memory
         check_fits(config, spec)
     except ValueError as e:
-        return _fail(str(e))
+        return refuse(str(e))
     if resume is not None:
         problem = _check_resume(resume, config, spec)
         if problem:
-            return _fail(problem)
+            return refuse(problem)
     try:  # held until this process exits: no second run writes into run_dir meanwhile
         lock = claim_run_dir(run_dir, flag, resume is not None)
     except RunDirError as e:
-        return _fail(str(e))
+        return refuse(str(e))
     with lock:
         from .checkpoint import CheckpointError
         from .replay.snapshot import SnapshotError
@@ -265,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
         except (SharedMemoryRoomError, SnapshotError, CheckpointError) as e:
             # raised while the run sets up, before any child starts (/dev/shm too small for
             # the buffer; a resumed snapshot whose checksums do not match)
-            return _fail(str(e))
+            return refuse(str(e))
     return rc if isinstance(rc, int) else 0
 
 

@@ -6,8 +6,10 @@ threshold of self-play. Everything on the real TicTacToe env and real networks."
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import time
 import types
 from pathlib import Path
 
@@ -270,16 +272,38 @@ def test_broken_two_player_env_is_one_line_and_exit_code_2(tmp_path, capsys, tra
     assert "has no 'action_mask'" in err
 
 
+def _processes_tagged(tag: str) -> list[int]:
+    """Live processes whose environment holds ``tag``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            if entry.isdigit() and tag.encode() in Path(f"/proc/{entry}/environ").read_bytes():
+                if Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+                    found.append(int(entry))
+        except OSError:
+            continue
+    return found
+
+
 @pytest.mark.slow
-def test_dqn_on_a_two_player_env_is_refused_in_one_line(tmp_path):
+def test_dqn_on_a_two_player_env_is_refused_in_one_line_and_leaves_no_process(tmp_path):
+    """Refused after the forkserver was booted (the two-player check imports torch, which
+    the forkserver's imports overlap): the forkserver is stopped with the command, not
+    left to finish its imports."""
     run_dir = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "run.py", "--config", "configs/cartpole_dqn.json", "--set",
-                           "env.id=mpper/TicTacToe-v0", "--run-dir", str(run_dir)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=60)  # fmt: skip
-    assert proc.returncode == 2 and proc.stdout == "" and not run_dir.exists()
-    assert proc.stderr.count("\n") == 1, proc.stderr
-    assert proc.stderr.startswith('error: algorithm: "dqn" cannot train the two-player env \'mpper/TicTacToe-v0\'')
-    assert 'use "muzero"' in proc.stderr
+    tag = f"MPPER_TEST_TAG_{os.getpid()}_{time.monotonic_ns()}"
+    out, err = tmp_path / "stdout", tmp_path / "stderr"
+    with open(out, "w") as stdout, open(err, "w") as stderr:  # files, not pipes: a pipe would wait for every holder
+        returncode = subprocess.run([sys.executable, "run.py", "--config", "configs/cartpole_dqn.json", "--set",
+                                     "env.id=mpper/TicTacToe-v0", "--run-dir", str(run_dir)], cwd=ROOT,
+                                    stdout=stdout, stderr=stderr, timeout=60, env={**os.environ, tag: "1"}).returncode  # fmt: skip
+    left = _processes_tagged(tag)
+    stderr = err.read_text()
+    assert returncode == 2 and out.read_text() == "" and not run_dir.exists()
+    assert stderr.count("\n") == 1, stderr
+    assert stderr.startswith('error: algorithm: "dqn" cannot train the two-player env \'mpper/TicTacToe-v0\'')
+    assert 'use "muzero"' in stderr
+    assert left == [], f"processes of the refused run still alive: {left}"
 
 
 # --------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from ..replay.buffer import ReplayBuffer
 from .weights import WeightStore
 
 __all__ = ["ForcedStop", "StopRequests", "StopSignal", "child_init", "child_process", "forkserver_pid", "process_context",
-           "report_error", "start_process_server"]
+           "report_error", "start_process_server", "stop_process_server"]
 
 
 # What every child needs anyway; the forkserver loads it once for all of them.
@@ -54,6 +54,22 @@ def start_process_server() -> None:
         from multiprocessing import forkserver
 
         forkserver.ensure_running()
+
+
+def stop_process_server() -> None:
+    """Stop the forkserver :func:`start_process_server` booted, at once, for a run refused
+    before it started any child (the server would otherwise finish its imports first,
+    several CPU seconds, before it noticed). Nothing to do when none was booted."""
+    from multiprocessing import forkserver
+
+    pid = forkserver_pid()
+    if pid is None:
+        return
+    try:
+        os.kill(pid, signal.SIGKILL)  # it holds no child and no shared state yet
+    except ProcessLookupError:
+        pass
+    forkserver._forkserver._stop()  # reaps it, closes its pipe, removes its socket (no public API)
 
 
 def forkserver_pid() -> int | None:
