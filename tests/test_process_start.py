@@ -13,7 +13,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
+
+pytestmark = pytest.mark.slow  # a forkserver and a fresh interpreter: seconds each
 
 
 def _what_is_loaded(results) -> None:
