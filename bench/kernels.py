@@ -37,6 +37,9 @@ from mpper.algos.muzero.targets import muzero_schema  # noqa: E402
 from mpper.replay.sum_tree import SumTree, descend  # noqa: E402
 from mpper.replay.targets import gather_rows  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from learner import fill  # noqa: E402  (bench/learner.py)
+
 
 @numba.njit(cache=True, nogil=True)
 def descend_if_else(tree, leaf_base, targets, out):
@@ -116,14 +119,7 @@ def main() -> int:
     buf = ReplayBuffer.create(muzero_schema((4,), 2), args.capacity)
     try:
         while len(buf) < args.capacity - 600:
-            t = int(rng.integers(20, 500))
-            buf.add_episode({
-                "observation": rng.standard_normal((t + 1, 4)).astype(np.float32),
-                "action": rng.integers(0, 2, t + 1),
-                "reward": np.ones(t + 1, np.float32),
-                "root_value": rng.uniform(0, 100, t + 1).astype(np.float32),
-                "child_visits": rng.dirichlet([1, 1], t + 1).astype(np.float32),
-            })  # fmt: skip
+            fill(buf, 1, rng)  # CartPole-shaped MuZero episodes of 20-500 moves
         rows = rng.integers(0, args.capacity, args.batch)
         for name in ("observation", "action", "child_visits"):
             field = buf.fields[name]
