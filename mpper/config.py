@@ -268,6 +268,9 @@ class RuntimeConfig:
     solve_return: float | None = opt(None, None, "stop when the mean greedy return reaches this (two-player envs: "
                                       "the mean score against the last, strongest opponent, win +1 / draw 0 / "
                                       "loss -1); null: never")
+    solve_confirm_episodes: int = opt(0, ">= 0", "one-player envs: when an evaluation reaches solve_return, play "
+                                       "this many more greedy episodes with the same weights; the evaluation's mean "
+                                       "is then over all its episodes, so a lucky few do not stop the run; 0: off")
     checkpoint_interval_s: float = opt(60.0, "> 0", "seconds between checkpoint.pt writes")
     max_worker_restarts: int = opt(3, ">= 0", "restarts of a failing worker before the run stops")
     time_limit_s: float | None = opt(None, "> 0", "stop cleanly after this many seconds; null: no limit")

@@ -20,7 +20,7 @@ from .actor import LatestWeights, labelled_envs
 from .procs import child_process
 from .run import BestCheckpoint, Seeds
 
-__all__ = ["evaluate", "play_greedy", "run_evaluator"]
+__all__ = ["evaluate", "greedy_returns", "play_greedy", "run_evaluator"]
 
 
 def play_greedy(config: Config, envs: list, network, seed: int, stop=None, on_episode=None) -> list[Episode] | None:
@@ -49,6 +49,11 @@ def evaluate(config: Config, network, seed: int, stop=None, envs: list | None = 
     without noise, most visited action; DQN: argmax Q), one per env of ``envs`` (made
     from ``config.env`` when None): ``{"mean_return": mean, "returns": [...]}``.
 
+    With ``runtime.solve_return`` and ``runtime.solve_confirm_episodes``, an evaluation
+    whose mean reaches ``solve_return`` plays that many more episodes with the same
+    weights (seeds following on): ``mean_return`` and ``returns`` cover all of them, and
+    ``confirmation`` holds ``{"episodes": n, "mean_return": the new episodes' mean}``.
+
     Two-player env (MuZero): games against the opponents the env provides, half as first
     player, half as second (the algorithm's ``play_against``); ``mean_return`` is
     the mean score (win +1, draw 0, loss -1) against the last, strongest one, and
@@ -60,11 +65,30 @@ def evaluate(config: Config, network, seed: int, stop=None, envs: list | None = 
     if algorithm.two_player and is_two_player(envs[0]):
         opponents = evaluation_opponents(envs[0], seed)
         return algorithm.play_against(config, network, opponents, config.runtime.evaluation_episodes, seed, stop=stop)
-    episodes = play_greedy(config, envs, network, seed, stop)
-    if episodes is None:
+    returns = greedy_returns(config, envs, network, seed, len(envs), stop)
+    if returns is None:
         return None
-    values = [ep.total_reward for ep in episodes]
-    return {"mean_return": float(np.mean(values)), "returns": values}
+    solve, confirm = config.runtime.solve_return, config.runtime.solve_confirm_episodes
+    if solve is None or confirm == 0 or np.mean(returns) < solve:
+        return {"mean_return": float(np.mean(returns)), "returns": returns}
+    more = greedy_returns(config, envs, network, seed + len(returns), confirm, stop)
+    if more is None:
+        return None
+    return {"mean_return": float(np.mean(returns + more)), "returns": returns + more,
+            "confirmation": {"episodes": confirm, "mean_return": float(np.mean(more))}}  # fmt: skip
+
+
+def greedy_returns(config: Config, envs: list, network, seed: int, count: int, stop=None) -> list[float] | None:
+    """The returns of ``count`` greedy episodes, played ``len(envs)`` at a time; episode
+    ``i`` starts from a reset with ``seed + i``. None if ``stop`` was set first."""
+    returns: list[float] = []
+    while len(returns) < count:
+        batch = envs[: count - len(returns)]
+        episodes = play_greedy(config, batch, network, seed + len(returns), stop)
+        if episodes is None:
+            return None
+        returns += [ep.total_reward for ep in episodes]
+    return returns
 
 
 def run_evaluator(config: Config, weight_handle, observation_shape, num_actions: int, stop, reports,

@@ -213,6 +213,8 @@ def solved_text(evaluation: dict) -> str:
     env the mean score against the strongest opponent."""
     if "against" in evaluation:
         return f"mean score {evaluation['mean_return']:+.2f} against {evaluation['against']}"
+    if "confirmation" in evaluation:
+        return f"mean greedy return {evaluation['mean_return']:.1f} over {len(evaluation['returns'])} episodes"
     return f"mean greedy return {evaluation['mean_return']:.1f}"
 
 

@@ -1,0 +1,102 @@
+"""The solve confirmation (``runtime.solve_confirm_episodes``): an evaluation that
+reaches ``runtime.solve_return`` plays more greedy episodes with the same weights, and
+the run counts as solved only if the mean over all of them holds.
+
+The reference is a plain loop written here: a real CartPole env reset with each
+episode's seed, the action the argmax of the Q-network's output.
+"""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from mpper.algos.configs import config_from_dict
+from mpper.algos.dqn.dqn import QNetwork
+from mpper.runtime.evaluator import evaluate
+from mpper.runtime.run import Run
+
+SEED = 100  # the evaluation's seed: episode i starts from a reset with SEED + i
+
+
+def dqn_config(solve_return: float | None, confirm: int, episodes: int = 4):
+    return config_from_dict({
+        "algorithm": "dqn", "env": {"id": "CartPole-v1"}, "dqn": {"hidden": [16], "dueling": False},
+        "runtime": {"evaluation_episodes": episodes, "solve_return": solve_return, "solve_confirm_episodes": confirm},
+    })  # fmt: skip
+
+
+def plain_returns(network: QNetwork, seeds) -> list[float]:
+    """Greedy CartPole returns, one episode per seed, by a plain loop."""
+    out = []
+    for seed in seeds:
+        env = gym.make("CartPole-v1")
+        obs, _ = env.reset(seed=seed)
+        total, done = 0.0, False
+        while not done:
+            with torch.no_grad():
+                action = int(network(torch.as_tensor(obs, dtype=torch.float32)[None]).argmax())
+            obs, reward, terminated, truncated, _ = env.step(action)
+            total, done = total + reward, terminated or truncated
+        out.append(total)
+    return out
+
+
+def network_where(condition, episodes: int = 10) -> tuple[QNetwork, list[float]]:
+    """The first of a fixed series of random Q-networks whose greedy returns on seeds
+    ``SEED .. SEED + episodes - 1`` satisfy ``condition``, with those returns."""
+    for k in range(500):
+        torch.manual_seed(k)
+        network = QNetwork((4,), 2, [16]).eval()
+        returns = plain_returns(network, range(SEED, SEED + episodes))
+        if condition(returns):
+            return network, returns
+    raise AssertionError("no network of the series meets the condition")
+
+
+def stops(config, evaluation: dict, tmp_path) -> bool:
+    run = Run(config, tmp_path)
+    run.evaluated({"training_step": 1, **evaluation})
+    return run.stop_reason(games=0) is not None
+
+
+def test_a_crossing_that_the_confirmation_does_not_back_does_not_stop_the_run(tmp_path):
+    network, returns = network_where(lambda r: np.mean(r[:4]) > np.mean(r))
+    solve = float(np.mean(returns[:4]))  # the evaluation's 4 episodes reach it exactly
+    report = evaluate(dqn_config(solve, confirm=6), network, seed=SEED)
+    assert report["returns"] == returns
+    assert report["mean_return"] == pytest.approx(np.mean(returns))
+    assert report["mean_return"] < solve
+    assert report["confirmation"] == {"episodes": 6, "mean_return": pytest.approx(np.mean(returns[4:]))}
+    assert not stops(dqn_config(solve, confirm=6), report, tmp_path)
+    # without the confirmation the same evaluation stops the run
+    report = evaluate(dqn_config(solve, confirm=0), network, seed=SEED)
+    assert report == {"mean_return": pytest.approx(solve), "returns": returns[:4]}
+    assert stops(dqn_config(solve, confirm=0), report, tmp_path)
+
+
+def test_a_confirmed_crossing_stops_the_run_and_more_episodes_than_envs_are_played_in_turns(tmp_path):
+    network, returns = network_where(lambda r: np.mean(r) >= np.mean(r[:3]), episodes=3 + 7)
+    solve = float(np.mean(returns[:3]))
+    config = dqn_config(solve, confirm=7, episodes=3)  # 7 episodes on 3 envs: 3 + 3 + 1
+    report = evaluate(config, network, seed=SEED)
+    assert report["returns"] == returns
+    assert report["confirmation"]["episodes"] == 7
+    assert stops(config, report, tmp_path)
+
+
+def test_no_confirmation_below_the_solve_return_or_without_one(tmp_path):
+    network, returns = network_where(lambda r: len(set(r)) > 1, episodes=4)
+    below = evaluate(dqn_config(float(np.mean(returns)) + 1, confirm=6), network, seed=SEED)
+    assert below["returns"] == returns and "confirmation" not in below
+    unset = evaluate(dqn_config(None, confirm=6), network, seed=SEED)
+    assert unset["returns"] == returns and "confirmation" not in unset
+
+
+def test_the_key_is_checked():
+    from mpper.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"runtime\.solve_confirm_episodes: expected an integer >= 0, got -1"):
+        dqn_config(475.0, confirm=-1)
