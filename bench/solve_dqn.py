@@ -10,7 +10,10 @@ evaluator process at ``runtime.evaluation_interval_s``, SB3 by its own ``EvalCal
 called from a timer, its evaluation time taken out of its wall and CPU seconds, so the
 comparison favours SB3 slightly). Two rules are reported side by side:
 
-- *first crossing*: the first evaluation with a mean return >= 475;
+- *first crossing*: the first evaluation with a mean return >= 475 (mpper's config confirms
+  a crossing before it stops: its evaluation that reaches 475 plays 20 more episodes with
+  the same weights and counts only if the mean of all 30 is still >= 475,
+  ``runtime.solve_confirm_episodes``; SB3's crossing is its 10-episode mean);
 - *solve that holds*: that first crossing, counted only when the agent the user keeps
   still averages >= 475 over 20 fresh greedy episodes (seeds 10,000-10,019) at the end;
   otherwise the run is unsolved (infinite time in the medians).
