@@ -96,10 +96,12 @@ def tictactoe_buffer(games: int = 40, seed: int = 0) -> ReplayBuffer:
     return buf
 
 
-def test_augmented_targets_are_the_plain_targets_seen_through_the_drawn_symmetry():
+@pytest.mark.parametrize("next_observations", [False, True])
+def test_augmented_targets_are_the_plain_targets_seen_through_the_drawn_symmetry(next_observations):
     buf = tictactoe_buffer()
     try:
-        inner = MuZeroTargets(num_unroll_steps=5, td_steps=20, discount=1.0, num_actions=9)
+        inner = MuZeroTargets(num_unroll_steps=5, td_steps=20, discount=1.0, num_actions=9,
+                              next_observations=next_observations)
         aug = SymmetryAugmented(inner, dihedral_symmetries(3))
         batch = 256
         got = buf.sample(batch, beta=1.0, targets=aug, rng=np.random.default_rng(7))
@@ -116,7 +118,11 @@ def test_augmented_targets_are_the_plain_targets_seen_through_the_drawn_symmetry
             for k in range(6):
                 np.testing.assert_array_equal(got.data["target_policy"][b, k], plain.data["target_policy"][b, k][d[g[b]]])
                 assert got.data["actions"][b, k] == inverse[g[b], plain.data["actions"][b, k]]
-        for key in ("target_value", "target_reward", "gradient_scale"):
+            if next_observations:  # the consistency loss's targets: the same board map at every step
+                for k in range(5):
+                    np.testing.assert_array_equal(got.data["next_observation"][b, k],
+                                                  transform_obs(plain.data["next_observation"][b, k], d[g[b]]))
+        for key in ("target_value", "target_reward", "gradient_scale") + (("next_observation_mask",) if next_observations else ()):
             np.testing.assert_array_equal(got.data[key], plain.data[key])
         np.testing.assert_array_equal(got.weights, plain.weights)
     finally:

@@ -357,6 +357,20 @@ def check_muzero_batch(batch, tags, episodes, cfg):
         assert np.all((rand >= 0) & (rand < A)), f"random actions {rand} out of range: {ctx}"
         _close(d["observation"][b], ref.get_stacked_observations(ep, t, N, A),
                "stacked observation", ctx)
+        if cfg.get("next_observations"):
+            # The consistency loss's targets: o_{t+k} for k = 1..K where it exists (t + k <= T).
+            for k in range(1, K + 1):
+                exists = t + k <= T
+                assert d["next_observation_mask"][b, k - 1] == float(exists), f"mask at k={k}: {ctx}"
+                if exists:
+                    _close(d["next_observation"][b, k - 1], ref.get_stacked_observations(ep, t + k, N, A),
+                           f"next observation k={k}", ctx)
+    if cfg.get("next_observations"):
+        assert d["next_observation"].shape == (B, K, *stacked_shape)
+        assert d["next_observation"].dtype == np.float32
+        assert d["next_observation_mask"].shape == (B, K)
+    else:
+        assert "next_observation" not in d and "next_observation_mask" not in d
 
 
 def _positions(episodes):
@@ -364,7 +378,7 @@ def _positions(episodes):
 
 
 def run_muzero_case(buffers, rng, lengths, obs_shape, stacked, players, reanalysed,
-                    td=5, K=5, discount=0.9, A=3, capacity=None, rounds=3, truncated=()):
+                    td=5, K=5, discount=0.9, A=3, capacity=None, rounds=3, truncated=(), next_observations=False):
     """``truncated``: ids of episodes stored as cut by a time limit; they get a value
     (and, with reanalysis, a reanalysed value) on their final row to bootstrap from."""
     schema = dict(muzero_schema(observation_shape=obs_shape, num_actions=A))
@@ -387,8 +401,9 @@ def run_muzero_case(buffers, rng, lengths, obs_shape, stacked, players, reanalys
         assert buf.add_episode(data, priorities=None, terminated=terminated[ep_id]) is True
     num_positions = sum(lengths)
     targets = MuZeroTargets(num_unroll_steps=K, td_steps=td, discount=discount,
-                                  stacked_observations=stacked, num_actions=A)
-    cfg = dict(K=K, A=A, td=td, discount=discount, obs_shape=obs_shape, stacked=stacked, terminated=terminated)
+                            stacked_observations=stacked, num_actions=A, next_observations=next_observations)
+    cfg = dict(K=K, A=A, td=td, discount=discount, obs_shape=obs_shape, stacked=stacked, terminated=terminated,
+               next_observations=next_observations)
     seen, slot_of = set(), {}
     for r in range(rounds):
         B = 2 * num_positions + r  # stratified: >= 1 draw per slot
@@ -455,7 +470,21 @@ def test_muzero_targets_single_one_move_episode(buffers):
     run_muzero_case(buffers, np.random.default_rng(13), [1], (2, 3, 3), 3, 2, "all")
 
 
-def test_muzero_targets_after_ring_wraps(buffers):
+@pytest.mark.parametrize("players", [1, 2])
+@pytest.mark.parametrize("stacked", [0, 3])
+@pytest.mark.parametrize("obs_shape", [(4,), (2, 3, 3)], ids=["1d", "chw"])
+def test_muzero_next_observations_match_reference(buffers, obs_shape, stacked, players):
+    seed = zlib.crc32(repr(("next", obs_shape, stacked, players)).encode())
+    run_muzero_case(buffers, np.random.default_rng(seed), LENGTHS, obs_shape, stacked, players, "mixed",
+                    next_observations=True)
+
+
+def test_muzero_next_observations_without_unroll(buffers):
+    run_muzero_case(buffers, np.random.default_rng(5), LENGTHS, (4,), 0, 1, "none", K=0, next_observations=True)
+
+
+@pytest.mark.parametrize("next_observations", [False, True])
+def test_muzero_targets_after_ring_wraps(buffers, next_observations):
     # Many episodes through a small ring: episodes restart at slot 0 and evict old ones.
     # Whatever survives must still get its own episode's targets, never a neighbour's rows.
     rng = np.random.default_rng(21)
@@ -471,8 +500,9 @@ def test_muzero_targets_after_ring_wraps(buffers):
         episodes[ep_id] = ep
         assert buf.add_episode(ep, priorities=None, terminated=True) is True
     targets = MuZeroTargets(num_unroll_steps=K, td_steps=td, discount=discount,
-                                  stacked_observations=2, num_actions=A)
-    cfg = dict(K=K, A=A, td=td, discount=discount, obs_shape=obs_shape, stacked=2)
+                            stacked_observations=2, num_actions=A, next_observations=next_observations)
+    cfg = dict(K=K, A=A, td=td, discount=discount, obs_shape=obs_shape, stacked=2,
+               next_observations=next_observations)
     seen = set()
     for r in range(3):
         batch, tags = sample_with_tags(buf, 2 * capacity, targets, seed=50 + r)

@@ -86,7 +86,8 @@ class SymmetryAugmented:
     ``build`` draws ``g`` per sampled position (uniformly, from the generator the
     buffer passes) after the inner targets are built, and transforms the observation
     ``(B, C, *board)``, the actions ``(B, K+1)`` and the policy targets ``(B, K+1, A)``
-    of that position with it; values, rewards and gradient scales are unchanged.
+    of that position with it (and the next observations ``(B, K, C, *board)`` where
+    the targets have them); values, rewards and gradient scales are unchanged.
     """
 
     inner: Any
@@ -108,6 +109,10 @@ class SymmetryAugmented:
         obs = out["observation"]
         flat = obs.reshape(batch, obs.shape[1], -1)  # (B, C, A)
         out["observation"] = np.take_along_axis(flat, src[:, None, :], axis=2).reshape(obs.shape)
+        if "next_observation" in out:  # (B, K, C, *board): the same transformation for every k
+            nxt = out["next_observation"]
+            flat = nxt.reshape(batch, nxt.shape[1], nxt.shape[2], -1)
+            out["next_observation"] = np.take_along_axis(flat, src[:, None, None, :], axis=3).reshape(nxt.shape)
         out["target_policy"] = np.take_along_axis(out["target_policy"], src[:, None, :], axis=2)
         out["actions"] = np.take_along_axis(self.inverse[g], out["actions"], axis=1)
         return out

@@ -34,12 +34,14 @@ def make_player(config: Config, envs: list, network, explore: bool, seed: int, w
 
 
 def make_targets(config: Config, num_actions: int):
-    """Unroll targets, seen through a random board symmetry with
-    ``muzero.symmetry_augmentation``."""
+    """Unroll targets (with the next observations the consistency loss compares
+    against when ``muzero.consistency_loss_weight`` > 0), seen through a random board
+    symmetry with ``muzero.symmetry_augmentation``."""
     t = config.muzero
     targets = MuZeroTargets(
         num_unroll_steps=t.num_unroll_steps, td_steps=t.td_steps, discount=config.mcts.discount,
         num_actions=num_actions, stacked_observations=t.stacked_observations,
+        next_observations=t.consistency_loss_weight > 0,
     )  # fmt: skip
     if t.symmetry_augmentation:
         return SymmetryAugmented(targets, config_symmetries(config))

@@ -27,6 +27,10 @@ class NetworkConfig:
     # muzero-general's reduced_channels_{value,reward,policy}: one number for the three
     # heads of the residual network (whose MLPs use the widths in hidden).
     reduced_channels: int = opt(2, ">= 1", "residual: planes of the 1x1 conv before each head's MLP (widths: hidden)")
+    # EfficientZero's SimSiam heads (LightZero's proj_hid = proj_out = 2 * pred_hid):
+    # what muzero.consistency_loss_weight compares hidden states through.
+    projection_size: int = opt(0, ">= 0", "width of the projection and predictor heads of the consistency loss "
+                               "(predictor bottleneck: half of it); 0: none")
 
 
 @dataclass
@@ -63,6 +67,10 @@ class MuZeroConfig:
     value_loss_weight: float = opt(0.25, ">= 0", "scale of the value loss (paper: 0.25 with reanalyse)")
     symmetry_augmentation: bool = opt(False, None, "train each sampled position through a random board symmetry "
                                       "the env declares (env.unwrapped.symmetries(); needs stacked_observations 0)")
+    consistency_loss_weight: float = opt(
+        0.0, ">= 0", "weight of EfficientZero's consistency loss: the negative cosine similarity between the "
+        "dynamics' hidden state k steps deep and the representation of the real observation k steps later, "
+        "through network.projection_size heads, that side with a stop-gradient; 0: off")
     priority_update: str = opt("sampled", ("sampled", "unrolled"), 'new priorities after a step: "sampled" '
                                '(|v - z| of each sampled position) or "unrolled" (of each of the K + 1 unrolled '
                                'positions, as muzero-general)')
@@ -84,7 +92,16 @@ def _symmetry_needs_no_stacking(config) -> str | None:
     return None
 
 
+def _consistency_needs_projection(config) -> str | None:
+    if config.muzero.consistency_loss_weight > 0 and config.network.projection_size == 0:
+        return "needs network.projection_size >= 1 (the heads the hidden states are compared through), got 0"
+    return None
+
+
 CONFIG = AlgorithmConfig(
     sections={"network": NetworkConfig, "mcts": MCTSConfig, "muzero": MuZeroConfig, "reanalyse": ReanalyseConfig},
-    rules=(Rule(("muzero.symmetry_augmentation", "muzero.stacked_observations"), _symmetry_needs_no_stacking),),
+    rules=(
+        Rule(("muzero.symmetry_augmentation", "muzero.stacked_observations"), _symmetry_needs_no_stacking),
+        Rule(("muzero.consistency_loss_weight", "network.projection_size"), _consistency_needs_projection),
+    ),
 )

@@ -134,6 +134,7 @@ class Unrolled(NamedTuple):
     value_logits: torch.Tensor  # (B, K+1, 2S+1): step 0 from the observation, then after each action
     reward_logits: torch.Tensor  # (B, K, 2S+1): the reward of each of the K actions
     policy_logits: torch.Tensor  # (B, K+1, A)
+    hidden_states: torch.Tensor  # (B, K+1, *hidden_shape): min-max scaled, step 0 the representation's
 
 
 class NetworkOutput(NamedTuple):
@@ -175,6 +176,33 @@ class MuZeroNetwork(FlatWeights, nn.Module):
         zero = torch.full((1, self.full_support_size), -1e9)
         zero[0, support_size] = 0.0
         self._zero_reward_logits = zero
+        self.projection: nn.Module | None = None
+        self.projection_predictor: nn.Module | None = None
+
+    def add_projection(self, size: int) -> None:
+        """EfficientZero's SimSiam heads for the consistency loss, on flattened hidden
+        states (B, prod(hidden_shape)): the projection Linear-BN-ReLU-Linear-BN-ReLU-
+        Linear-BN to ``size`` and the predictor Linear-BN-ReLU-Linear through ``size // 2``
+        (LightZero's MLP model: 1024, 1024 and 512). Not used by the search."""
+        flat = int(np.prod(self.hidden_shape))
+        bottleneck = max(1, size // 2)
+        self.projection = nn.Sequential(
+            nn.Linear(flat, size), nn.BatchNorm1d(size), nn.ReLU(),
+            nn.Linear(size, size), nn.BatchNorm1d(size), nn.ReLU(),
+            nn.Linear(size, size), nn.BatchNorm1d(size),
+        )  # fmt: skip
+        self.projection_predictor = nn.Sequential(
+            nn.Linear(size, bottleneck), nn.BatchNorm1d(bottleneck), nn.ReLU(), nn.Linear(bottleneck, size)
+        )
+
+    def project(self, hidden_state: torch.Tensor, predict: bool) -> torch.Tensor:
+        """Hidden states (N, *hidden_shape) -> (N, projection size): through the
+        projection, then the predictor when ``predict`` (the dynamics' side of the
+        consistency loss; the representation's side, the target, stops there)."""
+        if self.projection is None:
+            raise RuntimeError("this network has no projection heads (network.projection_size is 0)")
+        z = self.projection(hidden_state.flatten(1))
+        return self.projection_predictor(z) if predict else z
 
     # Subclass hooks -------------------------------------------------------------------
     def representation(self, observation: torch.Tensor) -> torch.Tensor:
@@ -216,14 +244,16 @@ class MuZeroNetwork(FlatWeights, nn.Module):
         out = self.initial_inference(observation)
         values, rewards, policies = [out.value_logits], [], [out.policy_logits]
         hidden = out.hidden_state
+        hiddens = [hidden]
         for k in range(actions.shape[1]):
             out = self.recurrent_inference(hidden if k == 0 else scale_gradient(hidden, between_steps), actions[:, k])
             hidden = out.hidden_state
+            hiddens.append(hidden)
             values.append(out.value_logits)
             rewards.append(out.reward_logits)
             policies.append(out.policy_logits)
         reward_logits = torch.stack(rewards, 1) if rewards else values[0].new_empty(actions.shape[0], 0, values[0].shape[1])
-        return Unrolled(torch.stack(values, 1), reward_logits, torch.stack(policies, 1))
+        return Unrolled(torch.stack(values, 1), reward_logits, torch.stack(policies, 1), torch.stack(hiddens, 1))
 
 
 # --------------------------------------------------------------------------------------
@@ -309,8 +339,9 @@ class FullyConnectedNetwork(MuZeroNetwork):
             reward_logits = hidden.new_empty(batch, 0, self.full_support_size)
         else:
             reward_logits = self.dynamics_reward_network(torch.stack(unscaled, 1))  # from the unscaled states
-        policy_logits, value_logits = self.prediction(torch.stack(states, 1))
-        return Unrolled(value_logits, reward_logits, policy_logits)
+        hidden_states = torch.stack(states, 1)
+        policy_logits, value_logits = self.prediction(hidden_states)
+        return Unrolled(value_logits, reward_logits, policy_logits, hidden_states)
 
 
 def conv3x3(in_channels: int, out_channels: int) -> nn.Conv2d:
@@ -406,11 +437,16 @@ def make_network(
     """Build the network that ``config.kind`` names, for raw observations of shape
     ``observation_shape`` (one env step, before stacking)."""
     input_shape = stacked_shape(tuple(observation_shape), stacked_observations)
+    network: MuZeroNetwork
     if config.kind == "fc":
-        return FullyConnectedNetwork(input_shape, num_actions, config.support_size, config.encoding_size, list(config.hidden))  # fmt: skip
-    if config.kind == "residual":
-        return ResidualNetwork(
+        network = FullyConnectedNetwork(input_shape, num_actions, config.support_size, config.encoding_size, list(config.hidden))  # fmt: skip
+    elif config.kind == "residual":
+        network = ResidualNetwork(
             input_shape, num_actions, config.support_size, config.encoding_size, list(config.hidden),
             config.blocks, config.reduced_channels,
         )  # fmt: skip
-    raise ValueError(f'network.kind must be "fc" or "residual", got {config.kind!r}')
+    else:
+        raise ValueError(f'network.kind must be "fc" or "residual", got {config.kind!r}')
+    if config.projection_size > 0:
+        network.add_projection(config.projection_size)
+    return network

@@ -167,6 +167,12 @@ class MuZeroTargets:
     uses reanalysed_value where the schema has it. Returns, with K = num_unroll_steps:
     observation (B, *stacked) float32, actions (B, K+1) int64, target_value,
     target_reward, gradient_scale (B, K+1) float32, target_policy (B, K+1, A) float32.
+
+    With ``next_observations`` (the consistency loss) also next_observation
+    (B, K, *stacked) float32, the (stacked) observation ``o_{t+k}`` for k = 1..K, and
+    next_observation_mask (B, K) float32: 1 where ``t + k <= T`` (the observation
+    exists; row T is the episode's last), 0 past the end, where next_observation
+    repeats ``o_T`` and is to be ignored.
     """
 
     num_unroll_steps: int
@@ -174,6 +180,7 @@ class MuZeroTargets:
     discount: float
     num_actions: int
     stacked_observations: int = 0
+    next_observations: bool = False
 
     def __post_init__(self):
         if self.num_unroll_steps < 0 or self.td_steps < 1 or self.num_actions < 1:
@@ -204,7 +211,26 @@ class MuZeroTargets:
         out["observation"] = stacked_observations(
             fields["observation"], fields["action"], slots, pos, self.stacked_observations, self.num_actions
         )
+        if self.next_observations:
+            self._add_next_observations(out, fields, slots, pos, np.asarray(moves))
         return out
+
+    def _add_next_observations(self, out, fields, slots, pos, moves) -> None:
+        """``o_{t+k}`` for k = 1..K (an episode's rows are contiguous in the ring, so the
+        row of ``o_{t+k}`` is slot + k), clamped to row T past the episode's end."""
+        k = self.num_unroll_steps
+        batch = slots.shape[0]
+        rows = []
+        steps = np.arange(1, k + 1)
+        ahead = np.minimum(pos[:, None] + steps[None, :], moves[:, None]) - pos[:, None]  # (B, K), <= T - t
+        for j in range(k):  # a loop over unroll depth, not over the batch
+            rows.append(stacked_observations(
+                fields["observation"], fields["action"], slots + ahead[:, j], pos + ahead[:, j],
+                self.stacked_observations, self.num_actions,
+            ))  # fmt: skip
+        shape = out["observation"].shape[1:]
+        out["next_observation"] = np.stack(rows, 1) if rows else np.empty((batch, 0, *shape), np.float32)
+        out["next_observation_mask"] = (pos[:, None] + steps[None, :] <= moves[:, None]).astype(np.float32)
 
 
 def muzero_schema(observation_shape: Sequence[int], num_actions: int, observation_dtype="float32") -> dict:

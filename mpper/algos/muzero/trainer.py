@@ -1,7 +1,8 @@
 """MuZero's update: muzero-general's ``Trainer.update_weights`` / ``loss_function`` on an
 mpper ``Batch`` (built by :class:`~mpper.algos.muzero.targets.MuZeroTargets`): unroll K
-steps, value / reward / policy cross-entropies, importance weights, new priorities, one
-optimizer step.
+steps, value / reward / policy cross-entropies (and, with
+``muzero.consistency_loss_weight``, EfficientZero's consistency loss), importance
+weights, new priorities, one optimizer step.
 
 Shapes: B is the batch, K = num_unroll_steps, A the number of actions, S the support
 size (value and reward are distributions over 2S+1 bins).
@@ -18,7 +19,7 @@ from ...replay.buffer import Batch
 from ..base import Trainer
 from .networks import scalar_to_support, scale_gradient, support_to_scalar
 
-__all__ = ["MuZeroTrainer", "cross_entropy"]
+__all__ = ["MuZeroTrainer", "consistency_loss", "cross_entropy"]
 
 
 def cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -29,6 +30,27 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     targets are soft (two-hot supports, visit distributions), so this is not
     ``F.cross_entropy`` with class indices."""
     return -(target * torch.log_softmax(logits, dim=-1)).sum(dim=-1)
+
+
+def consistency_loss(network, hidden_states: torch.Tensor, next_observation: torch.Tensor) -> torch.Tensor:
+    """EfficientZero's self-supervised consistency loss (Ye et al. 2021, SimSiam-style):
+    (B, K): the negative cosine similarity between the dynamics' hidden state after k
+    actions, ``hidden_states`` (B, K, *hidden), taken through the projection and the
+    predictor, and the representation of the real observation k moves later,
+    ``next_observation`` (B, K, *obs), taken through the projection only and under a
+    stop-gradient (no gradient reaches the representation or the projection from that
+    side). Both vectors are L2-normalised with eps 1e-5, as in EfficientZero and
+    LightZero; -1 is a perfect match.
+    """
+    b, k = hidden_states.shape[:2]
+    if k == 0:
+        return hidden_states.new_zeros(b, 0)
+    with torch.no_grad():
+        target = network.project(network.representation(next_observation.flatten(0, 1)), predict=False)
+    prediction = network.project(hidden_states.flatten(0, 1), predict=True)
+    prediction = torch.nn.functional.normalize(prediction, dim=-1, eps=1e-5)
+    target = torch.nn.functional.normalize(target, dim=-1, eps=1e-5)
+    return -(prediction * target).sum(-1).view(b, k)
 
 
 class MuZeroTrainer(Trainer):
@@ -44,7 +66,8 @@ class MuZeroTrainer(Trainer):
 
         ``batch.data`` (from ``MuZeroTargets``): observation (B, *obs), actions (B, K+1)
         (column 0 unused: the action that led to the root), target_value,
-        target_reward, gradient_scale (B, K+1), target_policy (B, K+1, A);
+        target_reward, gradient_scale (B, K+1), target_policy (B, K+1, A), and with the
+        consistency loss next_observation (B, K, *obs) and next_observation_mask (B, K);
         ``batch.weights`` (B,) importance weights.
 
         Raises FloatingPointError, before the optimizer step, if the loss or the
@@ -92,6 +115,14 @@ class MuZeroTrainer(Trainer):
         # Per-sample loss (B,), weighted by the importance weights that correct the
         # prioritized sampling's bias, then the mean over the batch.
         per_sample = value_loss * m.value_loss_weight + reward_loss + policy_loss
+        if m.consistency_loss_weight > 0:
+            # Steps past the episode's end (mask 0) have no real observation to match.
+            mask = d["next_observation_mask"]  # (B, K)
+            negative_cosine = consistency_loss(net, unrolled.hidden_states[:, 1:], d["next_observation"].float())
+            consistency = scale_gradient(negative_cosine * mask, per_step).sum(1)  # (B,)
+            per_sample = per_sample + consistency * m.consistency_loss_weight
+        else:
+            consistency = torch.zeros_like(value_loss)
         loss = (per_sample * weights).mean()
 
         grad_norm = self.backward(loss)  # the norm before clipping to training.grad_clip
@@ -107,19 +138,20 @@ class MuZeroTrainer(Trainer):
             else:
                 root_value = support_to_scalar(unrolled.value_logits[:, 0].detach(), support)
                 priorities = (root_value - d["target_value"][:, 0]).abs()
-            # The reported component losses are IS-weighted batch means like the total,
-            # so total = value_loss_weight * value + reward + policy holds exactly.
+            # The reported component losses are IS-weighted batch means like the total, so
+            # total = value_loss_weight * value + reward + policy
+            #         + consistency_loss_weight * consistency holds exactly.
             stats = torch.stack([
                 loss.detach(), (value_loss * weights).mean(), (reward_loss * weights).mean(),
-                (policy_loss * weights).mean(), grad_norm.to(loss.dtype),
+                (policy_loss * weights).mean(), grad_norm.to(loss.dtype), (consistency * weights).mean(),
             ])  # fmt: skip
             # One device -> host transfer (one CUDA synchronisation) per step.
             host = torch.cat([stats, priorities.to(stats.dtype)]).to("cpu", torch.float64).numpy()
-        total, value, reward, policy, norm = (float(x) for x in host[:5])
-        priorities = host[5:].copy()
+        total, value, reward, policy, norm, consistency_mean = (float(x) for x in host[:6])
+        priorities = host[6:].copy()
         if m.priority_update == "unrolled":
             priorities = priorities.reshape(batch_size, k1)
-        if not (math.isfinite(total) and math.isfinite(value) and math.isfinite(reward) and math.isfinite(policy)):
+        if not all(math.isfinite(x) for x in (total, value, reward, policy, consistency_mean)):
             raise FloatingPointError(f"non-finite loss at training step {self.training_step}")
         if not math.isfinite(norm):
             raise FloatingPointError(f"non-finite gradient norm at training step {self.training_step}")
@@ -137,4 +169,6 @@ class MuZeroTrainer(Trainer):
             "lr": lr,
             "training_step": self.training_step,
         }
+        if m.consistency_loss_weight > 0:
+            metrics["consistency_loss"] = consistency_mean
         return metrics, priorities
