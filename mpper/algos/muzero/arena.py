@@ -11,7 +11,7 @@ directory's checkpoint. Reference opponents for TicTacToe are in :mod:`mpper.env
 
 Batched play: when the agent is an :class:`MCTSAgent`, :func:`play_match` plays all its
 games together, and every move of the agent, in every game where it is to move, comes
-from ONE search (``BatchedMCTS.run`` over those games' roots); the opponent is asked
+from ONE search (the ``run`` of ``mcts.kind``'s search over those games' roots); the opponent is asked
 game by game. :func:`play_match_batched` is the same from a config and a network.
 :func:`evaluate_against_opponents` is what the evaluator runs for a two-player env: a
 number of games against each opponent the env provides (half as first player, half as
@@ -40,8 +40,9 @@ from ...config import Config, load_run_config
 from ...envs.spec import env_spec, make_env
 from ...envs.two_player import AgentFn
 from .config import CONFIG
-from .mcts import BatchedMCTS, select_action
+from .mcts import select_action
 from .networks import MuZeroNetwork, make_network
+from .search import make_search
 from .targets import stacked_observations
 
 __all__ = [
@@ -62,7 +63,7 @@ class MCTSAgent:
     per move, no root noise, the most visited move.
 
     Callable as an :data:`AgentFn` (one search per call), and batched:
-    :meth:`act_batch` searches the positions of many games in one ``BatchedMCTS.run``.
+    :meth:`act_batch` searches the positions of many games in one search ``run``.
     ``tie_break``: ``"random"`` draws among the most visited moves (generator seeded by
     ``seed``; what the evaluator does), ``"first"`` takes the lowest index (deterministic).
     The network is put in eval mode (BatchNorm must use its running statistics).
@@ -75,7 +76,7 @@ class MCTSAgent:
         self.network = network.eval()
         self.num_actions = int(network.num_actions)
         self.stacked = int(config.muzero.stacked_observations)
-        self.search = BatchedMCTS(self.num_actions, config.mcts, config.network.support_size, two_player=True)
+        self.search = make_search(self.num_actions, config.mcts, config.network.support_size, two_player=True)
         self.rng = np.random.default_rng(seed)
         self.tie_break = tie_break
 
@@ -84,6 +85,8 @@ class MCTSAgent:
         as ``muzero.stacked_observations`` says), ``masks`` (K, A) bool, ``to_play`` (K,)."""
         result = self.search.run(self.network, np.asarray(inputs, np.float32), np.asarray(masks, bool),
                                  np.asarray(to_play, np.int64), False, self.rng)  # fmt: skip
+        if result.actions is not None:  # Gumbel, without noise: its greedy choice (no ties to break)
+            return result.actions
         if self.tie_break == "first":
             return result.visit_counts.argmax(axis=1)
         return select_action(result.visit_counts, 0.0, self.rng)

@@ -35,8 +35,12 @@ class NetworkConfig:
 
 @dataclass
 class MCTSConfig:
-    """Batched Monte-Carlo tree search in the self-play workers."""
+    """Batched Monte-Carlo tree search in the self-play workers: muzero-general's pUCT
+    search, or Gumbel MuZero's (names of its keys as in the paper and mctx)."""
 
+    kind: str = opt("puct", ("puct", "gumbel"), '"puct" (MuZero\'s search, muzero-general) or "gumbel" (Gumbel MuZero: '
+                    'Sequential Halving at the root, completed Q-values; the Dirichlet and temperature keys then '
+                    'do not apply)')
     num_simulations: int = opt(50, ">= 1", "simulations (recurrent inferences) per move")
     discount: float = opt(0.997, "(0, 1]", "reward discount, in the search and in the value targets")
     pb_c_base: float = opt(19652.0, "> 0", "pUCT exploration base")
@@ -48,6 +52,11 @@ class MCTSConfig:
         SCHEDULE,
         "visit-count temperature by training progress: [[fraction_of_training_steps, T], ...]; T = 0: greedy",
     )
+    max_num_considered_actions: int = opt(16, ">= 1", "gumbel: m, the root actions sampled without replacement "
+                                          "(Gumbel-top-m) that Sequential Halving starts from")
+    gumbel_scale: float = opt(1.0, ">= 0", "gumbel: scale of the root's Gumbel noise in self-play (0: greedy)")
+    c_visit: float = opt(50.0, ">= 0", "gumbel: sigma(q) = (c_visit + max visit count) * c_scale * q, q in [0, 1]")
+    c_scale: float = opt(0.1, "> 0", "gumbel: see c_visit (mctx's default value_scale 0.1)")
     temperature_threshold_moves: int | None = opt(
         None,
         ">= 1",

@@ -80,6 +80,16 @@ class SearchResult:
     visit_counts: np.ndarray  # (K, A) int64: visits of each root child
     root_predicted_values: np.ndarray  # (K,) float64: the network's value of the root observation (no search)
     max_tree_depth: int  # deepest search path in the batch, in edges (diagnostics)
+    # (K, A) float64: what the policy head learns from this search (stored as the row's
+    # child_visits): the visit distribution for pUCT, the improved policy for Gumbel.
+    policy_target: np.ndarray | None = None
+    # (K,) int64: the action the search chose (Gumbel); None: the player picks from the
+    # visit counts with its temperature (pUCT).
+    actions: np.ndarray | None = None
+
+    def __post_init__(self):
+        if self.policy_target is None:
+            self.policy_target = self.child_visits
 
 
 class BatchedMCTS:
@@ -168,6 +178,7 @@ class BatchedMCTS:
         visit_count = np.zeros((k_trees, num_nodes), dtype=np.int64)
         value_sum = np.zeros((k_trees, num_nodes))
         reward = np.zeros((k_trees, num_nodes))  # the root's stays 0: the support of 0
+        raw_value = np.zeros((k_trees, num_nodes))  # the network's value of each node (written, unused by pUCT)
         node_to_play = np.zeros((k_trees, num_nodes), dtype=np.int64)
         prior = np.zeros((k_trees, num_nodes, num_actions))
         children = np.full((k_trees, num_nodes, num_actions), -1, dtype=np.int64)
@@ -210,7 +221,7 @@ class BatchedMCTS:
             logits = torch.cat([out.value_logits, out.reward_logits, out.policy_logits], 1).cpu().numpy()
             _expand_and_backup(
                 sim + 1, logits, support_size, parent, action, path, depth, self.two_player, cfg.discount,
-                children, visit_count, value_sum, reward, node_to_play, prior, q_min, q_max,
+                children, visit_count, value_sum, reward, node_to_play, prior, q_min, q_max, raw_value,
             )  # fmt: skip
 
         # Root children's visits; -1 (never expanded, e.g. illegal) counts 0.
@@ -306,9 +317,12 @@ def _logits_to_scalar(logits, start, support_size):
 
 @numba.njit(cache=True, nogil=True)
 def _expand_and_backup(leaf, logits, support_size, parent, action, path, depth, two_player, discount,
-                       children, visit_count, value_sum, reward, node_to_play, prior, q_min, q_max):  # fmt: skip
+                       children, visit_count, value_sum, reward, node_to_play, prior, q_min, q_max,
+                       raw_value):  # fmt: skip
     """Create node ``leaf`` in every tree from the recurrent inference's ``logits``
     (K, value 2S+1 | reward 2S+1 | policy A), then back its value up the path.
+    ``raw_value[k, leaf]`` keeps the network's value of the new node (the Gumbel
+    search's completed Q-values need it after later visits have moved its mean).
 
     Backup is muzero-general's ``backpropagate``: ``value`` is the return seen by the
     leaf's player; each node on the path adds it (negated where the node's player is
@@ -322,6 +336,7 @@ def _expand_and_backup(leaf, logits, support_size, parent, action, path, depth, 
         p = parent[k]
         children[k, p, action[k]] = leaf
         value = _logits_to_scalar(logits[k], 0, support_size)
+        raw_value[k, leaf] = value
         reward[k, leaf] = _logits_to_scalar(logits[k], width, support_size)
         leaf_to_play = (node_to_play[k, p] + 1) % 2 if two_player else node_to_play[k, p]
         node_to_play[k, leaf] = leaf_to_play

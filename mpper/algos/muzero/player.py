@@ -20,8 +20,9 @@ import torch
 from ...config import Config
 from ...envs.two_player import is_two_player
 from ..base import EpisodeRows
-from .mcts import BatchedMCTS, select_action, temperature_at
+from .mcts import select_action, temperature_at
 from .networks import support_to_scalar
+from .search import make_search
 from .targets import MuZeroTargets, stacked_observations
 
 __all__ = ["BatchedPlayer", "Episode", "initial_priorities"]
@@ -75,8 +76,9 @@ class BatchedPlayer:
         config: the run config (mcts, muzero.stacked_observations, replay.initial_priority).
         envs: K gymnasium environments.
         network: a MuZeroNetwork on the CPU, in eval mode.
-        explore: Dirichlet root noise and visit-count temperature (self-play); without
-            it, no noise and the most visited action (evaluation).
+        explore: Dirichlet root noise and visit-count temperature (self-play; Gumbel
+            noise with ``mcts.kind`` "gumbel"); without it, no noise and the most visited
+            action (Gumbel: the search's greedy choice) (evaluation).
         seed: seeds the first reset of env k with ``seed + k``.
     """
 
@@ -87,7 +89,7 @@ class BatchedPlayer:
         self.explore = explore
         self.num_actions = int(envs[0].action_space.n)
         self.stacked = config.muzero.stacked_observations
-        self.mcts = BatchedMCTS(self.num_actions, config.mcts, config.network.support_size,
+        self.mcts = make_search(self.num_actions, config.mcts, config.network.support_size,
                                 two_player=is_two_player(envs[0]))  # fmt: skip
         self.rng = np.random.default_rng(seed)
         self.legal = [np.ones(self.num_actions, bool)] * len(envs)  # set by _reset
@@ -121,16 +123,19 @@ class BatchedPlayer:
         legal = np.stack(self.legal)
         to_play = np.array([ep.to_play[-1] for ep in self.episodes])
         result = self.mcts.run(self.network, observations, legal, to_play, self.explore, self.rng)
-        actions = select_action(result.visit_counts, temperature, self.rng)
         threshold = self.config.mcts.temperature_threshold_moves
-        if threshold is not None and temperature != 0:
+        if result.actions is not None:  # Gumbel: the search chose (its noise is the exploration)
+            actions = result.actions
+        else:
+            actions = select_action(result.visit_counts, temperature, self.rng)
+        if result.actions is None and threshold is not None and temperature != 0:
             greedy = np.array([ep.moves >= threshold for ep in self.episodes])
             if greedy.any():  # only then: without a threshold the draws stay as they were
                 actions[greedy] = select_action(result.visit_counts[greedy], 0.0, self.rng)
         finished = []
         for k, (env, ep) in enumerate(zip(self.envs, self.episodes)):
             ep.root_value.append(float(result.root_values[k]))
-            ep.child_visits.append(result.child_visits[k])
+            ep.child_visits.append(result.policy_target[k])
             obs, reward, terminated, truncated, info = env.step(int(actions[k]))
             ep.observation.append(np.asarray(obs, np.float32))
             ep.action.append(int(actions[k]))

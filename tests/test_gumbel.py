@@ -1,0 +1,257 @@
+"""Gumbel MuZero search (``mcts.kind: "gumbel"``) against DeepMind's mctx
+(``mctx.gumbel_muzero_policy``, JAX on the CPU, float64), on the same model and the same
+Gumbel noise: chosen actions, root visit counts and policy targets.
+
+The model is a table, so both sides see exactly the same numbers: a state is an integer
+id, action ``a`` leads from ``s`` to ``(31 s + 7 a + 1) mod P``, and each state has
+policy logits, a value and a reward drawn once. mpper's search reads values and rewards
+as support logits (``support_to_scalar``); mctx gets the scalars those logits stand for.
+Two-player games are mctx's zero-sum convention: the recurrent function returns the
+discount ``-discount``.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import mctx
+import numpy as np
+import pytest
+import torch
+from mctx._src import seq_halving
+
+from mpper.algos.muzero.config import MCTSConfig
+from mpper.algos.muzero.gumbel import GumbelMCTS, considered_visits
+from mpper.algos.muzero.networks import NetworkOutput, support_to_scalar
+from mpper.algos.muzero.search import make_search
+
+pytestmark = pytest.mark.timeout(300)
+
+P = 1009  # states in the table
+S = 5  # support size: 2S + 1 bins
+
+
+class TableModel:
+    """A MuZero "network" over a table of states; hidden state (B, 1) float64 = the id."""
+
+    def __init__(self, num_actions: int, seed: int, value_spread: float = 3.0):
+        rng = np.random.default_rng(seed)
+        self.num_actions = num_actions
+        self.policy_logits = rng.standard_normal((P, num_actions)) * 1.5
+        # Support logits, peaked around a random bin so values spread over [-S, S].
+        centre = rng.uniform(-S, S, P) * value_spread / S
+        bins = np.arange(-S, S + 1)
+        self.value_logits = -((bins[None, :] - centre[:, None]) ** 2) + rng.standard_normal((P, 2 * S + 1)) * 0.3
+        self.reward_logits = -((bins[None, :] - rng.uniform(-1, 1, P)[:, None]) ** 2)
+        as_scalar = lambda logits: support_to_scalar(torch.as_tensor(logits), S).numpy()  # noqa: E731
+        self.values, self.rewards = as_scalar(self.value_logits), as_scalar(self.reward_logits)
+
+    def parameters(self):
+        return iter(())
+
+    def initial_inference(self, observation: torch.Tensor) -> NetworkOutput:
+        ids = observation[:, 0].to(torch.int64).numpy()
+        zero = np.full((len(ids), 2 * S + 1), -1e9)
+        zero[:, S] = 0.0
+        return self._output(ids, torch.as_tensor(zero))
+
+    def recurrent_inference(self, hidden: torch.Tensor, action: torch.Tensor) -> NetworkOutput:
+        ids = (31 * hidden[:, 0].to(torch.int64).numpy() + 7 * action.numpy() + 1) % P
+        return self._output(ids, torch.as_tensor(self.reward_logits[ids]))
+
+    def _output(self, ids, reward_logits) -> NetworkOutput:
+        return NetworkOutput(torch.as_tensor(self.value_logits[ids]), reward_logits,
+                             torch.as_tensor(self.policy_logits[ids]), torch.as_tensor(ids, dtype=torch.float64)[:, None])  # fmt: skip
+
+
+def run_mctx(model: TableModel, roots: np.ndarray, legal: np.ndarray, key, num_simulations: int, m: int,
+             discount: float, two_player: bool, gumbel_scale: float):  # fmt: skip
+    table_logits = jnp.asarray(model.policy_logits)
+    table_values = jnp.asarray(model.values)
+    table_rewards = jnp.asarray(model.rewards)
+    step_discount = -discount if two_player else discount
+
+    def recurrent_fn(params, rng_key, action, embedding):
+        nxt = (31 * embedding + 7 * action + 1) % P
+        out = mctx.RecurrentFnOutput(reward=table_rewards[nxt], discount=jnp.full(nxt.shape, step_discount),
+                                     prior_logits=table_logits[nxt], value=table_values[nxt])  # fmt: skip
+        return out, nxt
+
+    ids = jnp.asarray(roots, dtype=jnp.int64)
+    root = mctx.RootFnOutput(prior_logits=table_logits[ids], value=table_values[ids], embedding=ids)
+    output = mctx.gumbel_muzero_policy(
+        params=(), rng_key=key, root=root, recurrent_fn=recurrent_fn, num_simulations=num_simulations,
+        invalid_actions=jnp.asarray(~legal), max_num_considered_actions=m, gumbel_scale=gumbel_scale,
+    )  # fmt: skip
+    visits = output.search_tree.summary().visit_counts
+    return np.asarray(output.action), np.asarray(visits), np.asarray(output.action_weights)
+
+
+def mctx_gumbel(key, shape, scale):
+    """The noise gumbel_muzero_policy draws from ``key``."""
+    _, gumbel_rng = jax.random.split(key)
+    return np.asarray(scale * jax.random.gumbel(gumbel_rng, shape=shape, dtype=jnp.float64))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _x64():
+    previous = jax.config.jax_enable_x64
+    jax.config.update("jax_enable_x64", True)
+    yield
+    jax.config.update("jax_enable_x64", previous)
+
+
+# Each case compiles mctx's search anew (seconds), so few cases, each varying several things.
+CASES = [
+    # (num_actions, num_simulations, m, two_player, some illegal root actions, gumbel scale)
+    (2, 8, 16, False, False, 1.0),  # CartPole's shape: m > A, every action considered
+    (5, 16, 4, False, True, 1.0),  # Sequential Halving from 4 of 5 actions, masks
+    (9, 16, 16, True, True, 1.0),  # TicTacToe's shape: two players, masks
+    (6, 50, 3, False, True, 1.0),  # a deep search, halving from 3
+    (9, 8, 4, True, False, 0.0),  # no noise: the greedy choice
+]
+
+
+@pytest.mark.parametrize("num_actions,num_simulations,m,two_player,masked,scale", CASES)
+def test_gumbel_search_matches_mctx(num_actions, num_simulations, m, two_player, masked, scale):
+    seed = 1000 * num_actions + num_simulations + 7 * m
+    model = TableModel(num_actions, seed)
+    k_roots = 24
+    rng = np.random.default_rng(seed)
+    roots = rng.integers(0, P, k_roots)
+    legal = np.ones((k_roots, num_actions), bool)
+    if masked:
+        legal = rng.random((k_roots, num_actions)) < 0.6
+        legal[np.arange(k_roots), rng.integers(0, num_actions, k_roots)] = True
+    discount = 1.0 if two_player else 0.97
+    key = jax.random.PRNGKey(seed)
+    want_action, want_visits, want_weights = run_mctx(model, roots, legal, key, num_simulations, m, discount,
+                                                      two_player, scale)  # fmt: skip
+
+    config = MCTSConfig(kind="gumbel", num_simulations=num_simulations, discount=discount,
+                        max_num_considered_actions=m, gumbel_scale=scale)  # fmt: skip
+    search = GumbelMCTS(num_actions, config, S, two_player=two_player)
+    noise = mctx_gumbel(key, (k_roots, num_actions), scale)
+    result = search.run(model, roots[:, None].astype(np.float32), legal, np.zeros(k_roots, np.int64),
+                        True, np.random.default_rng(0), root_noise=noise)  # fmt: skip
+
+    if scale == 0.0:  # no noise: the same search whatever the generator
+        again = search.run(model, roots[:, None].astype(np.float32), legal, np.zeros(k_roots, np.int64),
+                           False, np.random.default_rng(1))  # fmt: skip
+        np.testing.assert_array_equal(again.actions, result.actions)
+        np.testing.assert_array_equal(again.visit_counts, result.visit_counts)
+    np.testing.assert_array_equal(result.visit_counts, want_visits)
+    np.testing.assert_array_equal(result.actions, want_action)
+    np.testing.assert_allclose(result.policy_target, want_weights, rtol=1e-6, atol=1e-9)
+    assert legal[np.arange(k_roots), result.actions].all()
+    assert (result.policy_target[~legal] == 0).all()
+    assert result.visit_counts.sum(axis=1).tolist() == [num_simulations] * k_roots
+
+
+def test_sequential_halving_schedule_is_mctx_s():
+    for m in (1, 2, 3, 4, 9, 16):
+        for n in (1, 2, 5, 8, 16, 25, 50, 200):
+            assert considered_visits(m, n) == list(seq_halving.get_sequence_of_considered_visits(m, n)), (m, n)
+
+
+def test_the_improved_policy_improves_on_the_prior_in_a_bandit():
+    """As many simulations as actions: each root action is visited once, so its Q is the
+    one-step ``r + discount * v(child)`` of the table. The policy target then puts more
+    weight on higher Q than the prior does on every root (the paper's policy improvement)."""
+    model = TableModel(6, 11, value_spread=4.0)
+    roots = np.arange(200) * 13 % P
+    config = MCTSConfig(kind="gumbel", num_simulations=6, discount=0.97, max_num_considered_actions=6)
+    result = GumbelMCTS(6, config, S).run(model, roots[:, None].astype(np.float32), np.ones((200, 6), bool),
+                                          np.zeros(200), True, np.random.default_rng(0))  # fmt: skip
+    assert (result.visit_counts == 1).all()
+    children = (31 * roots[:, None] + 7 * np.arange(6)[None, :] + 1) % P
+    q = model.rewards[children] + 0.97 * model.values[children]
+    prior = torch.softmax(torch.as_tensor(model.policy_logits[roots]), 1).numpy()
+    improved = (result.policy_target * q).sum(1)
+    baseline = (prior * q).sum(1)
+    assert (improved >= baseline - 1e-9).all()
+    assert improved.mean() > baseline.mean() + 0.2 * q.std()
+    # and the chosen action is the best one more often than the prior would pick it
+    best = q.argmax(1)
+    assert (result.actions == best).mean() > prior[np.arange(200), best].mean() + 0.1
+
+
+def test_make_search_picks_the_kind():
+    assert isinstance(make_search(2, MCTSConfig(kind="gumbel"), S), GumbelMCTS)
+    assert type(make_search(2, MCTSConfig(), S)).__name__ == "BatchedMCTS"
+
+
+# --------------------------------------------------------------------------------------
+# In the player, the arena and a run
+# --------------------------------------------------------------------------------------
+
+
+def gumbel_player_config(simulations: int = 4):
+    import dataclasses
+
+    from test_selfplay import make_config
+
+    c = make_config()
+    mcts = dataclasses.replace(c.mcts, kind="gumbel", num_simulations=simulations)
+    return dataclasses.replace(c, sections={**c.sections, "mcts": mcts})
+
+
+class _Recording:
+    """Wraps a search and keeps each result the player acted on."""
+
+    def __init__(self, inner):
+        self.inner, self.results = inner, []
+
+    def run(self, *args, **kwargs):
+        self.results.append(self.inner.run(*args, **kwargs))
+        return self.results[-1]
+
+
+def test_the_player_acts_as_the_search_chose_and_stores_its_improved_policy():
+    import gymnasium as gym
+
+    from mpper.algos.muzero.networks import make_network
+    from mpper.algos.muzero.player import BatchedPlayer
+
+    config = gumbel_player_config()
+    torch.manual_seed(0)
+    net = make_network(config.network, (4,), 2).eval()
+    player = BatchedPlayer(config, [gym.make("CartPole-v1") for _ in range(4)], net, explore=True, seed=0)
+    player.mcts = recording = _Recording(player.mcts)
+    for _ in range(6):
+        before = [len(ep.action) for ep in player.episodes]
+        episodes = list(player.episodes)
+        player.step()
+        result = recording.results[-1]
+        for k, ep in enumerate(episodes):
+            assert ep.action[before[k]] == result.actions[k]
+            np.testing.assert_array_equal(ep.child_visits[before[k] - 1], result.policy_target[k])
+
+
+@pytest.mark.slow
+def test_a_run_trains_with_gumbel_search_end_to_end(tmp_path):
+    """``python run.py --workers 0 --set mcts.kind=gumbel`` on CartPole: it trains, its
+    stored policy targets are distributions, and its evaluation plays greedy Gumbel."""
+    import json
+    import subprocess
+
+    from test_train_e2e import ROOT, run_args
+
+    from mpper import ReplayBuffer
+
+    run_dir = tmp_path / "run"
+    proc = subprocess.run(run_args(run_dir, "--workers", "0", "--max-train-steps", "20",
+                                   "--set", "training.samples_per_insert=4", "--set", "mcts.kind=gumbel",
+                                   "--set", "mcts.num_simulations=4"),
+                          cwd=ROOT, capture_output=True, text=True, timeout=200)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert records[-1]["learner"]["training_step"] == 20
+    assert any(r.get("evaluation", {}).get("returns") for r in records)
+    with ReplayBuffer.load(run_dir / "buffer", mmap=True) as snap:
+        rows = snap.fields["child_visits"][: snap.counters["positions"]]
+        stored = rows[rows.sum(1) > 0]  # row T of each episode holds no policy
+        assert len(stored) > 50
+        np.testing.assert_allclose(stored.sum(1), 1.0, rtol=1e-5)
+        # The improved policy is not a visit share of 4 simulations (multiples of 1/4).
+        assert (np.abs(stored * 4 - np.round(stored * 4)) > 1e-3).any()
