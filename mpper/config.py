@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
+from .extras import MissingExtraError, register_env_family
 from .replay.episode_ring import MAX_CAPACITY
 
 __all__ = [
@@ -171,6 +172,10 @@ def _check_env_id(value: str) -> str:
     module is located, not run; no env is created)."""
     import gymnasium
 
+    try:
+        register_env_family(value)  # MinAtar/..., ALE/...: ids their packages register on request
+    except MissingExtraError as exc:
+        raise _Invalid(str(exc)) from None
     registry = gymnasium.envs.registry
     if value in registry:
         return value
@@ -209,6 +214,12 @@ class EnvConfig:
     id: str = opt("CartPole-v1", _ENV_ID, 'gymnasium id, or "module:factory" returning a gymnasium.Env')
     kwargs: dict = opt({}, None, "passed to gymnasium.make / the factory")
     max_episode_steps: int | None = opt(None, ">= 1", "time limit (truncation); null: the env's own")
+    preprocessing: str = opt("none", ("none", "channels_first", "atari"), '"channels_first": image observations '
+                             '(H, W, C) -> (C, H, W) (MinAtar); "atari": gymnasium\'s AtariPreprocessing (no-op reset, '
+                             "frame skip 4 with max-pooling, grayscale, 84 x 84) on an env made with frameskip 1, "
+                             "then (1, H, W); none: the env as made")
+    preprocessing_kwargs: dict = opt({}, None, "atari: keyword arguments of AtariPreprocessing (screen_size, "
+                                     "terminal_on_life_loss, noop_max, frame_skip, ...)")
 
 
 @dataclass

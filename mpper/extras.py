@@ -3,6 +3,10 @@
 ``--render`` needs Pillow (and pygame for gymnasium's classic-control renderers), ``--plot``
 needs matplotlib. They are not dependencies of training, so they are imported only by
 the command that needs them, through :func:`require`.
+
+Env families whose packages register their gymnasium ids only on request (MinAtar's
+``MinAtar/...``, the Arcade Learning Environment's ``ALE/...``) are registered by
+:func:`register_env_family` when an env id names their namespace.
 """
 
 from __future__ import annotations
@@ -10,7 +14,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-__all__ = ["MissingExtraError", "require"]
+__all__ = ["ENV_FAMILIES", "MissingExtraError", "register_env_family", "require"]
 
 
 class MissingExtraError(ImportError):
@@ -28,3 +32,30 @@ def require(module: str, package: str, extra: str, purpose: str) -> ModuleType:
         raise MissingExtraError(
             f"{purpose} needs {package}, which is not installed ({exc}); install it with: pip install -e .[{extra}]"
         ) from None
+
+
+# namespace -> (module, package, extra, how the module registers its ids)
+ENV_FAMILIES = {
+    "MinAtar": ("minatar.gym", "minatar", "minatar", "register_envs"),
+    "ALE": ("ale_py", "ale-py", "atari", "gymnasium.register_envs"),
+}
+
+
+def register_env_family(env_id: str) -> bool:
+    """Register the gymnasium ids of the family ``env_id``'s namespace names (``MinAtar/``
+    or ``ALE/``), importing its package; False for any other id. MissingExtraError
+    naming the extra when the package is not installed. Idempotent, per process."""
+    namespace = env_id.split("/", 1)[0] if "/" in env_id else None
+    if namespace not in ENV_FAMILIES:
+        return False
+    import gymnasium
+
+    module, package, extra, how = ENV_FAMILIES[namespace]
+    if any(key.startswith(namespace + "/") for key in gymnasium.envs.registry):
+        return True
+    found = require(module, package, extra, f"the env {env_id!r}")
+    if how == "register_envs":
+        found.register_envs()
+    else:
+        gymnasium.register_envs(found)
+    return True

@@ -39,7 +39,7 @@ from ..envs.spec import EnvSpec
 from ..replay.buffer import ReplayBuffer
 from ..replay.positions import Positions
 
-__all__ = ["Algorithm", "EpisodeRows", "FlatWeights", "Player", "Trainer", "WeightSource"]
+__all__ = ["Algorithm", "EpisodeRows", "FlatWeights", "Player", "Trainer", "WeightSource", "as_stored"]
 
 
 class Player(Protocol):
@@ -54,6 +54,15 @@ class Player(Protocol):
     def step(self, progress: float = 0.0) -> list: ...
 
     def stored(self, episode) -> tuple[dict[str, np.ndarray], np.ndarray]: ...
+
+
+def as_stored(observation) -> np.ndarray:
+    """An env's observation as episodes keep it and the buffer stores it: float
+    observations as float32 (the schema's dtype for float spaces), bool and integer
+    images (MinAtar's planes, Atari frames) in their own dtype, one byte per value; the
+    networks see float32 (the targets convert at sample time, the players at inference)."""
+    observation = np.asarray(observation)
+    return observation.astype(np.float32) if observation.dtype.kind == "f" else observation
 
 
 @dataclass
@@ -79,10 +88,10 @@ class EpisodeRows:
         return float(sum(self.reward))
 
     def rows(self) -> dict[str, np.ndarray]:
-        """``observation`` (T + 1, *obs) float32, ``action`` (T + 1,) int64, ``reward``
-        (T + 1,) float32: the fields of every algorithm's schema."""
+        """``observation`` (T + 1, *obs) as :func:`as_stored` keeps it, ``action`` (T + 1,)
+        int64, ``reward`` (T + 1,) float32: the fields of every algorithm's schema."""
         return {
-            "observation": np.stack(self.observation).astype(np.float32, copy=False),
+            "observation": np.stack(self.observation),
             "action": np.asarray(self.action, np.int64),
             "reward": np.asarray(self.reward, np.float32),
         }

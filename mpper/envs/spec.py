@@ -10,24 +10,55 @@ import gymnasium as gym
 import numpy as np
 
 from ..config import Config, ConfigError, EnvConfig, is_env_factory
+from ..extras import register_env_family
 from .symmetry import env_symmetries
 from .two_player import check_two_player_env, is_two_player
 
-__all__ = ["EnvSpec", "config_symmetries", "env_spec", "make_env", "make_env_checked"]
+__all__ = ["ChannelsFirst", "EnvSpec", "config_symmetries", "env_spec", "make_env", "make_env_checked"]
+
+
+class ChannelsFirst(gym.ObservationWrapper):
+    """Image observations (H, W, C) -> (C, H, W), the layout of torch's convolutions;
+    dtype (bool, uint8) unchanged. The array is a transposed view, not a copy."""
+
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        space = env.observation_space
+        if not isinstance(space, gym.spaces.Box) or len(space.shape) != 3:
+            raise ValueError(f'env.preprocessing "channels_first" needs (H, W, C) Box observations, got {space}')
+        self.observation_space = gym.spaces.Box(np.moveaxis(space.low, -1, 0), np.moveaxis(space.high, -1, 0),
+                                                dtype=space.dtype)  # fmt: skip
+
+    def observation(self, observation):
+        return np.moveaxis(observation, -1, 0)
 
 
 def make_env(config: EnvConfig) -> gym.Env:
-    """A gymnasium env from a registered id or a ``"module:factory"`` callable.
+    """A gymnasium env from a registered id or a ``"module:factory"`` callable, with the
+    ``env.preprocessing`` wrappers.
 
     ``max_episode_steps`` wraps it in a TimeLimit (a truncation, not a termination).
+    ``MinAtar/...`` and ``ALE/...`` ids are registered first (their packages register
+    only on request). ``"atari"`` makes the env with ``frameskip=1`` and wraps it in
+    gymnasium's ``AtariPreprocessing`` (its defaults: 30 no-op resets, 4 frames skipped
+    with the last two max-pooled, grayscale, 84 x 84, no terminal on life loss; override
+    them in ``env.preprocessing_kwargs``), then adds the channel axis: (1, 84, 84) uint8.
     """
+    register_env_family(config.id)
     if is_env_factory(config.id):
         module, _, name = config.id.partition(":")
         env = getattr(importlib.import_module(module), name)(**config.kwargs)
         if config.max_episode_steps is not None:
             env = gym.wrappers.TimeLimit(env, config.max_episode_steps)
-        return env
-    return gym.make(config.id, max_episode_steps=config.max_episode_steps, **config.kwargs)
+    elif config.preprocessing == "atari":
+        env = gym.make(config.id, max_episode_steps=config.max_episode_steps, **{"frameskip": 1, **config.kwargs})
+    else:
+        env = gym.make(config.id, max_episode_steps=config.max_episode_steps, **config.kwargs)
+    if config.preprocessing == "atari":
+        env = gym.wrappers.AtariPreprocessing(env, **{"grayscale_newaxis": True, **config.preprocessing_kwargs})
+    if config.preprocessing in ("atari", "channels_first"):
+        env = ChannelsFirst(env)
+    return env
 
 
 def make_env_checked(config: EnvConfig) -> gym.Env:

@@ -38,7 +38,7 @@ from torch import nn
 
 from ...config import Config
 from ...replay.buffer import Batch
-from ..base import EpisodeRows, FlatWeights, Trainer
+from ..base import EpisodeRows, FlatWeights, Trainer, as_stored
 from .targets import NStepTargets
 
 __all__ = [
@@ -179,7 +179,7 @@ class EpsilonGreedyPlayer:
 
     def _reset(self, k: int, seed: int | None = None) -> DQNEpisode:
         obs, _ = self.envs[k].reset(seed=seed)
-        return DQNEpisode(observation=[np.asarray(obs, np.float32)])
+        return DQNEpisode(observation=[as_stored(obs)])
 
     def current_epsilons(self) -> np.ndarray:
         """Epsilon of each env for the next step (K,)."""
@@ -201,7 +201,7 @@ class EpsilonGreedyPlayer:
         finished = []
         for k, (env, ep) in enumerate(zip(self.envs, self.episodes)):
             obs, reward, terminated, truncated, _ = env.step(int(actions[k]))
-            ep.observation.append(np.asarray(obs, np.float32))
+            ep.observation.append(as_stored(obs))
             ep.action.append(int(actions[k]))
             ep.reward.append(float(reward))
             if terminated or truncated:

@@ -19,7 +19,7 @@ import torch
 
 from ...config import Config
 from ...envs.two_player import is_two_player
-from ..base import EpisodeRows
+from ..base import EpisodeRows, as_stored
 from .mcts import select_action, temperature_at
 from .networks import support_to_scalar
 from .search import make_search
@@ -98,7 +98,7 @@ class BatchedPlayer:
     def _reset(self, k: int, seed: int | None = None) -> Episode:
         obs, info = self.envs[k].reset(seed=seed)
         ep = Episode()
-        ep.observation.append(np.asarray(obs, np.float32))
+        ep.observation.append(as_stored(obs))
         ep.to_play.append(int(info.get("to_play", 0)))
         self.legal[k] = _legal(info, self.num_actions)
         return ep
@@ -137,7 +137,7 @@ class BatchedPlayer:
             ep.root_value.append(float(result.root_values[k]))
             ep.child_visits.append(result.policy_target[k])
             obs, reward, terminated, truncated, info = env.step(int(actions[k]))
-            ep.observation.append(np.asarray(obs, np.float32))
+            ep.observation.append(as_stored(obs))
             ep.action.append(int(actions[k]))
             ep.reward.append(float(reward))
             ep.to_play.append(int(info.get("to_play", 0)))

@@ -1,0 +1,122 @@
+"""Image environments: MinAtar (``MinAtar/...``, the ``minatar`` extra) and Atari through
+the Arcade Learning Environment (``ALE/...``, the ``atari`` extra), made from a config as
+the workers make them, checked against the same envs made by hand with gymnasium's own
+wrappers; observations keep the env's dtype in episodes and in the buffer; a missing
+package is one line naming the extra.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from mpper.algos.configs import load_config
+from mpper.config import ConfigError, EnvConfig
+from mpper.envs.spec import env_spec, make_env
+from mpper.extras import register_env_family
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _steps(env, seed: int, actions: list[int]) -> list[np.ndarray]:
+    obs, _ = env.reset(seed=seed)
+    out = [obs]
+    for a in actions:
+        obs, _, terminated, truncated, _ = env.step(a)
+        out.append(obs)
+        if terminated or truncated:
+            break
+    return out
+
+
+def test_minatar_planes_come_channels_first_in_their_own_dtype():
+    config = EnvConfig(id="MinAtar/Breakout-v1", preprocessing="channels_first")
+    spec = env_spec(config)
+    assert spec.observation_shape == (4, 10, 10) and spec.observation_dtype == np.bool_ and spec.num_actions == 3
+    register_env_family("MinAtar/Breakout-v1")  # done by make_env already: a no-op
+    actions = list(np.random.default_rng(0).integers(0, 3, 60))
+    ours = _steps(make_env(config), 5, actions)
+    plain = _steps(gym.make("MinAtar/Breakout-v1"), 5, actions)
+    assert len(ours) == len(plain) > 5
+    for a, b in zip(ours, plain):
+        assert a.dtype == np.bool_
+        np.testing.assert_array_equal(a, np.transpose(b, (2, 0, 1)))
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"screen_size": 96, "terminal_on_life_loss": True}])
+def test_atari_frames_are_gymnasiums_preprocessing_with_a_channel_axis(kwargs):
+    config = EnvConfig(id="ALE/Pong-v5", preprocessing="atari", preprocessing_kwargs=kwargs)
+    size = kwargs.get("screen_size", 84)
+    spec = env_spec(config)
+    assert spec.observation_shape == (1, size, size) and spec.observation_dtype == np.uint8 and spec.num_actions == 6
+    register_env_family("ALE/Pong-v5")
+    plain_env = gym.wrappers.AtariPreprocessing(gym.make("ALE/Pong-v5", frameskip=1), **kwargs)
+    actions = list(np.random.default_rng(1).integers(0, 6, 40))
+    ours = _steps(make_env(config), 3, actions)
+    plain = _steps(plain_env, 3, actions)
+    assert len(ours) == len(plain) == 41
+    for a, b in zip(ours, plain):
+        assert a.shape == (1, size, size) and a.dtype == np.uint8
+        np.testing.assert_array_equal(a[0], b)
+    assert len({a.tobytes() for a in ours}) > 5  # the frames move
+
+
+def test_channels_first_needs_images():
+    with pytest.raises(ConfigError, match=r'"channels_first" needs \(H, W, C\) Box observations'):
+        env_spec(EnvConfig(id="CartPole-v1", preprocessing="channels_first"))
+
+
+def test_a_config_names_a_minatar_id_in_a_fresh_process(tmp_path):
+    """The config check registers the family itself: nothing imported minatar before."""
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps({"algorithm": "dqn", "env": {"id": "MinAtar/Breakout-v1",
+                                                            "preprocessing": "channels_first"}}))
+    code = f"from mpper.algos.configs import load_config; print(load_config({str(path)!r}).env.id)"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "MinAtar/Breakout-v1"
+
+
+@pytest.mark.parametrize("module,env_id,extra", [("minatar", "MinAtar/Breakout-v1", "minatar"),
+                                                 ("ale_py", "ALE/Pong-v5", "atari")])
+def test_a_missing_package_is_one_line_naming_the_extra(tmp_path, module, env_id, extra):
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps({"algorithm": "dqn", "env": {"id": env_id}}))
+    code = (f"import sys; sys.modules[{module!r}] = None\n"  # the import of that package now fails
+            f"import runpy; sys.argv = ['run.py', '--config', {str(path)!r}, '--workers', '0']\n"
+            "runpy.run_path('run.py', run_name='__main__')")  # fmt: skip
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert f"{path}: env.id" in lines[0] and repr(env_id) in lines[0]
+    assert f"pip install -e .[{extra}]" in lines[0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config", ["configs/cartpole_dqn.json", "configs/cartpole.json"])
+def test_a_run_stores_minatar_planes_as_bool(tmp_path, config):
+    """Both algorithms train a few steps on MinAtar Breakout (``--workers 0``); the buffer
+    holds the planes as bool, one byte per value."""
+    from mpper import ReplayBuffer
+
+    run_dir = tmp_path / "run"
+    args = [sys.executable, "run.py", "--config", config, "--workers", "0", "--device", "cpu", "--run-dir",
+            str(run_dir), "--max-train-steps", "5", "--set", "env.id=MinAtar/Breakout-v1", "--set",
+            "env.preprocessing=channels_first", "--set", "training.min_buffer_steps=100", "--set",
+            "training.batch_size=16", "--set", "runtime.envs_per_worker=2", "--set", "mcts.num_simulations=2"]
+    if "dqn" in config:
+        args = args[:-2]  # no mcts section in a DQN config
+    proc = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=200)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    with ReplayBuffer.load(run_dir / "buffer", mmap=True) as snap:
+        observation = snap.fields["observation"]
+        assert observation.dtype == np.bool_ and observation.shape[1:] == (4, 10, 10)
+        assert snap.counters["steps"] >= 100 and observation[: snap.counters["positions"]].any()
+    assert load_config(run_dir / "config.json").env.preprocessing == "channels_first"
