@@ -102,8 +102,8 @@ def test_a_missing_package_is_one_line_naming_the_extra(tmp_path, module, env_id
 @pytest.mark.slow
 @pytest.mark.parametrize("config", ["configs/cartpole_dqn.json", "configs/cartpole.json"])
 def test_a_run_stores_minatar_planes_as_bool(tmp_path, config):
-    """Both algorithms train a few steps on MinAtar Breakout (``--workers 0``); the buffer
-    holds the planes as bool, one byte per value."""
+    """Both algorithms train a few steps on MinAtar Breakout (``--workers 0``; DQN with
+    MinAtar's conv network); the buffer holds the planes as bool, one byte per value."""
     from mpper import ReplayBuffer
 
     run_dir = tmp_path / "run"
@@ -111,8 +111,8 @@ def test_a_run_stores_minatar_planes_as_bool(tmp_path, config):
             str(run_dir), "--max-train-steps", "5", "--set", "env.id=MinAtar/Breakout-v1", "--set",
             "env.preprocessing=channels_first", "--set", "training.min_buffer_steps=100", "--set",
             "training.batch_size=16", "--set", "runtime.envs_per_worker=2", "--set", "mcts.num_simulations=2"]
-    if "dqn" in config:
-        args = args[:-2]  # no mcts section in a DQN config
+    if "dqn" in config:  # no mcts section in a DQN config; MinAtar's conv network
+        args = args[:-2] + ["--set", "dqn.torso=minatar", "--set", "dqn.hidden=[128]"]
     proc = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=200)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     with ReplayBuffer.load(run_dir / "buffer", mmap=True) as snap:
@@ -120,3 +120,70 @@ def test_a_run_stores_minatar_planes_as_bool(tmp_path, config):
         assert observation.dtype == np.bool_ and observation.shape[1:] == (4, 10, 10)
         assert snap.counters["steps"] >= 100 and observation[: snap.counters["positions"]].any()
     assert load_config(run_dir / "config.json").env.preprocessing == "channels_first"
+
+
+# --------------------------------------------------------------------------------------
+# DQN's convolutional torsos, against the networks of the papers built by hand
+# --------------------------------------------------------------------------------------
+
+
+def _paper_network(kind: str, shape: tuple[int, ...], num_actions: int):
+    import torch
+    from torch import nn
+
+    c, h, w = shape
+    if kind == "minatar":  # Young and Tian 2019, their DQN's Q-network
+        convs = [nn.Conv2d(c, 16, kernel_size=3, stride=1)]
+        flat, hidden = 16 * (h - 2) * (w - 2), 128
+    else:  # Mnih et al. 2015, Extended Data Table / methods
+        convs = [nn.Conv2d(c, 32, 8, stride=4), nn.Conv2d(32, 64, 4, stride=2), nn.Conv2d(64, 64, 3, stride=1)]
+        side = ((h - 8) // 4 + 1 - 4) // 2 + 1 - 2
+        flat, hidden = 64 * side * side, 512
+
+    class Paper(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.convs = nn.ModuleList(convs)
+            self.fc = nn.Linear(flat, hidden)
+            self.out = nn.Linear(hidden, num_actions)
+
+        def forward(self, x):
+            x = x.float() / (255.0 if kind == "nature" else 1.0)
+            for conv in self.convs:
+                x = torch.relu(conv(x))
+            return self.out(torch.relu(self.fc(x.reshape(x.shape[0], -1))))
+
+    return Paper(), flat
+
+
+@pytest.mark.parametrize("kind,shape,dtype", [("minatar", (4, 10, 10), np.bool_), ("nature", (4, 84, 84), np.uint8)])
+def test_dqn_conv_torsos_are_the_papers_networks(kind, shape, dtype):
+    import torch
+
+    from mpper.algos.dqn.dqn import QNetwork
+
+    torch.manual_seed(0)
+    hidden = [128] if kind == "minatar" else [512]
+    ours = QNetwork(shape, 6, hidden, torso=kind)
+    paper, flat = _paper_network(kind, shape, 6)
+    assert sum(p.numel() for p in ours.parameters()) == sum(p.numel() for p in paper.parameters())
+    assert ours.body[0].in_features == flat
+    # The same weights, layer by layer, in the order both define them.
+    with torch.no_grad():
+        for mine, theirs in zip([m for m in ours.modules() if isinstance(m, (torch.nn.Conv2d, torch.nn.Linear))],
+                                [m for m in paper.modules() if isinstance(m, (torch.nn.Conv2d, torch.nn.Linear))]):
+            theirs.weight.copy_(mine.weight)
+            theirs.bias.copy_(mine.bias)
+    rng = np.random.default_rng(0)
+    frames = rng.random((5, *shape)) < 0.3 if dtype == np.bool_ else rng.integers(0, 256, (5, *shape), dtype=np.uint8)
+    x = torch.from_numpy(frames)
+    torch.testing.assert_close(ours(x), paper(x), rtol=1e-5, atol=1e-5)
+
+
+def test_a_conv_torso_needs_images():
+    from mpper.algos.dqn.dqn import QNetwork
+
+    with pytest.raises(ValueError, match=r'dqn.torso "minatar" needs \(C, H, W\) image observations'):
+        QNetwork((4,), 2, [8], torso="minatar")
+    with pytest.raises(ValueError, match="too small"):
+        QNetwork((1, 20, 20), 2, [8], torso="nature")

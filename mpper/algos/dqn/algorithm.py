@@ -9,7 +9,7 @@ import torch
 
 from ...config import Config
 from ..base import Algorithm
-from .dqn import DQNTrainer, EpsilonGreedyPlayer, QNetwork
+from .dqn import DQNTrainer, EpsilonGreedyPlayer, make_q_network
 from .snapshot_eval import evaluate_dqn
 from .targets import NStepTargets, dqn_schema
 
@@ -17,8 +17,8 @@ __all__ = ["ALGORITHM"]
 
 
 def make_model(config: Config, observation_shape: tuple[int, ...], num_actions: int) -> torch.nn.Module:
-    """The Q-network: ``dqn.hidden`` widths, a dueling head with ``dqn.dueling``."""
-    return QNetwork(observation_shape, num_actions, list(config.dqn.hidden), config.dqn.dueling)
+    """The Q-network: ``dqn.torso``, ``dqn.hidden`` widths, a dueling head with ``dqn.dueling``."""
+    return make_q_network(config, observation_shape, num_actions)
 
 
 def make_player(config: Config, envs: list, network, explore: bool, seed: int,

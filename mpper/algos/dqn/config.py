@@ -17,7 +17,9 @@ __all__ = ["CONFIG", "DQNConfig"]
 class DQNConfig:
     """DQN (algorithm "dqn"): the Q-network, acting, targets and target updates."""
 
-    hidden: list = opt([64], WIDTHS, "widths of the Q-network's hidden layers (an MLP)")
+    torso: str = opt("mlp", ("mlp", "minatar", "nature"), '"mlp": the observation flattened; "minatar": one 3x3 '
+                     'conv of 16 channels (MinAtar paper); "nature": the Nature DQN CNN on pixels / 255 (Atari)')
+    hidden: list = opt([64], WIDTHS, "widths of the Q-network's hidden layers (an MLP after the torso)")
     dueling: bool = opt(False, None, "dueling head: Q = V + A - mean(A)")
     n_step: int = opt(3, ">= 1", "n of the n-step return R = sum_{i<n} gamma^i r_{t+1+i} (1: one-step DQN)")
     gamma: float = opt(0.99, "(0, 1]", "discount of the n-step return and of the bootstrap")

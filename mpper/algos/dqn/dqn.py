@@ -8,7 +8,8 @@ control, weight store, supervisor, checkpoints, snapshots) is shared.
 
 Read top-down:
 
-1. ``QNetwork``: an MLP ``observation -> Q(s, .)``, optionally with a dueling head.
+1. ``QNetwork``: a torso (flatten, MinAtar's conv or the Nature CNN), an MLP and a
+   ``Q(s, .)`` head, optionally dueling.
 2. Exploration: ``apex_epsilons`` (Ape-X's constant epsilon per actor) and
    ``decayed_epsilon`` (easy-rl's PER-DQN notebook's exponential schedule).
 3. ``td_errors``: n-step TD errors of stored rows; the actors' initial priorities.
@@ -43,6 +44,8 @@ from .targets import NStepTargets
 
 __all__ = [
     "DQNTrainer",
+    "conv_torso",
+    "make_q_network",
     "EpsilonGreedyPlayer",
     "QNetwork",
     "apex_epsilons",
@@ -56,21 +59,68 @@ __all__ = [
 # --------------------------------------------------------------------------------------
 
 
-class QNetwork(FlatWeights, nn.Module):
-    """``Q(s, .)`` for a flattened observation: (B, *observation_shape) -> (B, A).
+def conv_torso(kind: str, observation_shape: tuple[int, ...]) -> tuple[nn.Module, int]:
+    """The convolutional layers of a Q-network and the size of their flattened output,
+    for (C, H, W) observations.
 
-    ReLU MLP with the widths ``hidden`` (easy-rl's notebook's three-layer MLP is ``[256, 256]``).
-    Dueling (Wang et al. 2016): the last hidden layer feeds a value stream ``V(s)`` and
-    an advantage stream ``A(s, a)``, combined as ``V + A - mean_a A`` so that V and A
-    are identifiable.
+    ``"minatar"``: the MinAtar paper's network (Young and Tian 2019), one 3x3 conv of 16
+    channels, stride 1, ReLU. ``"nature"``: the Nature DQN (Mnih et al. 2015), 32 8x8
+    stride 4, 64 4x4 stride 2, 64 3x3 stride 1, ReLU, on pixels scaled by 1/255.
+    """
+    if len(observation_shape) != 3:
+        raise ValueError(f'dqn.torso "{kind}" needs (C, H, W) image observations, got shape {observation_shape}')
+    channels = observation_shape[0]
+    if kind == "minatar":
+        torso = nn.Sequential(nn.Conv2d(channels, 16, 3, 1), nn.ReLU(), nn.Flatten())
+    elif kind == "nature":
+        torso = nn.Sequential(
+            _Scale(1 / 255), nn.Conv2d(channels, 32, 8, 4), nn.ReLU(), nn.Conv2d(32, 64, 4, 2), nn.ReLU(),
+            nn.Conv2d(64, 64, 3, 1), nn.ReLU(), nn.Flatten(),
+        )  # fmt: skip
+    else:
+        raise ValueError(f'dqn.torso must be "mlp", "minatar" or "nature", got {kind!r}')
+    try:
+        with torch.no_grad():
+            size = int(torso(torch.zeros(1, *observation_shape)).shape[1])
+    except RuntimeError:  # a kernel larger than what is left of the image
+        size = 0
+    if size < 1:
+        raise ValueError(f'dqn.torso "{kind}": observations of shape {observation_shape} are too small for its convolutions')
+    return torso, size
+
+
+class _Scale(nn.Module):
+    def __init__(self, factor: float):
+        super().__init__()
+        self.factor = factor
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.factor
+
+
+class QNetwork(FlatWeights, nn.Module):
+    """``Q(s, .)``: (B, *observation_shape) -> (B, A).
+
+    The torso: ``"mlp"`` flattens the observation; ``"minatar"`` and ``"nature"`` are
+    :func:`conv_torso`'s. Then a ReLU MLP with the widths ``hidden`` (easy-rl's
+    notebook's three-layer MLP is ``[256, 256]``; MinAtar's ``[128]``, Nature's
+    ``[512]``). Dueling (Wang et al. 2016): the last hidden layer feeds a value stream
+    ``V(s)`` and an advantage stream ``A(s, a)``, combined as ``V + A - mean_a A`` so
+    that V and A are identifiable.
     """
 
-    def __init__(self, observation_shape: tuple[int, ...], num_actions: int, hidden: list[int], dueling: bool = False):
+    def __init__(self, observation_shape: tuple[int, ...], num_actions: int, hidden: list[int], dueling: bool = False,
+                 torso: str = "mlp"):  # fmt: skip
         super().__init__()
         self.observation_shape = tuple(observation_shape)
         self.num_actions = int(num_actions)
         self.dueling = bool(dueling)
-        sizes = [int(np.prod(self.observation_shape)), *hidden]
+        if torso == "mlp":
+            self.torso: nn.Module = nn.Flatten()
+            features = int(np.prod(self.observation_shape))
+        else:
+            self.torso, features = conv_torso(torso, self.observation_shape)
+        sizes = [features, *hidden]
         layers: list[nn.Module] = []
         for a, b in zip(sizes[:-1], sizes[1:]):
             layers += [nn.Linear(a, b), nn.ReLU()]
@@ -79,11 +129,17 @@ class QNetwork(FlatWeights, nn.Module):
         self.value = nn.Linear(sizes[-1], 1) if dueling else None
 
     def forward(self, observation: torch.Tensor) -> torch.Tensor:
-        x = self.body(observation.flatten(1).float())
+        x = self.body(self.torso(observation.float()))
         if self.value is None:
             return self.advantage(x)
         adv = self.advantage(x)
         return self.value(x) + adv - adv.mean(dim=1, keepdim=True)
+
+
+def make_q_network(config, observation_shape: tuple[int, ...], num_actions: int) -> QNetwork:
+    """The Q-network of a run's ``dqn`` section: ``torso``, ``hidden``, ``dueling``."""
+    d = config.dqn
+    return QNetwork(observation_shape, num_actions, list(d.hidden), d.dueling, d.torso)
 
 
 # --------------------------------------------------------------------------------------

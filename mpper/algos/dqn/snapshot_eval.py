@@ -23,11 +23,10 @@ def evaluate_dqn(run: SnapshotRun) -> dict:
     percentiles of ``|delta|`` (return units), mean ``delta`` (its sign says whether the
     network over- or under-estimates) and mean ``Q(s_t, a_t)``.
     """
-    from .dqn import QNetwork
+    from .dqn import make_q_network
 
     cfg = run.config
-    network = run.load_weights(QNetwork(run.spec.observation_shape, run.spec.num_actions,
-                                        list(cfg.dqn.hidden), cfg.dqn.dueling))  # fmt: skip
+    network = run.load_weights(make_q_network(cfg, run.spec.observation_shape, run.spec.num_actions))
     targets = NStepTargets(cfg.dqn.n_step, cfg.dqn.gamma)
     deltas, done, q_taken = [], [], []
     with torch.no_grad():
