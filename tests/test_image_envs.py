@@ -187,3 +187,93 @@ def test_a_conv_torso_needs_images():
         QNetwork((4,), 2, [8], torso="minatar")
     with pytest.raises(ValueError, match="too small"):
         QNetwork((1, 20, 20), 2, [8], torso="nature")
+
+
+# --------------------------------------------------------------------------------------
+# MuZero's downsampling representation, against muzero-general's
+# --------------------------------------------------------------------------------------
+
+
+def _muzero_general_representation(in_channels: int, channels: int, blocks: int):
+    """muzero-general's ``RepresentationNetwork`` with ``downsample="resnet"`` (models.py
+    at commit 0825bd5: ``DownSample``, then ``num_blocks`` ``ResidualBlock``s), written
+    out here as it is there."""
+    import torch
+    from torch import nn
+
+    def conv3x3(i, o, stride=1):
+        return nn.Conv2d(i, o, kernel_size=3, stride=stride, padding=1, bias=False)
+
+    class ResidualBlock(nn.Module):
+        def __init__(self, c):
+            super().__init__()
+            self.conv1, self.bn1 = conv3x3(c, c), nn.BatchNorm2d(c)
+            self.conv2, self.bn2 = conv3x3(c, c), nn.BatchNorm2d(c)
+
+        def forward(self, x):
+            out = torch.relu(self.bn1(self.conv1(x)))
+            out = self.bn2(self.conv2(out))
+            return torch.relu(out + x)
+
+    class DownSample(nn.Module):
+        def __init__(self, i, o):
+            super().__init__()
+            self.conv1 = nn.Conv2d(i, o // 2, kernel_size=3, stride=2, padding=1, bias=False)
+            self.resblocks1 = nn.ModuleList([ResidualBlock(o // 2) for _ in range(2)])
+            self.conv2 = nn.Conv2d(o // 2, o, kernel_size=3, stride=2, padding=1, bias=False)
+            self.resblocks2 = nn.ModuleList([ResidualBlock(o) for _ in range(3)])
+            self.pooling1 = nn.AvgPool2d(kernel_size=3, stride=2, padding=1)
+            self.resblocks3 = nn.ModuleList([ResidualBlock(o) for _ in range(3)])
+            self.pooling2 = nn.AvgPool2d(kernel_size=3, stride=2, padding=1)
+
+        def forward(self, x):
+            x = self.conv1(x)
+            for block in self.resblocks1:
+                x = block(x)
+            x = self.conv2(x)
+            for block in self.resblocks2:
+                x = block(x)
+            x = self.pooling1(x)
+            for block in self.resblocks3:
+                x = block(x)
+            return self.pooling2(x)
+
+    class Representation(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.downsample_net = DownSample(in_channels, channels)
+            self.resblocks = nn.ModuleList([ResidualBlock(channels) for _ in range(blocks)])
+
+        def forward(self, x):
+            x = self.downsample_net(x)
+            for block in self.resblocks:
+                x = block(x)
+            return x
+
+    return Representation()
+
+
+@pytest.mark.parametrize("shape", [(3, 96, 96), (1, 84, 84)])
+def test_muzero_downsampling_is_muzero_generals(shape):
+    import torch
+
+    from mpper.algos.muzero.config import NetworkConfig
+    from mpper.algos.muzero.networks import make_network, min_max_scale
+
+    torch.manual_seed(0)
+    config = NetworkConfig(kind="residual", encoding_size=16, hidden=[16], blocks=2, support_size=5,
+                           reduced_channels=2, downsample=True)  # fmt: skip
+    ours = make_network(config, shape, 6)
+    assert ours.hidden_shape == (16, 6, 6)
+    reference = _muzero_general_representation(shape[0], 16, 2)
+    mine = ours.representation_network.state_dict()
+    theirs = reference.state_dict()
+    assert [tuple(t.shape) for t in mine.values()] == [tuple(t.shape) for t in theirs.values()]
+    reference.load_state_dict(dict(zip(theirs.keys(), mine.values())))
+    ours.eval()
+    reference.eval()
+    x = torch.rand(3, *shape)
+    with torch.no_grad():
+        torch.testing.assert_close(ours.representation(x), min_max_scale(reference(x), 2), rtol=1e-5, atol=1e-5)
+        out = ours.recurrent_inference(ours.representation(x), torch.tensor([0, 3, 5]))
+    assert out.hidden_state.shape == (3, 16, 6, 6) and out.policy_logits.shape == (3, 6)

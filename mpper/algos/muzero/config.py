@@ -27,6 +27,8 @@ class NetworkConfig:
     # muzero-general's reduced_channels_{value,reward,policy}: one number for the three
     # heads of the residual network (whose MLPs use the widths in hidden).
     reduced_channels: int = opt(2, ">= 1", "residual: planes of the 1x1 conv before each head's MLP (widths: hidden)")
+    downsample: bool = opt(False, None, "residual: shrink observations by 16 first (the MuZero paper's Atari network, "
+                           "muzero-general's downsample \"resnet\"): 96 x 96 -> a 6 x 6 hidden state")
     # EfficientZero's SimSiam heads (LightZero's proj_hid = proj_out = 2 * pred_hid):
     # what muzero.consistency_loss_weight compares hidden states through.
     projection_size: int = opt(0, ">= 0", "width of the projection and predictor heads of the consistency loss "

@@ -374,11 +374,31 @@ def conv_stem(in_channels: int, channels: int, blocks: int) -> nn.Sequential:
     )
 
 
+def downsample_stem(in_channels: int, channels: int) -> nn.Sequential:
+    """The MuZero paper's Atari downsampling (appendix "Network Architecture";
+    muzero-general's ``DownSample``, its ``downsample: "resnet"``): a stride-2 conv to
+    C / 2 planes, 2 residual blocks, a stride-2 conv to C, 3 blocks, average pooling
+    (stride 2), 3 blocks, average pooling (stride 2): (B, C_in, H, W) -> (B, C,
+    ceil(H / 16), ceil(W / 16)), 96 x 96 -> 6 x 6."""
+    half = channels // 2
+    return nn.Sequential(
+        nn.Conv2d(in_channels, half, 3, stride=2, padding=1, bias=False),
+        *[ResidualBlock(half) for _ in range(2)],
+        nn.Conv2d(half, channels, 3, stride=2, padding=1, bias=False),
+        *[ResidualBlock(channels) for _ in range(3)],
+        nn.AvgPool2d(3, stride=2, padding=1),
+        *[ResidualBlock(channels) for _ in range(3)],
+        nn.AvgPool2d(3, stride=2, padding=1),
+    )
+
+
 class ResidualNetwork(MuZeroNetwork):
-    """muzero-general's ``MuZeroResidualNetwork`` (without its Atari downsampling).
+    """muzero-general's ``MuZeroResidualNetwork``.
 
     Observation (B, C_in, H, W); hidden state (B, C, H, W) with C = encoding_size, scaled
-    per sample and channel. The dynamics sees the hidden state with one extra plane
+    per sample and channel. With ``downsample`` (Atari), the representation first
+    shrinks the observation with :func:`downsample_stem` and the hidden state is
+    (B, C, ceil(H / 16), ceil(W / 16)); then ``blocks`` residual blocks. The dynamics sees the hidden state with one extra plane
     filled with ``action / A`` (muzero-general's action encoding for board games), and
     its conv maps the C + 1 planes back to C. Reward, value and policy heads: a 1x1
     conv to ``reduced_channels`` planes, flattened, then an MLP with widths ``hidden``.
@@ -386,16 +406,22 @@ class ResidualNetwork(MuZeroNetwork):
 
     def __init__(
         self, observation_shape, num_actions: int, support_size: int, encoding_size: int,
-        hidden: list[int], blocks: int, reduced_channels: int,
+        hidden: list[int], blocks: int, reduced_channels: int, downsample: bool = False,
     ):  # fmt: skip
         super().__init__(observation_shape, num_actions, support_size)
         if len(observation_shape) != 3:
             raise ValueError(f"the residual network needs (C, H, W) observations, got shape {tuple(observation_shape)}")
         in_channels, height, width = observation_shape
         c = encoding_size
+        if downsample:
+            # muzero-general: the downsampling, then num_blocks blocks (no stem conv)
+            self.representation_network = nn.Sequential(downsample_stem(in_channels, c),
+                                                         *[ResidualBlock(c) for _ in range(blocks)])  # fmt: skip
+            height, width = -(-height // 16), -(-width // 16)
+        else:
+            self.representation_network = conv_stem(in_channels, c, blocks)
         self.hidden_shape = (c, height, width)
         head_size = reduced_channels * height * width
-        self.representation_network = conv_stem(in_channels, c, blocks)
         self.dynamics_state_network = conv_stem(c + 1, c, blocks)
         self.dynamics_reward_network = nn.Sequential(nn.Conv2d(c, reduced_channels, 1), nn.Flatten(), mlp(head_size, hidden, self.full_support_size))  # fmt: skip
         self.prediction_trunk = nn.Sequential(*[ResidualBlock(c) for _ in range(blocks)])
@@ -443,7 +469,7 @@ def make_network(
     elif config.kind == "residual":
         network = ResidualNetwork(
             input_shape, num_actions, config.support_size, config.encoding_size, list(config.hidden),
-            config.blocks, config.reduced_channels,
+            config.blocks, config.reduced_channels, config.downsample,
         )  # fmt: skip
     else:
         raise ValueError(f'network.kind must be "fc" or "residual", got {config.kind!r}')
