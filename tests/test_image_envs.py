@@ -277,3 +277,48 @@ def test_muzero_downsampling_is_muzero_generals(shape):
         torch.testing.assert_close(ours.representation(x), min_max_scale(reference(x), 2), rtol=1e-5, atol=1e-5)
         out = ours.recurrent_inference(ours.representation(x), torch.tensor([0, 3, 5]))
     assert out.hidden_state.shape == (3, 16, 6, 6) and out.policy_logits.shape == (3, 6)
+
+
+def test_the_dqn_player_acts_on_the_stacks_the_learner_builds():
+    """``dqn.frame_stack`` 3 on MinAtar: the stack a worker feeds its network at each move
+    is the stack ``NStepTargets`` builds for that position from the stored episode."""
+    import dataclasses
+
+    import torch
+
+    from mpper.algos.configs import default_config
+    from mpper.algos.dqn.dqn import make_q_network
+    from mpper.algos.dqn.targets import stack_frames
+    from mpper.algos.registry import algorithm_of
+
+    base = default_config("dqn")
+    config = dataclasses.replace(
+        base, env=EnvConfig(id="MinAtar/Breakout-v1", preprocessing="channels_first"),
+        sections={**base.sections, "dqn": dataclasses.replace(base.dqn, frame_stack=3, torso="minatar", hidden=[16])},
+    )  # fmt: skip
+    seen = []
+
+    class Recording(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x):
+            seen.append(x.numpy().copy())
+            return self.inner(x)
+
+    torch.manual_seed(0)
+    network = Recording(make_q_network(config, (4, 10, 10), 3).eval())
+    player = algorithm_of(config).make_player(config, [make_env(config.env)], network, explore=True, seed=2)
+    finished = []
+    while not finished:
+        finished = player.step()
+    arrays, _ = player.stored(finished[0])
+    T = finished[0].moves
+    assert T >= 3
+    rows = np.arange(T)
+    learner_view = stack_frames(arrays["observation"], rows, rows, 3)
+    acted_on = np.concatenate(seen[:T])  # the first T forward passes: one per move (batch of one env)
+    assert acted_on.shape == (T, 12, 10, 10)
+    np.testing.assert_array_equal(acted_on, learner_view)
+    assert not learner_view[0, :8].any() and learner_view[2].any()

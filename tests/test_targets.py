@@ -614,6 +614,44 @@ def test_nstep_targets_match_reference(buffers, n, obs_shape):
     assert any(terminated[e] for e, _ in seen) and not all(terminated[e] for e, _ in seen)
 
 
+def _plain_frame_stack(frames: np.ndarray, t: int, k: int) -> np.ndarray:
+    """Frames t-k+1 .. t of one episode along the first axis, zeros before its start."""
+    return np.concatenate([frames[j] if j >= 0 else np.zeros_like(frames[0]) for j in range(t - k + 1, t + 1)])
+
+
+@pytest.mark.parametrize("k", [2, 4])
+def test_nstep_frame_stacks_match_a_plain_loop(buffers, k):
+    """uint8 frames stored once, stacked at sample time: every sampled transition's
+    observation and next observation are the last k frames of their own episode (zeros
+    before its start), through a ring that has wrapped many times."""
+    rng = np.random.default_rng(40 + k)
+    A, n, gamma, obs_shape = 3, 3, 0.9, (1, 3, 3)
+    schema = dict(dqn_schema(observation_shape=obs_shape, observation_dtype="uint8"))
+    schema["tag"] = ((2,), "int64")
+    capacity = 40
+    buf = buffers(schema, capacity)
+    episodes, terminated = {}, {}
+    for ep_id in range(30):
+        T = int(rng.integers(1, 10))
+        ep = make_dqn_episode(rng, T, obs_shape, A, ep_id)
+        ep["observation"] = rng.integers(1, 256, (T + 1, *obs_shape)).astype(np.uint8)  # 0 only as padding
+        episodes[ep_id], terminated[ep_id] = ep, bool(ep_id % 2)
+        assert buf.add_episode(ep, priorities=None, terminated=terminated[ep_id]) is True
+    targets = NStepTargets(n=n, gamma=gamma, frame_stack=k)
+    batch, tags = sample_with_tags(buf, 3 * capacity, targets, seed=5)
+    d = batch.data
+    assert d["observation"].dtype == np.uint8 and d["observation"].shape == (len(tags), k, 3, 3)
+    positions = set()
+    for b, (ep_id, t) in enumerate(tags):
+        ep = episodes[int(ep_id)]
+        T = ref.episode_length(ep)
+        m = min(n, T - int(t))
+        np.testing.assert_array_equal(d["observation"][b], _plain_frame_stack(ep["observation"], int(t), k))
+        np.testing.assert_array_equal(d["next_observation"][b], _plain_frame_stack(ep["observation"], int(t) + m, k))
+        positions.add(int(t))
+    assert {0, 1} <= positions and max(positions) >= k  # padded and unpadded stacks both drawn
+
+
 def test_nstep_targets_on_muzero_schema(buffers):
     # n-step transitions come "from the same storage": they also work on a MuZero schema
     rng = np.random.default_rng(77)

@@ -32,7 +32,7 @@ def make_player(config: Config, envs: list, network, explore: bool, seed: int,
 
 def make_targets(config: Config, num_actions: int) -> NStepTargets:
     """n-step transitions of ``dqn.n_step`` and ``dqn.gamma``."""
-    return NStepTargets(config.dqn.n_step, config.dqn.gamma)
+    return NStepTargets(config.dqn.n_step, config.dqn.gamma, config.dqn.frame_stack)
 
 
 def priority_clip(config: Config) -> float | None:

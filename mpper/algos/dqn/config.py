@@ -19,6 +19,8 @@ class DQNConfig:
 
     torso: str = opt("mlp", ("mlp", "minatar", "nature"), '"mlp": the observation flattened; "minatar": one 3x3 '
                      'conv of 16 channels (MinAtar paper); "nature": the Nature DQN CNN on pixels / 255 (Atari)')
+    frame_stack: int = opt(1, ">= 1", "frames stacked into the network input, built at sample time from frames "
+                           "stored once (the Nature DQN: 4 on Atari)")
     hidden: list = opt([64], WIDTHS, "widths of the Q-network's hidden layers (an MLP after the torso)")
     dueling: bool = opt(False, None, "dueling head: Q = V + A - mean(A)")
     n_step: int = opt(3, ">= 1", "n of the n-step return R = sum_{i<n} gamma^i r_{t+1+i} (1: one-step DQN)")

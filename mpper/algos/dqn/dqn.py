@@ -40,7 +40,7 @@ from torch import nn
 from ...config import Config
 from ...replay.buffer import Batch
 from ..base import EpisodeRows, FlatWeights, Trainer, as_stored
-from .targets import NStepTargets
+from .targets import NStepTargets, stack_frames, stacked_frames_shape
 
 __all__ = [
     "DQNTrainer",
@@ -137,9 +137,11 @@ class QNetwork(FlatWeights, nn.Module):
 
 
 def make_q_network(config, observation_shape: tuple[int, ...], num_actions: int) -> QNetwork:
-    """The Q-network of a run's ``dqn`` section: ``torso``, ``hidden``, ``dueling``."""
+    """The Q-network of a run's ``dqn`` section for an env's ``observation_shape``:
+    ``torso``, ``hidden``, ``dueling``, over stacks of ``frame_stack`` frames."""
     d = config.dqn
-    return QNetwork(observation_shape, num_actions, list(d.hidden), d.dueling, d.torso)
+    shape = stacked_frames_shape(observation_shape, d.frame_stack)
+    return QNetwork(shape, num_actions, list(d.hidden), d.dueling, d.torso)
 
 
 # --------------------------------------------------------------------------------------
@@ -168,7 +170,8 @@ def decayed_epsilon(start: float, end: float, decay: float, steps: int) -> float
 
 
 @torch.no_grad()
-def td_errors(network: QNetwork, arrays: dict[str, np.ndarray], terminated: bool, n_step: int, gamma: float) -> np.ndarray:
+def td_errors(network: QNetwork, arrays: dict[str, np.ndarray], terminated: bool, n_step: int, gamma: float,
+              frame_stack: int = 1) -> np.ndarray:  # fmt: skip
     """``|R_t^(m) + gamma^m * max_a Q(s_{t+m}, a) * (1 - done) - Q(s_t, a_t)|`` for the T
     moves of one episode given as buffer rows (``observation`` (T+1, ...), ``action``
     and ``reward`` (T+1,)); float64 (T,).
@@ -179,10 +182,12 @@ def td_errors(network: QNetwork, arrays: dict[str, np.ndarray], terminated: bool
     """
     moves = arrays["observation"].shape[0] - 1
     slots = np.arange(moves, dtype=np.int64)
-    t = NStepTargets(n_step, gamma).build(
+    t = NStepTargets(n_step, gamma, frame_stack).build(
         arrays, slots, slots, np.full(moves, moves), np.full(moves, terminated), None
     )  # fmt: skip
-    q = network(torch.from_numpy(np.ascontiguousarray(arrays["observation"]))).double().numpy()  # (T+1, A)
+    rows = np.arange(moves + 1, dtype=np.int64)
+    inputs = stack_frames(arrays["observation"], rows, rows, frame_stack)
+    q = network(torch.from_numpy(inputs)).double().numpy()  # (T+1, A)
     q_sa = q[slots, t["action"]]
     nxt = slots + np.minimum(n_step, moves - slots)  # the rows of s_{t+m}
     bootstrap = np.where(t["done"], 0.0, q[nxt].max(axis=1))
@@ -249,7 +254,7 @@ class EpsilonGreedyPlayer:
         """Act and step every env once; returns the episodes that just ended (their
         envs are reset and play on). ``progress`` (share of training done) is unused:
         epsilon follows the actor's own clock."""
-        observations = torch.from_numpy(np.stack([ep.observation[-1] for ep in self.episodes]))
+        observations = torch.from_numpy(np.stack([self._network_input(ep) for ep in self.episodes]))
         greedy = self.network(observations).argmax(dim=1).numpy()
         explore = self.rng.random(len(self.envs)) < self.current_epsilons()
         actions = np.where(explore, self.rng.integers(0, self.num_actions, len(self.envs)), greedy)
@@ -275,7 +280,17 @@ class EpsilonGreedyPlayer:
         d = self.config
         if self.replay.initial_priority != "actor":
             return arrays, None
-        return arrays, td_errors(self.network, arrays, ep.terminated, d.n_step, d.gamma)
+        return arrays, td_errors(self.network, arrays, ep.terminated, d.n_step, d.gamma, d.frame_stack)
+
+    def _network_input(self, ep: DQNEpisode) -> np.ndarray:
+        """The stack of the episode's last ``dqn.frame_stack`` frames, built as the
+        learner's batches build it (``stack_frames`` on the episode's own rows)."""
+        k = self.config.frame_stack
+        if k == 1:
+            return ep.observation[-1]
+        frames = np.stack(ep.observation[-k:])
+        t = np.array([len(ep.observation) - 1])
+        return stack_frames(frames, np.array([len(frames) - 1]), t, k)[0]
 
 
 # --------------------------------------------------------------------------------------

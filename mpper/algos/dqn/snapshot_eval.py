@@ -27,7 +27,7 @@ def evaluate_dqn(run: SnapshotRun) -> dict:
 
     cfg = run.config
     network = run.load_weights(make_q_network(cfg, run.spec.observation_shape, run.spec.num_actions))
-    targets = NStepTargets(cfg.dqn.n_step, cfg.dqn.gamma)
+    targets = NStepTargets(cfg.dqn.n_step, cfg.dqn.gamma, cfg.dqn.frame_stack)
     deltas, done, q_taken = [], [], []
     with torch.no_grad():
         for p in run.positions.batches(run.batch_size):

@@ -2,6 +2,10 @@
 
 Row layout: an episode of T moves is T + 1 rows; row i holds o_i, the action a_{i-1}
 that led to it and the reward r_i it brought (row 0: placeholders).
+
+Frames are stored once (one row per step, in the env's dtype); a stack of the last k
+(``dqn.frame_stack``, the Nature DQN's 4 on Atari) is built here when a batch is drawn,
+and by the player from its episode when it acts, with the same function.
 """
 
 from __future__ import annotations
@@ -14,7 +18,37 @@ import numpy as np
 
 from ...replay.targets import gather_rows
 
-__all__ = ["NStepTargets", "dqn_schema"]
+__all__ = ["NStepTargets", "dqn_schema", "stack_frames", "stacked_frames_shape"]
+
+
+def stacked_frames_shape(observation_shape: Sequence[int], frame_stack: int) -> tuple[int, ...]:
+    """The network input for ``frame_stack`` frames of ``observation_shape`` (C, ...):
+    (k C, ...), the frames along the first axis, oldest first."""
+    channels, *rest = observation_shape
+    return (frame_stack * channels, *rest)
+
+
+def stack_frames(observation: np.ndarray, slots: np.ndarray, pos: np.ndarray, frame_stack: int) -> np.ndarray:
+    """The last ``frame_stack`` frames up to each row: (B, k C, ...) in the field's dtype.
+
+    ``observation`` is a field (rows of (C, ...)), ``slots`` (B,) the rows of o_t and
+    ``pos`` (B,) their positions t in their episodes (whose rows are contiguous).
+    Frames before the episode's start are zeros (SB3's VecFrameStack and Dopamine pad
+    this way), never another episode's rows.
+    """
+    current = gather_rows(observation, slots)
+    if frame_stack == 1:
+        return current
+    batch, channels = slots.shape[0], observation.shape[1]
+    out = np.zeros((batch, frame_stack * channels, *observation.shape[2:]), observation.dtype)
+    out[:, (frame_stack - 1) * channels :] = current
+    for back in range(1, frame_stack):  # a loop over stack depth, not over the batch
+        valid = pos >= back
+        frames = gather_rows(observation, np.where(valid, slots - back, slots))
+        frames[~valid] = 0
+        lo = (frame_stack - 1 - back) * channels
+        out[:, lo : lo + channels] = frames
+    return out
 
 
 @numba.njit(cache=True, nogil=True)
@@ -44,14 +78,16 @@ def _nstep_kernel(slots, pos, moves, terminated, reward, action, n, gamma,
 @dataclass(frozen=True)
 class NStepTargets:
     """DQN n-step transitions: observation, action, reward (the n-step return),
-    discount (gamma^m), next_observation, done (bool), each with leading dim B."""
+    discount (gamma^m), next_observation, done (bool), each with leading dim B; the
+    observations stacks of ``frame_stack`` frames (:func:`stack_frames`)."""
 
     n: int
     gamma: float
+    frame_stack: int = 1
 
     def __post_init__(self):
-        if self.n < 1:
-            raise ValueError(f"NStepTargets needs n >= 1, got {self.n}")
+        if self.n < 1 or self.frame_stack < 1:
+            raise ValueError(f"NStepTargets needs n >= 1 and frame_stack >= 1, got {self}")
 
     def build(self, fields, slots, pos, moves, terminated, rng):
         batch = slots.shape[0]
@@ -64,11 +100,11 @@ class NStepTargets:
                       self.n, float(self.gamma), ret, disc, nxt, done, act)  # fmt: skip
         obs = fields["observation"]
         return {
-            "observation": gather_rows(obs, slots),
+            "observation": stack_frames(obs, slots, pos, self.frame_stack),
             "action": act,
             "reward": ret,
             "discount": disc,
-            "next_observation": gather_rows(obs, nxt),
+            "next_observation": stack_frames(obs, nxt, pos + (nxt - slots), self.frame_stack),
             "done": done,
         }
 
