@@ -199,32 +199,3 @@ def test_the_loss_needs_projection_heads(tmp_path):
     net = make_network(small_config().network, OBS, ACTIONS)
     with pytest.raises(RuntimeError, match="projection_size"):
         net.project(torch.zeros(2, 8), predict=True)
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(240)
-def test_a_run_trains_with_the_loss_end_to_end(tmp_path):
-    """``python run.py --workers 0`` with the loss on: the learner reports it, the
-    checkpoint holds the projection heads and loads into the run's network."""
-    import json
-    import subprocess
-
-    from test_train_e2e import ROOT, run_args
-
-    run_dir = tmp_path / "run"
-    proc = subprocess.run(run_args(run_dir, "--workers", "0", "--max-train-steps", "20",
-                                   "--set", "training.samples_per_insert=4",
-                                   "--set", "muzero.consistency_loss_weight=2", "--set", "network.projection_size=16"),
-                          cwd=ROOT, capture_output=True, text=True, timeout=200)  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    learner = [r["learner"] for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
-               if "total_loss" in r.get("learner", {})]
-    config = load_config(run_dir / "config.json")
-    unroll = config.muzero.num_unroll_steps
-    assert learner and learner[-1]["training_step"] == 20
-    # a sum over K steps of negative cosines in [-1, 1], importance weights <= 1
-    assert all(-unroll <= r["consistency_loss"] <= unroll for r in learner), learner
-    checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=True)
-    assert any(key.startswith("projection_predictor.") for key in checkpoint["network"])
-    net = make_network(config.network, (4,), 2, config.muzero.stacked_observations)
-    net.load_state_dict(checkpoint["network"])  # strict

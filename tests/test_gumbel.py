@@ -226,32 +226,3 @@ def test_the_player_acts_as_the_search_chose_and_stores_its_improved_policy():
         for k, ep in enumerate(episodes):
             assert ep.action[before[k]] == result.actions[k]
             np.testing.assert_array_equal(ep.child_visits[before[k] - 1], result.policy_target[k])
-
-
-@pytest.mark.slow
-def test_a_run_trains_with_gumbel_search_end_to_end(tmp_path):
-    """``python run.py --workers 0 --set mcts.kind=gumbel`` on CartPole: it trains, its
-    stored policy targets are distributions, and its evaluation plays greedy Gumbel."""
-    import json
-    import subprocess
-
-    from test_train_e2e import ROOT, run_args
-
-    from mpper import ReplayBuffer
-
-    run_dir = tmp_path / "run"
-    proc = subprocess.run(run_args(run_dir, "--workers", "0", "--max-train-steps", "20",
-                                   "--set", "training.samples_per_insert=4", "--set", "mcts.kind=gumbel",
-                                   "--set", "mcts.num_simulations=4"),
-                          cwd=ROOT, capture_output=True, text=True, timeout=200)  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert records[-1]["learner"]["training_step"] == 20
-    assert any(r.get("evaluation", {}).get("returns") for r in records)
-    with ReplayBuffer.load(run_dir / "buffer", mmap=True) as snap:
-        rows = snap.fields["child_visits"][: snap.counters["positions"]]
-        stored = rows[rows.sum(1) > 0]  # row T of each episode holds no policy
-        assert len(stored) > 50
-        np.testing.assert_allclose(stored.sum(1), 1.0, rtol=1e-5)
-        # The improved policy is not a visit share of 4 simulations (multiples of 1/4).
-        assert (np.abs(stored * 4 - np.round(stored * 4)) > 1e-3).any()

@@ -16,7 +16,6 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from mpper.algos.configs import load_config
 from mpper.config import ConfigError, EnvConfig
 from mpper.envs.spec import env_spec, make_env
 from mpper.extras import register_env_family
@@ -97,29 +96,6 @@ def test_a_missing_package_is_one_line_naming_the_extra(tmp_path, module, env_id
     assert len(lines) == 1, proc.stderr
     assert f"{path}: env.id" in lines[0] and repr(env_id) in lines[0]
     assert f"pip install -e .[{extra}]" in lines[0]
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("config", ["configs/cartpole_dqn.json", "configs/cartpole.json"])
-def test_a_run_stores_minatar_planes_as_bool(tmp_path, config):
-    """Both algorithms train a few steps on MinAtar Breakout (``--workers 0``; DQN with
-    MinAtar's conv network); the buffer holds the planes as bool, one byte per value."""
-    from mpper import ReplayBuffer
-
-    run_dir = tmp_path / "run"
-    args = [sys.executable, "run.py", "--config", config, "--workers", "0", "--device", "cpu", "--run-dir",
-            str(run_dir), "--max-train-steps", "5", "--set", "env.id=MinAtar/Breakout-v1", "--set",
-            "env.preprocessing=channels_first", "--set", "training.min_buffer_steps=100", "--set",
-            "training.batch_size=16", "--set", "runtime.envs_per_worker=2", "--set", "mcts.num_simulations=2"]
-    if "dqn" in config:  # no mcts section in a DQN config; MinAtar's conv network
-        args = args[:-2] + ["--set", "dqn.torso=minatar", "--set", "dqn.hidden=[128]"]
-    proc = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=200)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    with ReplayBuffer.load(run_dir / "buffer", mmap=True) as snap:
-        observation = snap.fields["observation"]
-        assert observation.dtype == np.bool_ and observation.shape[1:] == (4, 10, 10)
-        assert snap.counters["steps"] >= 100 and observation[: snap.counters["positions"]].any()
-    assert load_config(run_dir / "config.json").env.preprocessing == "channels_first"
 
 
 # --------------------------------------------------------------------------------------
