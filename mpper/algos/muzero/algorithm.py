@@ -48,9 +48,9 @@ def make_targets(config: Config, num_actions: int):
     return targets
 
 
-# Per search-tree node: visit count, value sum, reward, player (8 bytes each), path entry;
-# per action a prior (8) and a child index (8).
-_NODE_BYTES, _NODE_ACTION_BYTES = 5 * 8, 16
+# Per search-tree node: visit count, value sum, reward, network value, player (8 bytes
+# each), path entry; per action a prior (8) and a child index (8).
+_NODE_BYTES, _NODE_ACTION_BYTES = 6 * 8, 16
 
 
 def search_tree_bytes(config: Config, spec, model: torch.nn.Module) -> int:
