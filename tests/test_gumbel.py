@@ -112,6 +112,7 @@ CASES = [
 ]
 
 
+@pytest.mark.slow  # each case compiles mctx's search (seconds)
 @pytest.mark.parametrize("num_actions,num_simulations,m,two_player,masked,scale", CASES)
 def test_gumbel_search_matches_mctx(num_actions, num_simulations, m, two_player, masked, scale):
     seed = 1000 * num_actions + num_simulations + 7 * m
@@ -204,6 +205,7 @@ class _Recording:
 
     def run(self, *args, **kwargs):
         self.results.append(self.inner.run(*args, **kwargs))
+        self.noise = args[4]  # add_exploration_noise
         return self.results[-1]
 
 
@@ -226,3 +228,32 @@ def test_the_player_acts_as_the_search_chose_and_stores_its_improved_policy():
         for k, ep in enumerate(episodes):
             assert ep.action[before[k]] == result.actions[k]
             np.testing.assert_array_equal(ep.child_visits[before[k] - 1], result.policy_target[k])
+
+
+def test_an_evaluating_player_takes_the_greedy_choice_without_noise():
+    import gymnasium as gym
+
+    from mpper.algos.muzero.networks import make_network
+    from mpper.algos.muzero.player import BatchedPlayer
+
+    config = gumbel_player_config(simulations=8)
+    torch.manual_seed(1)
+    net = make_network(config.network, (4,), 2).eval()
+    player = BatchedPlayer(config, [gym.make("CartPole-v1") for _ in range(3)], net, explore=False, seed=4)
+    player.mcts = recording = _Recording(player.mcts)
+    for _ in range(5):
+        before = [len(ep.action) for ep in player.episodes]
+        episodes = list(player.episodes)
+        player.step()
+        assert recording.noise is False
+        result = recording.results[-1]
+        again = recording.inner.run(net, result_inputs(episodes), np.ones((3, 2), bool), np.zeros(3), False,
+                                    np.random.default_rng(99))  # fmt: skip
+        np.testing.assert_array_equal(again.actions, result.actions)  # no noise: the same choice
+        for k, ep in enumerate(episodes):
+            assert ep.action[before[k]] == result.actions[k]
+
+
+def result_inputs(episodes) -> np.ndarray:
+    """The network inputs the player searched from: each episode's observation before its last move."""
+    return np.stack([ep.observation[-2] for ep in episodes]).astype(np.float32)

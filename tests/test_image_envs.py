@@ -71,6 +71,7 @@ def test_channels_first_needs_images():
         env_spec(EnvConfig(id="CartPole-v1", preprocessing="channels_first"))
 
 
+@pytest.mark.slow  # a child process
 def test_a_config_names_a_minatar_id_in_a_fresh_process(tmp_path):
     """The config check registers the family itself: nothing imported minatar before."""
     path = tmp_path / "m.json"
@@ -82,6 +83,7 @@ def test_a_config_names_a_minatar_id_in_a_fresh_process(tmp_path):
     assert proc.stdout.strip() == "MinAtar/Breakout-v1"
 
 
+@pytest.mark.slow  # a child process
 @pytest.mark.parametrize("module,env_id,extra", [("minatar", "MinAtar/Breakout-v1", "minatar"),
                                                  ("ale_py", "ALE/Pong-v5", "atari")])
 def test_a_missing_package_is_one_line_naming_the_extra(tmp_path, module, env_id, extra):

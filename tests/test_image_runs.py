@@ -55,7 +55,6 @@ def test_muzero_on_minatar_with_gumbel_search_and_the_consistency_loss(tmp_path)
     learner = [r["learner"] for r in records if "total_loss" in r.get("learner", {})]
     # a sum over K steps of negative cosines in [-1, 1], importance weights <= 1
     assert learner and all(-unroll <= r["consistency_loss"] <= unroll for r in learner)
-    assert any(r.get("evaluation", {}).get("returns") for r in records)
     with ReplayBuffer.load(run_dir / "buffer", mmap=True) as snap:
         rows = snap.fields["child_visits"][: snap.counters["positions"]]
         stored = rows[rows.sum(1) > 0]  # row T of each episode holds no policy
