@@ -21,7 +21,12 @@ import numpy as np
 import pytest
 import torch
 from conftest import make_episode
-from test_learner import ACTIONS, OBS, small_config
+from test_learner import (
+    ACTIONS,
+    OBS,
+    _one_torch_thread,  # noqa: F401 (autouse: one torch thread here too)
+    small_config,
+)
 
 from mpper import ReplayBuffer
 from mpper.algos.configs import load_config
@@ -40,14 +45,6 @@ def consistency_config(weight: float = 2.0, projection: int = PROJECTION):
     config = small_config(consistency_loss_weight=weight)
     config.network.projection_size = projection
     return config
-
-
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture
