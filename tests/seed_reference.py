@@ -15,6 +15,7 @@ An episode is a dict of numpy arrays in the row layout of docs/replay_api.md
                                      observation, read only for a truncated episode
     child_visits  (T,) or (T+1, A)   search policy at o_i; row T (if present) is never read
     reanalysed_value (optional)      same length as root_value, NaN = not reanalysed
+    reanalysed_policy (optional)     like child_visits, a row of NaN = not searched again
 
 T is taken from the action array: T = len(action) - 1.
 
@@ -27,7 +28,9 @@ muzero_general_replay_buffer.py.txt):
 Two deliberate differences from muzero-general's replay buffer: it either has no
 reanalysed values for a game or a whole array of them; here reanalysis is per
 slot (NaN = not reanalysed), so the bootstrap value at slot j is the
-reanalysed value at j when it is not NaN, else the root value at j. And it treats
+reanalysed value at j when it is not NaN, else the root value at j (and the policy
+target at i the reanalysed policy at i where one is stored: EfficientZero's reanalyse,
+which muzero-general lacks). And it treats
 every episode end as terminal; here an episode cut by a time limit (``terminated``
 False) bootstraps from the value of its final observation (row T) wherever the
 n-step window reaches the end.
@@ -43,6 +46,7 @@ __all__ = [
     "episode_length",
     "bootstrap_value",
     "compute_target_value",
+    "policy_target",
     "make_target",
     "gradient_scale",
     "get_stacked_observations",
@@ -63,6 +67,15 @@ def bootstrap_value(ep, j: int) -> float:
         if not math.isnan(r):
             return r
     return float(ep["root_value"][j])
+
+
+def policy_target(ep, i: int) -> np.ndarray:
+    """Policy target at position i: the reanalysed policy where one is stored (no NaN
+    in the row), else the self-play search's child_visits."""
+    rean = ep.get("reanalysed_policy")
+    if rean is not None and not np.isnan(rean[i]).any():
+        return rean[i]
+    return ep["child_visits"][i]
 
 
 def compute_target_value(ep, index: int, td_steps: int, discount: float, terminated: bool = True) -> float:
@@ -126,7 +139,7 @@ def make_target(ep, state_index: int, num_unroll_steps: int, td_steps: int,
         if current_index < T:
             values.append(value)
             rewards.append(float(ep["reward"][current_index]))
-            policies.append([float(p) for p in ep["child_visits"][current_index]])
+            policies.append([float(p) for p in policy_target(ep, current_index)])
             actions.append(int(ep["action"][current_index]))
         elif current_index == T:
             # final observation: value 0 (terminated) or its own value (truncated), the

@@ -12,14 +12,15 @@ from mpper.cli import main
 
 @pytest.fixture
 def snapshot(tmp_path):
-    """Three episodes with known rewards and priorities; one reanalysed."""
+    """Three episodes with known rewards and priorities; one reanalysed, one searched again."""
     buf = ReplayBuffer.create(muzero_schema((4,), 2), 100, alpha=1.0, priority_eps=0.0)
     try:
         for moves, reward, prio in ((3, 1.0, 1.0), (5, 2.0, 2.0), (10, 0.5, 4.0)):
             buf.add_episode({"observation": np.zeros((moves + 1, 4)), "reward": np.full(moves + 1, reward)},
                             priorities=np.full(moves, prio))  # fmt: skip
-        ref = buf.episodes()[0]
+        ref, searched = buf.episodes()[:2]
         buf.store_reanalysed_values(ref, np.ones(3))
+        buf.store_reanalysed_values(searched, np.ones(5), np.full((5, 2), 0.5))
         buf.save(tmp_path / "snap")
     finally:
         buf.close()
@@ -40,14 +41,16 @@ def test_inspect_json_reports_what_the_snapshot_holds(snapshot, capsys):
     assert (p["leaf_min"], p["leaf_max"]) == (1.0, 4.0)
     assert p["effective_sample_size"] == pytest.approx(leaves.sum() ** 2 / (leaves**2).sum())
     assert p["top_1_percent_mass_share"] == pytest.approx(4.0 / leaves.sum())  # 1 % of 18 -> 1 position
-    assert stats["reanalysed_share"] == pytest.approx(3 / 18)
+    assert stats["reanalysed_share"] == pytest.approx(8 / 18)
+    assert stats["reanalysed_policy_share"] == pytest.approx(5 / 18)
     assert stats["counters"]["games"] == 3
 
 
 def test_inspect_text_and_errors(snapshot, tmp_path, capsys):
     assert main(["--inspect", str(snapshot)]) == 0
     out = capsys.readouterr().out
-    assert "18 sampleable positions" in out and "episodes 3" in out and "reanalysed value: 16.7%" in out
+    assert "18 sampleable positions" in out and "episodes 3" in out and "reanalysed value: 44.4%" in out
+    assert "reanalysed policy (searched again): 27.8%" in out
     assert main(["--inspect", str(tmp_path / "missing")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "missing" in err[0] and err[0].startswith("error:")

@@ -16,6 +16,7 @@ from mpper.algos.configs import default_config
 from mpper.algos.muzero.config import NetworkConfig
 from mpper.algos.muzero.networks import make_network, support_to_scalar
 from mpper.algos.muzero.reanalyse import Reanalyser
+from mpper.algos.muzero.search import make_search
 from mpper.algos.muzero.targets import muzero_schema
 from mpper.runtime.procs import StopSignal
 from mpper.runtime.reanalyser import run_reanalyser
@@ -42,22 +43,22 @@ def make_net(config, seed):
     return make_network(config.network, OBS, ACTIONS, STACK).eval()
 
 
-def naive_stack(obs, action, t):
+def naive_stack(obs, action, t, num_actions=ACTIONS):
     """muzero-general's get_stacked_observations, one position at a time."""
     parts = [obs[t]]
     for past in range(t - 1, t - STACK - 1, -1):
         if past >= 0:
-            parts += [obs[past], [action[past + 1] / ACTIONS]]
+            parts += [obs[past], [action[past + 1] / num_actions]]
         else:
             parts += [np.zeros_like(obs[t]), [0.0]]
     return np.concatenate(parts).astype(np.float32)
 
 
-def expected_values(net, config, episode):
+def expected_values(net, config, episode, num_actions=ACTIONS):
     """The network's value for every row 0..T of ``episode`` (the final observation's
     included: a truncated episode's targets bootstrap from it), computed here."""
     T = len(episode["action"]) - 1
-    x = torch.from_numpy(np.stack([naive_stack(episode["observation"], episode["action"], t) for t in range(T + 1)]))
+    x = torch.from_numpy(np.stack([naive_stack(episode["observation"], episode["action"], t, num_actions) for t in range(T + 1)]))
     with torch.no_grad():
         return support_to_scalar(net.initial_inference(x).value_logits, config.network.support_size).numpy()
 
@@ -220,3 +221,139 @@ def test_reports_errors(setup):
         torch.set_num_threads(threads)
     kind, name, info = reports.get(timeout=5)
     assert (kind, name) == ("error", "reanalyser") and "ValueError" in info["traceback"]
+
+
+# ---- full reanalyse: a new search per stored position ----------------------------------
+
+
+def search_config(kind, two_player=False):
+    """make_config() with every episode searched again, noise that cannot change the
+    result (pUCT: no Dirichlet share; Gumbel: no Gumbel noise), 8 simulations."""
+    c = make_config()
+    mcts = dataclasses.replace(c.mcts, kind=kind, num_simulations=12, root_exploration_fraction=0.0,
+                               gumbel_scale=0.0, max_num_considered_actions=4)  # fmt: skip
+    reanalyse = dataclasses.replace(c.reanalyse, search_fraction=1.0, num_simulations=8)
+    return dataclasses.replace(c, sections={**c.sections, "mcts": mcts, "reanalyse": reanalyse})
+
+
+def one_root_search(net, config, episode, t, two_player):
+    """The search of one stored position alone, its stacked observation built here:
+    (root value, policy target)."""
+    mcts = dataclasses.replace(config.mcts, num_simulations=config.reanalyse.num_simulations)
+    search = make_search(ACTIONS_FULL, mcts, config.network.support_size, two_player=two_player)
+    obs = naive_stack(episode["observation"], episode["action"], t, ACTIONS_FULL)[None]
+    result = search.run(net, obs, episode["legal_actions"][t][None], episode["to_play"][t : t + 1],
+                        add_exploration_noise=True, rng=np.random.default_rng(0))  # fmt: skip
+    return result.root_values[0], result.policy_target[0]
+
+
+ACTIONS_FULL = 4
+
+
+def masked_episode(rng, T, two_player):
+    """make_episode over 4 actions with a random legal mask per row (at least one legal)."""
+    ep = make_episode(rng, T, OBS, ACTIONS_FULL, two_player=two_player)
+    legal = rng.random((T + 1, ACTIONS_FULL)) < 0.6
+    legal[np.arange(T + 1), rng.integers(0, ACTIONS_FULL, T + 1)] = True
+    ep["legal_actions"] = legal
+    return ep
+
+
+@pytest.mark.parametrize("kind", ["puct", "gumbel"])
+@pytest.mark.parametrize("two_player", [False, True])
+def test_full_reanalyse_stores_each_positions_own_search(kind, two_player):
+    """Every position of every episode gets the policy target and root value of a search
+    of that position alone (its own stacked observation, legal actions and player), in
+    the rows of its episode; row T keeps the network's value."""
+    config = search_config(kind)
+    torch.manual_seed(4)
+    net = make_network(config.network, OBS, ACTIONS_FULL, STACK).eval()
+    buf = ReplayBuffer.create(muzero_schema(OBS, ACTIONS_FULL), capacity=256, alpha=0.6)
+    store = WeightStore.create(net.num_flat_weights())
+    try:
+        rng = np.random.default_rng(5)
+        episodes = {}
+        for T in (5, 1, 9):
+            ep = masked_episode(rng, T, two_player)
+            buf.add_episode(ep)
+            episodes[T] = ep
+        store.publish(net.get_flat_weights(), training_step=1)
+        r = Reanalyser(config, buf, store, max_search_positions=4, two_player=two_player)  # 15 roots: 4 searches
+        r.refresh_weights()
+        while r.episodes < 3:
+            r.step()
+        assert r.stats()["searched_episodes"] == r.episodes and r.stats()["positions_searched"] >= 15
+        for ref in buf.episodes():
+            ep = episodes[ref.rows - 1]
+            T = ref.rows - 1
+            policies = buf.fields["reanalysed_policy"][ref.start : ref.start + ref.rows]
+            values = buf.fields["reanalysed_value"][ref.start : ref.start + ref.rows]
+            for t in range(T):
+                value, policy = one_root_search(net, config, ep, t, two_player)
+                np.testing.assert_allclose(policies[t], policy, rtol=1e-5, atol=1e-6)
+                np.testing.assert_allclose(values[t], value, rtol=1e-5, atol=1e-5)
+                assert (policies[t][~ep["legal_actions"][t]] == 0).all()
+            assert np.isnan(policies[T]).all(), "row T has no move: no policy"
+            np.testing.assert_allclose(values[T], expected_values(net, config, ep, ACTIONS_FULL)[T], rtol=1e-5, atol=1e-5)
+    finally:
+        store.close()
+        buf.close()
+
+
+def test_search_fraction_searches_that_share_of_episodes(setup):
+    """search_fraction 0.5: about half of the reanalysed episodes get policies, the rest
+    values only (their policies stay NaN); the counts add up."""
+    config, buf, store, (net1, _) = setup
+    config = dataclasses.replace(config, sections={
+        **config.sections, "reanalyse": dataclasses.replace(config.reanalyse, search_fraction=0.5, batch_episodes=8,
+                                                            num_simulations=4)})
+    rng = np.random.default_rng(6)
+    for _ in range(40):
+        buf.add_episode(make_episode(rng, 3))
+    store.publish(net1.get_flat_weights(), training_step=1)
+    r = Reanalyser(config, buf, store, two_player=False)
+    r.refresh_weights()
+    for _ in range(12):
+        r.step()
+    searched = r.stats()["searched_episodes"]
+    assert 96 * 0.3 < searched < 96 * 0.7 and r.episodes == 96
+    policies = buf.fields["reanalysed_policy"]
+    with_policy = [not np.isnan(policies[ref.start]).any() for ref in buf.episodes()]
+    assert 0 < sum(with_policy) < len(with_policy)
+
+
+def test_full_reanalyse_needs_the_search_fields(setup):
+    config, _, store, _ = setup
+    config = dataclasses.replace(config, sections={
+        **config.sections, "reanalyse": dataclasses.replace(config.reanalyse, search_fraction=1.0)})
+    schema = {k: v for k, v in muzero_schema(OBS, ACTIONS).items() if k != "legal_actions"}
+    buf = ReplayBuffer.create(schema, capacity=64)
+    try:
+        with pytest.raises(KeyError, match=r"search_fraction 1.0 .*missing \['legal_actions'\]"):
+            Reanalyser(config, buf, store)
+    finally:
+        buf.close()
+
+
+def test_stored_policies_obey_shape_values_and_the_generation_rule():
+    buf = ReplayBuffer.create(muzero_schema(OBS, ACTIONS), capacity=12, alpha=0.6)
+    try:
+        rng = np.random.default_rng(8)
+        buf.add_episode(make_episode(rng, 4))
+        ref = buf.episodes()[0]
+        with pytest.raises(ValueError, match=r"shape \(4, 2\) for episode 0, got \(5, 2\)"):
+            buf.store_reanalysed_values(ref, np.zeros(5), np.full((5, 2), 0.5))
+        with pytest.raises(ValueError, match="must be finite"):
+            buf.store_reanalysed_values(ref, np.zeros(5), np.full((4, 2), np.nan))
+        assert np.isnan(buf.fields["reanalysed_policy"]).all() and np.isnan(buf.fields["reanalysed_value"]).all()
+        for _ in range(3):  # lap the 12-slot ring: episode 0 is evicted
+            buf.add_episode(make_episode(rng, 4))
+        assert not buf.store_reanalysed_values(ref, np.zeros(5), np.full((4, 2), 0.5))
+        assert np.isnan(buf.fields["reanalysed_policy"]).all(), "a stale policy reached a newer episode"
+        newest = buf.episodes()[-1]
+        assert buf.store_reanalysed_values(newest, np.zeros(5), np.full((4, 2), 0.25))
+        rows = slice(newest.start, newest.start + 4)
+        assert (buf.fields["reanalysed_policy"][rows] == 0.25).all()
+        assert np.isnan(buf.fields["reanalysed_policy"][newest.start + 4]).all()  # row T: no move
+    finally:
+        buf.close()

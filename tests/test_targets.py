@@ -220,7 +220,9 @@ def make_episode(rng, T, obs_shape, num_actions, players, reanalysed, ep_id):
     players: 1 (to_play always 0), 2 (alternating, random first player) or
              "random" (to_play drawn per row, so the same player may move twice).
     reanalysed: "none" (all NaN), "all" (every position 0..T-1), "mixed" (about half),
-                "omitted" (field not passed to add_episode: the fill value NaN applies).
+                "omitted" (field not passed to add_episode: the fill value NaN applies);
+                reanalysed policies alike ("mixed": about half, independently drawn,
+                and some rows NaN in one entry only: a row the reanalyser is writing).
     """
     L = T + 1
     ep = {
@@ -251,6 +253,16 @@ def make_episode(rng, T, obs_shape, num_actions, players, reanalysed, ep_id):
     elif reanalysed not in ("none", "omitted"):
         raise ValueError(reanalysed)
     ep["reanalysed_value"] = rean
+    policy = np.full((L, num_actions), np.nan, dtype=np.float32)
+    if reanalysed == "all":
+        policy[:T] = rng.dirichlet(np.ones(num_actions), T)
+    elif reanalysed == "mixed":
+        mask = rng.random(T) < 0.5
+        mask[rng.integers(0, T)] = True
+        policy[:T][mask] = rng.dirichlet(np.ones(num_actions), int(mask.sum()))
+        half_written = np.flatnonzero(mask & (rng.random(T) < 0.3))
+        policy[half_written, rng.integers(0, num_actions, half_written.size)] = np.nan
+    ep["reanalysed_policy"] = policy
     return ep
 
 
@@ -397,7 +409,7 @@ def run_muzero_case(buffers, rng, lengths, obs_shape, stacked, players, reanalys
     for ep_id, ep in episodes.items():
         data = dict(ep)
         if reanalysed == "omitted":
-            del data["reanalysed_value"]
+            del data["reanalysed_value"], data["reanalysed_policy"]
         assert buf.add_episode(data, priorities=None, terminated=terminated[ep_id]) is True
     num_positions = sum(lengths)
     targets = MuZeroTargets(num_unroll_steps=K, td_steps=td, discount=discount,

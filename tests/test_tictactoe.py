@@ -428,6 +428,10 @@ def test_selfplay_records_a_tictactoe_game_for_the_contract():
         T = ep.moves
         np.testing.assert_array_equal(arrays["to_play"], np.arange(T + 1) % 2)
         assert ep.terminated and set(arrays["reward"][:-1]) <= {0.0}
+        for t in range(T + 1):  # the legal moves the search had: the empty cells (row T: all, no move)
+            empty = np.ones(9, bool)
+            empty[arrays["action"][1 : t + 1]] = False
+            np.testing.assert_array_equal(arrays["legal_actions"][t], empty if t < T else np.ones(9, bool))
         value = build_targets(arrays, 0, 20, 1.0)["target_value"][:, 0]
         if arrays["reward"][-1] == 1.0:  # the last mover, player (T - 1) % 2, won
             winner = (T - 1) % 2

@@ -384,13 +384,15 @@ def test_sigterm_stops_the_run_with_a_final_checkpoint_and_snapshot_and_leaves_n
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_workers_zero_takes_turns_in_one_process_and_is_repeatable(tmp_path):
-    """--workers 0: self-play, learning and reanalyse in turns, no child process; the
-    same seed gives the same weights, bit for bit."""
+    """--workers 0: self-play, learning and reanalyse (full: every reanalysed episode
+    searched again) in turns, no child process; the same seed gives the same weights,
+    bit for bit."""
     ckpts = []
     for name in ("a", "b"):
         run_dir = tmp_path / name
         proc = subprocess.run(run_args(run_dir, "--workers", "0", "--max-train-steps", "20", "--seed", "3",
-                                       "--set", "training.samples_per_insert=4"),
+                                       "--set", "training.samples_per_insert=4",
+                                       "--set", "reanalyse.search_fraction=1.0"),
                               cwd=ROOT, capture_output=True, text=True, timeout=200)  # fmt: skip
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
         assert "training finished (20 steps)" in proc.stdout
@@ -400,5 +402,8 @@ def test_workers_zero_takes_turns_in_one_process_and_is_repeatable(tmp_path):
             c = snap.counters
             assert c["samples"] == 20 * 32 and c["priority_updates_applied"] > 0 and c["games"] > 0
             assert np.isfinite(snap.fields["reanalysed_value"]).any()
+            assert np.isfinite(snap.fields["reanalysed_policy"]).all(axis=1).any()
+        reanalysed = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])["reanalyse"]
+        assert reanalysed["searched_episodes"] == reanalysed["episodes"] > 0
     a, b = (ck["network"] for ck in ckpts)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

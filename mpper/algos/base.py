@@ -122,7 +122,9 @@ class Algorithm:
     make_targets: Callable[[Config, int], Any]  # (config, num_actions) -> TargetBuilder
     make_trainer: Callable[[Config, torch.nn.Module, torch.device], Trainer]
     evaluate_snapshot: Callable[..., dict]  # (SnapshotRun) -> {"table": [...], ...}
-    make_reanalyser: Callable[..., Any] | None = None  # (config, buf, weights) -> object with step()
+    # (config, buf, weights) -> object with refresh_weights(), step() and stats() (a dict of
+    # numbers for the reports, with "episodes" stored so far)
+    make_reanalyser: Callable[..., Any] | None = None
     # whether a run of this config starts the reanalyser (make_reanalyser's process)
     reanalyses: Callable[[Config], bool] = lambda config: False
     # whether the learner sees positions through the env's board symmetries (the run

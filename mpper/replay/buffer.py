@@ -640,11 +640,12 @@ class ReplayBuffer(shm_mod.SharedObject):
         out = {name: self.fields[name][sl].copy() for name in (names or self.fields)}
         return out if self._generation[ref.start] == ref.generation else None
 
-    def store_reanalysed_values(self, ref: EpisodeRef, values: np.ndarray) -> bool:
+    def store_reanalysed_values(self, ref: EpisodeRef, values: np.ndarray, policies: np.ndarray | None = None) -> bool:
         """Store fresh values for the T positions of ``ref``, or for all T + 1 rows (the
         final observation's value is what a truncated episode's targets bootstrap from),
-        if it is still the same episode (generation rule); returns whether they were
-        stored."""
+        and, given ``policies`` (T, A), fresh policy targets for its T positions (field
+        ``reanalysed_policy``), if it is still the same episode (generation rule);
+        returns whether they were stored."""
         if self.read_only:
             raise PermissionError("this buffer was loaded read-only (mmap=True)")
         if "reanalysed_value" not in self.fields:
@@ -655,12 +656,24 @@ class ReplayBuffer(shm_mod.SharedObject):
                              f"got {values.shape}")  # fmt: skip
         if not np.isfinite(values).all():
             raise ValueError(f"reanalysed values for episode {ref.episode_id} must be finite")
+        if policies is not None:
+            if "reanalysed_policy" not in self.fields:
+                raise KeyError("the schema has no 'reanalysed_policy' field")
+            policies = np.asarray(policies, dtype=np.float32)
+            expected = (ref.rows - 1, *self.fields["reanalysed_policy"].shape[1:])
+            if policies.shape != expected:
+                raise ValueError(f"expected reanalysed policies of shape {expected} for episode {ref.episode_id}, "
+                                 f"got {policies.shape}")  # fmt: skip
+            if not np.isfinite(policies).all():
+                raise ValueError(f"reanalysed policies for episode {ref.episode_id} must be finite")
         with self._locked:
             row = self._episodes[ref.episode_id % self._episodes.shape[0]]
             ok = (self._generation[ref.start] == ref.generation and row[ID] == ref.episode_id
                   and row[STATE] == PUBLISHED)  # fmt: skip
             if ok:
                 self.fields["reanalysed_value"][ref.start : ref.start + values.shape[0]] = values
+                if policies is not None:
+                    self.fields["reanalysed_policy"][ref.start : ref.start + policies.shape[0]] = policies
             self._counters[COUNTER_INDEX["reanalysed_episodes" if ok else "reanalysed_dropped"]] += 1
         return bool(ok)
 

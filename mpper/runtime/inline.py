@@ -95,8 +95,7 @@ def _train(cfg: Config, run: Run, resume: Path | None, spec, signals: StopReques
         losses: dict = {}
 
         def record(event: str) -> None:
-            reanalysed = {"episodes": reanalyser.episodes, "dropped": reanalyser.dropped,
-                          "weights_version": reanalyser.version} if reanalyser is not None else {}  # fmt: skip
+            reanalysed = reanalyser.stats() if reanalyser is not None else {}
             run.record(event, buf, {**losses, "training_step": trainer.training_step}, reanalysed, store.version,
                        {WORKER: store.version})  # fmt: skip
 

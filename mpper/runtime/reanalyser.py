@@ -24,8 +24,9 @@ def run_reanalyser(config, buffer_handle, weight_handle, stop, reports) -> None:
         weight_handle: :class:`~mpper.runtime.weights.WeightHandle` of the weight store.
         stop: an event-like object (``is_set()``, ``wait(timeout)``), e.g.
             :class:`~mpper.runtime.procs.StopSignal`.
-        reports: a queue; gets ``("reanalyse", "reanalyser", {"episodes", "episodes_per_s",
-            "dropped", "weights_version"})`` about once a second (and once at exit), or
+        reports: a queue; gets ``("reanalyse", "reanalyser", {**stats(), "episodes_per_s"})``
+            (MuZero's: episodes, dropped, weights_version, searched_episodes,
+            positions_searched) about once a second (and once at exit), or
             ``("error", "reanalyser", {"traceback"})`` before an exception is re-raised.
     """
     with child_process(NAME, config, reports, buffer_handle, weight_handle) as (buf, store):
@@ -36,9 +37,9 @@ def run_reanalyser(config, buffer_handle, weight_handle, stop, reports) -> None:
         last_time, last_count = time.monotonic(), 0
 
         def report(now: float) -> None:
-            rate = (worker.episodes - last_count) / max(now - last_time, 1e-9)
-            reports.put(("reanalyse", NAME, {"episodes": worker.episodes, "episodes_per_s": rate,
-                                             "dropped": worker.dropped, "weights_version": worker.version}))  # fmt: skip
+            stats = worker.stats()
+            rate = (stats["episodes"] - last_count) / max(now - last_time, 1e-9)
+            reports.put(("reanalyse", NAME, {**stats, "episodes_per_s": rate}))
 
         fresh = True
         while not stop.is_set():
@@ -56,5 +57,5 @@ def run_reanalyser(config, buffer_handle, weight_handle, stop, reports) -> None:
             now = time.monotonic()
             if now - last_time >= _REPORT_INTERVAL_S:
                 report(now)
-                last_time, last_count = now, worker.episodes
+                last_time, last_count = now, worker.stats()["episodes"]
         report(time.monotonic())

@@ -60,6 +60,9 @@ def snapshot_stats(buf: ReplayBuffer) -> dict:
     }
     if "reanalysed_value" in buf.fields and positions.size:
         stats["reanalysed_share"] = float(np.isfinite(buf.fields["reanalysed_value"][positions]).mean())
+    if "reanalysed_policy" in buf.fields and positions.size:
+        searched = np.isfinite(buf.fields["reanalysed_policy"][positions]).all(axis=1)
+        stats["reanalysed_policy_share"] = float(searched.mean())
     return stats
 
 
@@ -83,6 +86,8 @@ def format_stats(stats: dict) -> str:
                      f"effective sample size {p['effective_sample_size']:,.0f}")  # fmt: skip
     if "reanalysed_share" in stats:
         lines.append(f"positions with a reanalysed value: {stats['reanalysed_share']:.1%}")
+    if "reanalysed_policy_share" in stats:
+        lines.append(f"positions with a reanalysed policy (searched again): {stats['reanalysed_policy_share']:.1%}")
     c = stats["counters"]
     lines.append(f"samples drawn {c['samples']:,}; priority updates applied {c['priority_updates_applied']:,}, "
                  f"dropped {c['priority_updates_dropped']:,}; episodes reanalysed {c['reanalysed_episodes']:,}")  # fmt: skip

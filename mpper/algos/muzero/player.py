@@ -36,18 +36,20 @@ class Episode(EpisodeRows):
     to_play: list = field(default_factory=list)
     root_value: list = field(default_factory=list)  # search value at o_i, i < T
     child_visits: list = field(default_factory=list)  # visit distribution at o_i, i < T
+    legal_actions: list = field(default_factory=list)  # bool mask at o_i, i < T (what a reanalysing search needs)
     # The network's value of o_T, for an episode cut by a time limit: its value targets
     # bootstrap from it (mpper.replay.targets). 0 for a terminated one, whose row T is never read.
     final_value: float = 0.0
 
     def arrays(self, num_actions: int) -> dict[str, np.ndarray]:
         """Rows for ``ReplayBuffer.add_episode`` (final row: ``final_value`` as its
-        root value, no visits)."""
+        root value, no visits, every action legal)."""
         return {
             **self.rows(),
             "to_play": np.asarray(self.to_play, np.int8),
             "root_value": np.asarray(self.root_value + [self.final_value], np.float32),
             "child_visits": np.vstack(self.child_visits + [np.zeros(num_actions)]).astype(np.float32),
+            "legal_actions": np.vstack(self.legal_actions + [np.ones(num_actions, bool)]),
         }
 
 
@@ -136,6 +138,7 @@ class BatchedPlayer:
         for k, (env, ep) in enumerate(zip(self.envs, self.episodes)):
             ep.root_value.append(float(result.root_values[k]))
             ep.child_visits.append(result.policy_target[k])
+            ep.legal_actions.append(legal[k])
             obs, reward, terminated, truncated, info = env.step(int(actions[k]))
             ep.observation.append(as_stored(obs))
             ep.action.append(int(actions[k]))

@@ -31,13 +31,13 @@ def _signed_reward(reward, to_play, start, j, player):
 @numba.njit(cache=True, nogil=True)
 def _muzero_kernel(
     slots, pos, moves, terminated, root_value, reanalysed, use_reanalysed, reward, to_play, child_visits,
-    action, num_unroll_steps, td_steps, discount, random_uniform,
+    reanalysed_policy, use_reanalysed_policy, action, num_unroll_steps, td_steps, discount, random_uniform,
     out_value, out_reward, out_policy, out_action, out_scale,
 ):  # fmt: skip
     """Per sampled position and unroll step k = 0..K: muzero-general's ``make_target``.
 
     For index ``i = t + k`` of an episode with T moves:
-      i <  T: value = compute_target_value(i), reward r_i, policy child_visits_i, action a_i
+      i <  T: value = compute_target_value(i), reward r_i, policy pi_i, action a_i
       i == T: value 0 (terminated) or v_T (truncated), reward r_T, uniform policy, action a_T
       i >  T: value 0, reward 0, uniform policy, random action (absorbing state)
     compute_target_value(i) = sum_{j=i+1}^{min(i+td, T)} discount^(j-i-1) * (+/-) r_j
@@ -46,8 +46,9 @@ def _muzero_kernel(
                                                                 episode was truncated
     with the sign of r_j flipped when the player who moved at j - 1 is not the player to
     move at i, that of v when the player to move at the bootstrap row is not, and v the
-    reanalysed value where one is stored, else the root value. Players are 0 and 1 (one-
-    or two-player games).
+    reanalysed value where one is stored, else the root value; pi_i the reanalysed policy
+    where one is stored (a search with newer weights), else the self-play search's
+    child_visits. Players are 0 and 1 (one- or two-player games).
 
     The truncated case departs from muzero-general, which treats every episode end as
     terminal: an episode cut by a time limit (CartPole at 500 moves) did not end in an
@@ -111,8 +112,17 @@ def _muzero_kernel(
                     value += v * discount ** (big_t - i)
                 out_value[b, k] = value
                 out_reward[b, k] = reward[start + i]
+                # A reanalysed policy where one is stored: no NaN in the row (every entry
+                # checked, since the reanalyser may be writing the row's first one now).
+                fresh = use_reanalysed_policy
+                if fresh:
+                    for a in range(num_actions):
+                        p = reanalysed_policy[start + i, a]
+                        if p != p:
+                            fresh = False
+                            break
                 for a in range(num_actions):
-                    out_policy[b, k, a] = child_visits[start + i, a]
+                    out_policy[b, k, a] = reanalysed_policy[start + i, a] if fresh else child_visits[start + i, a]
                 out_action[b, k] = action[start + i]
             else:
                 out_value[b, k] = 0.0
@@ -164,7 +174,7 @@ class MuZeroTargets:
     scale, ``get_stacked_observations``) for a batch of sampled positions.
 
     Needs the fields observation, action, reward, to_play, root_value, child_visits;
-    uses reanalysed_value where the schema has it. Returns, with K = num_unroll_steps:
+    uses reanalysed_value and reanalysed_policy where the schema has them. Returns, with K = num_unroll_steps:
     observation (B, *stacked) float32, actions (B, K+1) int64, target_value,
     target_reward, gradient_scale (B, K+1) float32, target_policy (B, K+1, A) float32.
 
@@ -192,6 +202,7 @@ class MuZeroTargets:
         k1 = self.num_unroll_steps + 1
         batch = slots.shape[0]
         reanalysed = fields.get("reanalysed_value")
+        reanalysed_policy = fields.get("reanalysed_policy")
         out = {
             "target_value": np.empty((batch, k1), np.float32),
             "target_reward": np.empty((batch, k1), np.float32),
@@ -202,7 +213,9 @@ class MuZeroTargets:
         _muzero_kernel(
             slots, pos, moves, np.asarray(terminated, np.bool_), fields["root_value"],
             fields["root_value"] if reanalysed is None else reanalysed, reanalysed is not None,
-            fields["reward"], fields["to_play"], fields["child_visits"], fields["action"],
+            fields["reward"], fields["to_play"], fields["child_visits"],
+            fields["child_visits"] if reanalysed_policy is None else reanalysed_policy, reanalysed_policy is not None,
+            fields["action"],
             self.num_unroll_steps, self.td_steps, float(self.discount),
             rng.random((batch, k1)),
             out["target_value"], out["target_reward"], out["target_policy"], out["actions"],
@@ -242,5 +255,7 @@ def muzero_schema(observation_shape: Sequence[int], num_actions: int, observatio
         "to_play": ((), "int8"),
         "root_value": ((), "float32"),
         "child_visits": ((num_actions,), "float32"),
+        "legal_actions": ((num_actions,), "bool", 1.0),  # the mask the search had (row T: all)
         "reanalysed_value": ((), "float32", float("nan")),  # NaN: not reanalysed yet
+        "reanalysed_policy": ((num_actions,), "float32", float("nan")),  # NaN: not searched again yet
     }
