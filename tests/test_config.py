@@ -79,6 +79,13 @@ def test_cartpole_json_sets_every_key_explicitly_and_is_valid():
     assert c.training.batch_size <= c.training.min_buffer_steps <= c.replay.capacity
 
 
+@pytest.mark.parametrize("path", sorted((ROOT / "mpper" / "configs").glob("*.json")), ids=lambda p: p.stem)
+def test_every_shipped_config_sets_every_key_of_its_algorithm_and_loads(path):
+    raw = json.loads(path.read_text())
+    assert keys_of(path) == keys_for(raw["algorithm"])
+    assert config_to_dict(load_config(path)) == raw
+
+
 def test_a_dqn_config_holds_every_dqn_key_and_no_muzero_key():
     assert keys_of(CARTPOLE_DQN) == keys_for("dqn")
     muzero_only = keys_for("muzero") - keys_for("dqn")
