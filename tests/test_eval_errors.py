@@ -68,7 +68,8 @@ def test_missing_checkpoint(run, tmp_path, capsys):
 @pytest.mark.parametrize("schema,fragment", [
     (muzero_schema((8,), 3), ("observation is (8,) float32 there, the run stores (4,) float32; "
                               "child_visits is (3,) float32 there, the run stores (2,) float32")),
-    (dqn_schema((4,)), "fields the snapshot lacks: to_play, root_value, child_visits, reanalysed_value"),
+    (dqn_schema((4,)), "fields the snapshot lacks: to_play, root_value, child_visits, legal_actions, "
+                       "reanalysed_value, reanalysed_policy"),
 ], ids=["other-env", "dqn-buffer"])  # fmt: skip
 def test_snapshot_of_another_schema_names_both(run, tmp_path, capsys, schema, fragment):
     buf = ReplayBuffer.create(schema, 64)

@@ -75,9 +75,11 @@ def test_dqn_on_minatar_with_the_conv_network_and_frame_stacks(tmp_path):
 
 def test_muzero_on_atari_pong_stores_frames_once_and_trains_on_stacks(tmp_path):
     """configs/atari_pong.json with its downsampling network and 4 stacked frames; episodes
-    cut at 60 moves (a Pong game lasts thousands) and a small ring."""
+    cut at 200 emulator frames, 50 moves (a Pong game lasts thousands), a small ring, no
+    evaluation (each would play two more episodes with the conv network)."""
     run_dir, _ = run(tmp_path, "configs/atari_pong.json", "--set", "mcts.num_simulations=2", "--set",
-                     "env.max_episode_steps=60", "--set", "replay.capacity=2000", "--set", "network.projection_size=16",
-                     frame=((1, 84, 84), np.uint8), num_actions=6, steps=3)  # fmt: skip
+                     "env.max_episode_steps=200", "--set", "replay.capacity=2000", "--set", "network.projection_size=16",
+                     "--set", "runtime.evaluation_interval_s=1000", frame=((1, 84, 84), np.uint8), num_actions=6,
+                     steps=3)  # fmt: skip
     config = load_config(run_dir / "config.json")
     assert config.network.downsample and config.muzero.stacked_observations == 4
