@@ -96,9 +96,9 @@ class ReanalyseConfig:
     enabled: bool = opt(True, None, "run the reanalyse process (muzero-general's use_last_model_value)")
     batch_episodes: int = opt(8, ">= 1", "episodes refreshed per reanalyse batch")
     search_fraction: float = opt(0.0, "[0, 1]", "share of reanalysed episodes searched again with the newest "
-                                 "weights (mcts.kind, with self-play's root noise, as EfficientZero): fresh policy targets and root values "
-                                 "for every position; the rest get the network's values only. 0: values only "
-                                 "(muzero-general); 1: every episode (EfficientZero, LightZero)")
+                                 "weights (mcts.kind, with self-play's root noise, as EfficientZero): fresh policy "
+                                 "targets and root values for every position; the rest get the network's values only. "
+                                 "0: values only (muzero-general); 1: every episode (EfficientZero, LightZero)")
     num_simulations: int | None = opt(None, ">= 1", "simulations per reanalysed position; null: "
                                       "mcts.num_simulations")
 
