@@ -209,44 +209,45 @@ class _Recording:
         return self.results[-1]
 
 
-def test_the_player_acts_as_the_search_chose_and_stores_its_improved_policy():
+def recorded_gumbel_player(num_envs: int, explore: bool, seed: int, torch_seed: int, simulations: int = 4):
+    """A BatchedPlayer with Gumbel search on CartPole, its search calls recorded:
+    (player, recording, network)."""
     import gymnasium as gym
 
     from mpper.algos.muzero.networks import make_network
     from mpper.algos.muzero.player import BatchedPlayer
 
-    config = gumbel_player_config()
-    torch.manual_seed(0)
+    config = gumbel_player_config(simulations)
+    torch.manual_seed(torch_seed)
     net = make_network(config.network, (4,), 2).eval()
-    player = BatchedPlayer(config, [gym.make("CartPole-v1") for _ in range(4)], net, explore=True, seed=0)
+    player = BatchedPlayer(config, [gym.make("CartPole-v1") for _ in range(num_envs)], net, explore=explore, seed=seed)
     player.mcts = recording = _Recording(player.mcts)
+    return player, recording, net
+
+
+def recorded_step(player, recording):
+    """One player step: (the episodes played, each one's action count before the step,
+    the step's search result)."""
+    before = [len(ep.action) for ep in player.episodes]
+    episodes = list(player.episodes)
+    player.step()
+    return episodes, before, recording.results[-1]
+
+
+def test_the_player_acts_as_the_search_chose_and_stores_its_improved_policy():
+    player, recording, _ = recorded_gumbel_player(4, explore=True, seed=0, torch_seed=0)
     for _ in range(6):
-        before = [len(ep.action) for ep in player.episodes]
-        episodes = list(player.episodes)
-        player.step()
-        result = recording.results[-1]
+        episodes, before, result = recorded_step(player, recording)
         for k, ep in enumerate(episodes):
             assert ep.action[before[k]] == result.actions[k]
             np.testing.assert_array_equal(ep.child_visits[before[k] - 1], result.policy_target[k])
 
 
 def test_an_evaluating_player_takes_the_greedy_choice_without_noise():
-    import gymnasium as gym
-
-    from mpper.algos.muzero.networks import make_network
-    from mpper.algos.muzero.player import BatchedPlayer
-
-    config = gumbel_player_config(simulations=8)
-    torch.manual_seed(1)
-    net = make_network(config.network, (4,), 2).eval()
-    player = BatchedPlayer(config, [gym.make("CartPole-v1") for _ in range(3)], net, explore=False, seed=4)
-    player.mcts = recording = _Recording(player.mcts)
+    player, recording, net = recorded_gumbel_player(3, explore=False, seed=4, torch_seed=1, simulations=8)
     for _ in range(5):
-        before = [len(ep.action) for ep in player.episodes]
-        episodes = list(player.episodes)
-        player.step()
+        episodes, before, result = recorded_step(player, recording)
         assert recording.noise is False
-        result = recording.results[-1]
         again = recording.inner.run(net, result_inputs(episodes), np.ones((3, 2), bool), np.zeros(3), False,
                                     np.random.default_rng(99))  # fmt: skip
         np.testing.assert_array_equal(again.actions, result.actions)  # no noise: the same choice
