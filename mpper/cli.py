@@ -72,6 +72,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="stop after N training steps (overrides training.training_steps)")
     p.add_argument("--time-limit", type=float, metavar="SECONDS",
                    help="stop cleanly after this many seconds (overrides runtime.time_limit_s)")
+    p.add_argument("--ray", metavar="ADDRESS", dest="ray_address",
+                   help='run the self-play workers as Ray actors in the cluster at ADDRESS ("host:port" of its head, '
+                        'or "auto"; overrides runtime.ray_address); the buffer, learner, reanalyser and evaluator '
+                        "stay on this machine (needs the ray extra: pip install -e .[ray])")
     p.add_argument("--resume", metavar="RUN_DIR",
                    help="continue the run in RUN_DIR from its checkpoint and buffer snapshot")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", dest="overrides",
@@ -208,6 +212,7 @@ def main(argv: list[str] | None = None) -> int:
             seed=args.seed,
             training_steps=args.max_train_steps,
             time_limit_s=args.time_limit,
+            ray_address=args.ray_address,
             # a run directory's config.json may come from someone else: it names no code to run
             env_factory_from_file=args.config is not None,
         )
@@ -261,15 +266,17 @@ def main(argv: list[str] | None = None) -> int:
         return refuse(str(e))
     with lock:
         from .checkpoint import CheckpointError
+        from .extras import MissingExtraError
         from .replay.snapshot import SnapshotError
         from .shm import SharedMemoryRoomError
 
         runtime = importlib.import_module("mpper.runtime.supervisor")  # only now: config errors never need it
         try:
             rc = runtime.train(config, run_dir=run_dir, resume=resume)
-        except (SharedMemoryRoomError, SnapshotError, CheckpointError) as e:
+        except (SharedMemoryRoomError, SnapshotError, CheckpointError, MissingExtraError, ConnectionError) as e:
             # raised while the run sets up, before any child starts (/dev/shm too small for
-            # the buffer; a resumed snapshot whose checksums do not match)
+            # the buffer; a resumed snapshot whose checksums do not match; --ray without the
+            # ray extra, or a cluster that cannot be reached: runtime.remote.ClusterError)
             return refuse(str(e))
     return rc if isinstance(rc, int) else 0
 

@@ -198,10 +198,28 @@ def _check_env_id(value: str) -> str:
     )
 
 
+_RAY_ADDRESS_RE = re.compile(r"^(ray://)?[A-Za-z0-9._-]+:[0-9]{1,5}$")
+
+
+def _check_ray_address(value: str) -> str:
+    if value == "auto" or (_RAY_ADDRESS_RE.match(value) and 0 < int(value.rsplit(":", 1)[1]) < 65536):
+        return value
+    raise _Invalid(f'expected "auto" or the head\'s "host:port" (such as "10.0.0.5:6379"), got {_show(value)}')
+
+
+def _check_resources(value: dict) -> dict:
+    for name, amount in value.items():
+        if not name or not _is_number(amount) or not math.isfinite(amount) or amount <= 0:
+            raise _Invalid(f"expected a number > 0 per resource name, got {_show(amount)}", f".{name}")
+    return {str(k): float(v) for k, v in value.items()}
+
+
 WIDTHS = Check("a list of integers >= 1", _check_widths)
 SCHEDULE = Check("a list of [fraction, T] pairs: fractions in [0, 1] increasing from 0, T >= 0", _check_schedule)
 _INITIAL_PRIORITY = Check('"actor", "max" or a number >= 0', _check_initial_priority)
 _ENV_ID = Check('a registered gymnasium id, or "module:callable"', _check_env_id, late=True)
+_RAY_ADDRESS = Check('"auto" or "host:port"', _check_ray_address)
+_RESOURCES = Check("an object of resource name -> amount > 0", _check_resources)
 
 
 # ---- the sections ---------------------------------------------------------------------------
@@ -288,6 +306,14 @@ class RuntimeConfig:
     max_episodes: int | None = opt(None, ">= 1", "stop cleanly after this many self-play episodes; null: no limit")
     log_interval_s: float = opt(5.0, "> 0", "compact progress line when stdout is not a terminal")
     torch_threads: int = opt(1, ">= 1", "torch threads per child process")
+    ray_address: str | None = opt(None, _RAY_ADDRESS, 'run the self-play workers as Ray actors anywhere in this '
+                                  'cluster (pip install -e .[ray]): "host:port" of its head, or "auto" (the cluster '
+                                  "this machine belongs to); the buffer, learner, reanalyser and evaluator stay local "
+                                  "processes; null: local processes only (Ray is never imported)")
+    ray_actor_cpus: float = opt(1.0, "> 0", "with ray_address: CPUs each self-play actor reserves")
+    ray_actor_resources: dict = opt({}, _RESOURCES, 'with ray_address: custom Ray resources each self-play actor '
+                                    'reserves, such as {"selfplay": 1} to place them on the nodes started with '
+                                    "ray start --resources='{\"selfplay\": 8}'")
 
 
 @dataclass(frozen=True)
@@ -758,6 +784,9 @@ def _get(config: Config, dotted: str):
 
 
 def _check_cross(config: Config, sources: _Sources, schema: _Schema) -> None:
+    if config.runtime.ray_address is not None and config.runtime.workers == 0:
+        raise ConfigError(f"{sources('runtime.ray_address', 'runtime.workers')}: runtime.ray_address: Ray actors "
+                          "need runtime.workers >= 1 (one actor per worker); got runtime.workers 0")  # fmt: skip
     for a, op, b in CROSS_RULES:
         va, vb = _get(config, a), _get(config, b)
         assert op == "<="
@@ -864,6 +893,7 @@ def load_config(
     seed: int | None = None,
     training_steps: int | None = None,
     time_limit_s: float | None = None,
+    ray_address: str | None = None,
     algorithms: Mapping[str, AlgorithmConfig],
     check_env: bool = True,
     check_device: bool = True,
@@ -872,8 +902,9 @@ def load_config(
     """Read a JSON config file and validate it (see :func:`config_from_dict`).
 
     ``overrides``: ``--set section.key=value`` strings. ``workers``, ``device``, ``seed``,
-    ``training_steps`` and ``time_limit_s`` (the ``--workers``, ``--device``, ``--seed``,
-    ``--max-train-steps`` and ``--time-limit`` flags) override their keys when not None.
+    ``training_steps``, ``time_limit_s`` and ``ray_address`` (the ``--workers``, ``--device``,
+    ``--seed``, ``--max-train-steps``, ``--time-limit`` and ``--ray`` flags) override their
+    keys when not None.
     """
     label = str(path)
     p = Path(path)
@@ -903,6 +934,7 @@ def load_config(
             ("--seed", "runtime.seed", seed),
             ("--max-train-steps", "training.training_steps", training_steps),
             ("--time-limit", "runtime.time_limit_s", time_limit_s),
+            ("--ray", "runtime.ray_address", ray_address),
         )
         if value is not None
     ]

@@ -29,6 +29,7 @@ from contextlib import contextmanager
 from multiprocessing import resource_tracker, shared_memory
 
 __all__ = [
+    "NamedLock",
     "SharedObject",
     "SharedMemoryRoomError",
     "SHM_DIR",
@@ -287,3 +288,65 @@ def remove_stale_segments() -> list[str]:
         except FileNotFoundError:
             pass
     return removed
+
+
+class NamedLock:
+    """A ``multiprocessing`` lock opened by its name, for a process that multiprocessing
+    did not start (a Ray actor on this machine) and so cannot inherit the lock.
+
+    On POSIX a lock of a ``spawn`` or ``forkserver`` context is a named semaphore
+    (``/dev/shm/sem.mp-...``) that lives until its creator drops it; multiprocessing
+    only refuses to pickle it outside a child's start. A ``NamedLock`` pickles as the
+    semaphore's name and reopens it on first use: both sides then lock the very same
+    semaphore. It never unlinks it (its creator does). A lock of a ``fork`` context has
+    no name left (it is unlinked at once) and is refused.
+    """
+
+    def __init__(self, state: tuple) -> None:
+        self._state = tuple(state)  # (handle, kind, maxvalue, name), as SemLock pickles itself
+        self._lock = None
+
+    @classmethod
+    def of(cls, lock) -> "NamedLock":
+        """The name of ``lock`` (a ``multiprocessing`` Lock of a spawn or forkserver context)."""
+        if isinstance(lock, NamedLock):
+            return lock
+        semlock = getattr(lock, "_semlock", None)
+        if semlock is None or getattr(lock, "_is_fork_ctx", False) or not getattr(semlock, "name", None):
+            raise ValueError(f"{lock!r} cannot be opened by name: expected a Lock of a spawn or forkserver "
+                             "multiprocessing context")  # fmt: skip
+        return cls((semlock.handle, semlock.kind, semlock.maxvalue, semlock.name))
+
+    @property
+    def name(self) -> str:
+        return self._state[3]
+
+    def _opened(self):
+        if self._lock is None:
+            from multiprocessing import synchronize
+
+            lock = synchronize.Lock.__new__(synchronize.Lock)
+            try:
+                lock.__setstate__(self._state)  # sem_open(name): the creator's semaphore
+            except FileNotFoundError:
+                raise FileNotFoundError(f"the lock {self.name} is gone (its creator exited)") from None
+            self._lock = lock
+        return self._lock
+
+    def acquire(self, block: bool = True, timeout: float | None = None) -> bool:
+        return self._opened().acquire(block, timeout)
+
+    def release(self) -> None:
+        self._opened().release()
+
+    def __enter__(self) -> bool:
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+    def __getstate__(self) -> dict:
+        return {"_state": self._state, "_lock": None}
+
+    def __repr__(self) -> str:
+        return f"NamedLock({self.name!r})"

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 import numba
@@ -246,6 +246,13 @@ class BufferHandle:
     priority_clip: float | None
     initial_priority: str | float
     lock: Any = field(repr=False)
+
+    def portable(self) -> "BufferHandle":
+        """This handle for a process of this machine that multiprocessing did not start
+        (a Ray actor beside the learner): the lock travels by its name
+        (:class:`mpper.shm.NamedLock`), so the handle pickles anywhere, and the process
+        that attaches it locks the same semaphore as every other writer."""
+        return replace(self, lock=shm_mod.NamedLock.of(self.lock))
 
 
 @dataclass

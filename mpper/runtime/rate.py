@@ -87,7 +87,8 @@ class RateLimiter:
         min_size: inserted positions before the first sample.
         batch_size: positions per sample call ``B`` (the learner's batch).
         ctx: multiprocessing context (``mp.get_context("spawn")``) to create the
-            condition with.
+            doorbells with; None: no doorbells, a wait polls every ``poll_s`` (for a
+            process that multiprocessing did not start, such as a Ray actor).
         poll_s: longest sleep between two checks of the counters and of ``stop``.
     """
 
@@ -108,16 +109,18 @@ class RateLimiter:
         self.min_size = int(min_size)
         self.batch_size = int(batch_size)
         self.poll_s = float(poll_s)
-        # one doorbell per side; a few pending rings at most (see notify)
-        self._sample_bell = ctx.Semaphore(0)
-        self._insert_bell = ctx.Semaphore(0)
+        # one doorbell per side; a few pending rings at most (see notify). Without a
+        # context (a process multiprocessing did not start, which could share no doorbell
+        # with the others), a wait only polls.
+        self._sample_bell = ctx.Semaphore(0) if ctx is not None else None
+        self._insert_bell = ctx.Semaphore(0) if ctx is not None else None
 
     @classmethod
-    def from_config(cls, training, ctx) -> RateLimiter:
+    def from_config(cls, training, ctx, poll_s: float = 0.1) -> RateLimiter:
         """From a :class:`~mpper.config.TrainingConfig` (``samples_per_insert``,
         ``samples_per_insert_tolerance``, ``min_buffer_steps``, ``batch_size``)."""
         return cls(training.samples_per_insert, training.samples_per_insert_tolerance,
-                   training.min_buffer_steps, training.batch_size, ctx)  # fmt: skip
+                   training.min_buffer_steps, training.batch_size, ctx, poll_s)  # fmt: skip
 
     @property
     def enabled(self) -> bool:
@@ -159,6 +162,8 @@ class RateLimiter:
         """Ring both doorbells so that waiters re-check (call after each insert and each
         sample, and after setting ``stop``). Never blocks."""
         for bell in (self._sample_bell, self._insert_bell):
+            if bell is None:
+                continue
             try:
                 if bell.get_value() >= _MAX_RINGS:  # nobody is answering: do not pile up
                     continue
@@ -180,7 +185,10 @@ class RateLimiter:
                 if remaining <= 0:
                     break
                 slice_s = min(slice_s, remaining)
-            bell.acquire(timeout=slice_s)
+            if bell is None:
+                time.sleep(slice_s)
+            else:
+                bell.acquire(timeout=slice_s)
         return Wait(True, time.monotonic() - start)
 
     def __repr__(self) -> str:

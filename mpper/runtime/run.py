@@ -2,7 +2,8 @@
 supervisor drives it (``--workers N``: the figures come from child processes) or the
 in-process scheduler (``--workers 0``).
 
-- At the start: ``config.json`` and ``processes.json`` (which pid plays which role).
+- At the start: ``config.json`` and ``processes.json`` (which pid plays which role);
+  with Ray, ``ray_actors.json`` (where each self-play actor runs).
 - ``metrics.jsonl``: one JSON record per line, ``event`` one of ``"progress"`` (every
   ``runtime.log_interval_s``), ``"evaluation"`` (each evaluation) and ``"end"``; every
   record has the same keys (:meth:`Run.record`). TensorBoard gets the same numbers when
@@ -125,6 +126,11 @@ class Run:
     def write_processes(self, pids: dict[str, int]) -> None:
         """``processes.json``: the supervisor's pid and each child's, by role."""
         write_json_atomic(self.run_dir / "processes.json", {"supervisor": os.getpid(), **pids})
+
+    def write_ray_actors(self, placements: dict[str, dict]) -> None:
+        """``ray_actors.json`` (with ``runtime.ray_address``): where each self-play actor
+        runs, ``{worker: {"node_id", "node_ip", "pid", "restarts"}}``."""
+        write_json_atomic(self.run_dir / "ray_actors.json", placements)
 
     def elapsed(self) -> float:
         return time.monotonic() - self.started

@@ -67,7 +67,16 @@ def train(config: Config, run_dir: Path, resume: Path | None = None) -> int:
         print(f"mpper: removed {len(removed)} shared-memory segment(s) left by dead runs", file=sys.stderr)
     if config.runtime.workers == 0:
         return train_inline(config, Path(run_dir), resume)
-    return Supervisor(config, Path(run_dir), resume).run()
+    if config.runtime.ray_address is None:
+        return Supervisor(config, Path(run_dir), resume).run()
+    from .remote import connect, disconnect  # the ray extra: imported only here
+
+    connected = connect(config.runtime.ray_address)  # ClusterError: before anything starts
+    try:
+        return Supervisor(config, Path(run_dir), resume).run()
+    finally:
+        if connected:
+            disconnect()
 
 
 @dataclass
@@ -105,6 +114,7 @@ class Supervisor:
         # The forkserver died: multiprocessing then reports every child as exited (code
         # 255), though they run on, orphaned. Their pids are watched directly instead.
         self.forkserver_lost = False
+        self.remote = None  # with runtime.ray_address: the self-play actors (runtime/remote.py)
 
     # ---- lifecycle ------------------------------------------------------------------
     def run(self) -> int:
@@ -174,11 +184,19 @@ class Supervisor:
         self.reports = self.ctx.Queue()
         self.rate = self._rate_limiter()
         self._spawn_all()
+        if cfg.runtime.ray_address is not None:
+            from .remote import RaySelfPlay
+
+            self.remote = RaySelfPlay(cfg, spec, self.buffer, self.store, self.run_files.seeds)
+            self.remote.start()
 
     def _rate_limiter(self):
         if self.config.training.samples_per_insert is None:
             return None
-        return RateLimiter.from_config(self.config.training, self.ctx)
+        # Remote episodes are written by a process that cannot ring the learner's doorbell;
+        # a learner waiting for them re-checks the counters every 10 ms rather than 100.
+        poll_s = 0.1 if self.config.runtime.ray_address is None else 0.01
+        return RateLimiter.from_config(self.config.training, self.ctx, poll_s)
 
     def _spawn_all(self) -> None:
         cfg = self.config
@@ -189,7 +207,7 @@ class Supervisor:
         self._add(Child("learner", run_learner, {**shared, **handles, "run_dir": str(self.run_dir),
                                                  "resume_checkpoint": resume_ckpt, "rate": self.rate},
                         essential=True))  # fmt: skip
-        for i in range(cfg.runtime.workers):
+        for i in range(cfg.runtime.workers if cfg.runtime.ray_address is None else 0):  # else Ray actors
             self._add(Child(f"worker-{i}", run_selfplay, {**shared, **handles, "worker_id": i,
                                                           "seed": self.run_files.seeds.worker(i), "rate": self.rate}))  # fmt: skip
         if self.algorithm.make_reanalyser is not None and self.algorithm.reanalyses(cfg):
@@ -222,6 +240,8 @@ class Supervisor:
                 if self.error:
                     return 1
                 exit_code = self._check_children()
+                if exit_code is None and self.remote is not None:
+                    exit_code = self._check_remote()
                 if exit_code is not None:
                     return exit_code
                 step = int(self.learner.get("training_step", 0))
@@ -258,8 +278,7 @@ class Supervisor:
             if kind == "metrics":
                 self.learner = payload
             elif kind == "episode":
-                self.worker_weights[source] = payload["weights_version"]
-                self.run_files.episode(source, payload, self.buffer.counters["steps"])
+                self._on_episode(source, payload)
             elif kind == "eval":
                 self.run_files.evaluated(payload)
                 self._write_metrics(event="evaluation")
@@ -267,6 +286,37 @@ class Supervisor:
                 self.reanalyse = payload
             elif kind == "error":
                 self._on_child_error(source, payload["traceback"])
+
+    def _on_episode(self, source: str, payload: dict) -> None:
+        self.worker_weights[source] = payload["weights_version"]
+        self.run_files.episode(source, payload, self.buffer.counters["steps"])
+
+    def _check_remote(self) -> int | None:
+        """The Ray self-play actors: their episode reports, and a dead actor restarted (up
+        to the limit) as a dead local worker is."""
+        from .remote import ClusterError
+
+        try:
+            events = self.remote.poll()
+        except ClusterError as exc:  # the ingest actor died: no episode can reach the buffer
+            self.error = str(exc)
+            return 1
+        for _, source, payload in events.reports:
+            self._on_episode(source, payload)
+        if events.placements is not None:
+            self.run_files.write_ray_actors(events.placements)
+        limit = self.config.runtime.max_worker_restarts
+        for name, why, tb in events.failures:
+            if tb:
+                print(f"mpper: {name} failed:\n{tb}", file=sys.stderr)
+            print(f"mpper: {name} {why}", file=sys.stderr)
+            restarts = self.remote.workers[name].restarts
+            if restarts >= limit:
+                self.error = f"{name} ended {restarts + 1} times (max_worker_restarts={limit}); last: {why}"
+                return 1
+            print(f"mpper: restarting {name} ({restarts + 1}/{limit})", file=sys.stderr)
+            self.remote.restart(name)
+        return None
 
     def _on_child_error(self, name: str, tb: str) -> None:
         print(f"mpper: {name} failed:\n{tb}", file=sys.stderr)
@@ -409,6 +459,7 @@ class Supervisor:
                                 "and snapshot not written")  # fmt: skip
         if hasattr(self, "stop"):
             self.stop.set()
+        self._stop_remote(0.0)
         for child in self.children.values():
             if self._alive(child):
                 child.stopped_by_force = "was killed by the Ctrl-C that quits at once"
@@ -422,6 +473,7 @@ class Supervisor:
             self.stop.set()
             if self.rate is not None:
                 self.rate.notify()
+        self._stop_remote(_JOIN_TIMEOUT_S)
         self._forkserver_died()
         started = time.monotonic()
         for child in self.children.values():
@@ -439,6 +491,18 @@ class Supervisor:
         for child in self.children.values():
             if child.process is not None and not self.forkserver_lost:
                 child.process.join(0.1)  # collect the exit code
+
+    def _stop_remote(self, timeout: float) -> None:
+        """Stop the Ray actors (asked, then killed after ``timeout`` seconds); their last
+        episodes are logged."""
+        remote, self.remote = self.remote, None
+        if remote is None:
+            return
+        try:
+            for _, source, payload in remote.stop(timeout):
+                self._on_episode(source, payload)
+        except Exception as exc:  # the cluster is gone: nothing of it is left to stop
+            print(f"mpper: stopping the Ray actors: {type(exc).__name__}: {exc}", file=sys.stderr)
 
     @staticmethod
     def _join_limit(child: Child) -> float:
