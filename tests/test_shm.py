@@ -174,6 +174,50 @@ def test_independent_process_attach_and_exit_keeps_segment(small_buffer, tmp_pat
     assert buf.sample(16, rng=np.random.default_rng(0)).indices.shape == (16,)
 
 
+_PORTABLE_SCRIPT = r"""
+import pickle, sys, time
+import numpy as np
+sys.path.insert(0, sys.argv[2])
+from conftest import make_episode
+from mpper import ReplayBuffer
+buf = ReplayBuffer.attach(pickle.loads(open(sys.argv[1], "rb").read()))
+print("locked" if not buf.handle.lock.acquire(False) else "free", flush=True)  # the parent holds it
+t0 = time.monotonic()
+buf.add_episode(make_episode(np.random.default_rng(5), 4))  # waits for the parent's release
+print(f"{time.monotonic() - t0:.3f}", buf.counters["games"], flush=True)
+buf.close()
+"""
+
+
+@pytest.mark.slow
+def test_a_portable_handle_shares_the_writers_lock_with_a_process_multiprocessing_did_not_start(small_buffer, tmp_path):
+    """``BufferHandle.portable()`` (for a Ray actor beside the learner): it pickles like any
+    data, and the independent process that attaches it takes the very lock the other
+    writers take: while this process holds it, that process cannot write."""
+    buf = small_buffer
+    handle_file = tmp_path / "handle.pkl"
+    handle_file.write_bytes(pickle.dumps(buf.handle.portable()))
+    with pytest.raises(Exception, match="inheritance|spawning"):  # what portable() is for
+        pickle.dumps(buf.handle)
+    with pytest.raises(ValueError, match="cannot be opened by name"):
+        mpper_shm.NamedLock.of(mp.get_context("fork").Lock())
+    buf.handle.lock.acquire()
+    proc = subprocess.Popen([sys.executable, "-c", _PORTABLE_SCRIPT, str(handle_file), os.path.dirname(__file__)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_ENV)  # fmt: skip
+    try:
+        assert proc.stdout.readline().strip() == "locked"
+        time.sleep(0.5)
+        assert buf.counters["games"] == 0  # its write waits for our lock
+    finally:
+        buf.handle.lock.release()
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    waited, games = out.split()
+    assert float(waited) >= 0.3 and int(games) == 1 == buf.counters["games"]
+    assert _tracker_complaints(err) == [], err
+    assert _segment_exists(buf.handle.segment)
+
+
 # --------------------------------------------------------------------------------------
 # The owner dies from a signal
 # --------------------------------------------------------------------------------------
