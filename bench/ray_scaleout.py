@@ -5,7 +5,8 @@ and one worker node with a custom resource "remote" on which the self-play actor
 placed, every node bound to 127.0.0.1. Two parts:
 
 - ``ingest``: the path of an episode. Real CartPole episodes (stored rows of mpper's
-  MuZero player with a random network, collected once) are written as fast as possible
+  MuZero player with a random network, collected once; with ``--rows N``, their rows
+  repeated to N, the size of a long episode) are written as fast as possible
   for ``--seconds``: by P local processes calling ``add_episode`` on the shared buffer,
   and by P Ray actors on the worker node sending them through the ingest actor (one
   episode in flight per actor, as self-play does). Reported: episodes/s, bytes per
@@ -18,7 +19,7 @@ placed, every node bound to 127.0.0.1. Two parts:
 
 Usage::
 
-    python bench/ray_scaleout.py --part ingest --seconds 20 --writers 2
+    python bench/ray_scaleout.py --part ingest --seconds 20 --writers 2 --rows 0 501
     python bench/ray_scaleout.py --part solve --seeds 0 1 2 3 4 --workers 4 --time-limit 300
 """
 
@@ -194,19 +195,30 @@ def ingest_ray(episodes, writers: int, seconds: float, address: str) -> dict:
         ray.shutdown()
 
 
-def part_ingest(args) -> dict:
-    episodes = cartpole_episodes(32)
-    mean_len = float(np.mean([len(a["action"]) for a, _ in episodes]))
-    print(f"{len(episodes)} CartPole episodes of a random network, mean {mean_len:.1f} rows", file=sys.stderr)
-    local = ingest_local(episodes, args.writers, args.seconds)
-    print(f"local: {local}", file=sys.stderr)
-    cluster = start_cluster(remote_cpus=args.writers)
-    try:
-        remote = ingest_ray(episodes, args.writers, args.seconds, cluster.address)
-    finally:
-        cluster.shutdown()
-    print(f"ray:   {remote}", file=sys.stderr)
-    return {"rows_per_episode": mean_len, "local": local, "ray": remote}
+def stretched(episodes, rows: int):
+    """The episodes with their rows repeated to ``rows`` each: the size of a long episode
+    (a solved CartPole's 500 moves), the content of a short one."""
+    return [({k: np.resize(a, (rows, *a.shape[1:])) for k, a in arrays.items()},
+             None if p is None else np.resize(p, rows)) for arrays, p in episodes]  # fmt: skip
+
+
+def part_ingest(args) -> list[dict]:
+    real = cartpole_episodes(32)
+    out = []
+    for rows in args.rows:
+        episodes = real if rows == 0 else stretched(real, rows)
+        mean_len = float(np.mean([len(a["action"]) for a, _ in episodes]))
+        print(f"{len(episodes)} CartPole episodes, mean {mean_len:.1f} rows", file=sys.stderr)
+        local = ingest_local(episodes, args.writers, args.seconds)
+        print(f"local: {local}", file=sys.stderr)
+        cluster = start_cluster(remote_cpus=args.writers)
+        try:
+            remote = ingest_ray(episodes, args.writers, args.seconds, cluster.address)
+        finally:
+            cluster.shutdown()
+        print(f"ray:   {remote}", file=sys.stderr)
+        out.append({"rows_per_episode": mean_len, "stretched": rows != 0, "local": local, "ray": remote})
+    return out
 
 
 # ---- solve ----------------------------------------------------------------------------------
@@ -238,18 +250,21 @@ def report(args, out: dict) -> str:
     command = "python bench/ray_scaleout.py " + " ".join(sys.argv[1:])
     lines = [f"# Ray self-play vs local workers: `{command}` ({time.strftime('%Y-%m-%d')})", ""]
     if "ingest" in out:
-        loc, ray_ = out["ingest"]["local"], out["ingest"]["ray"]
-        lines += [f"Episodes: real CartPole MuZero episodes, {out['ingest']['rows_per_episode']:.1f} rows each; "
-                  f"{args.writers} writers for {args.seconds:g} s.", "",
-                  "| path | episodes/s | end -> sampleable median ms | p95 ms |", "|---|---|---|---|",
-                  f"| local processes, add_episode | {loc['episodes_per_s']:,.0f} | {loc['latency_ms_median']:.2f} "
-                  f"| {loc['latency_ms_p95']:.2f} |",
-                  f"| Ray actors -> ingest actor | {ray_['episodes_per_s']:,.0f} | {ray_['latency_ms_median']:.2f} "
-                  f"| {ray_['latency_ms_p95']:.2f} |", "",
-                  f"Through Ray: {ray_['bytes_per_episode']:,.0f} bytes of rows per episode; the ingest actor "
-                  f"spends {ray_['ingest_cpu_ms_per_episode']:.2f} CPU ms per episode "
-                  f"({ray_['ingest_write_ms_per_episode']:.3f} ms of it in add_episode), so one core of the "
-                  f"learner's node takes in about {1e3 / ray_['ingest_cpu_ms_per_episode']:,.0f} episodes/s."]  # fmt: skip
+        lines += [f"{args.writers} writers for {args.seconds:g} s per path; CartPole MuZero episodes of mpper's "
+                  "player (random network), as stored, or their rows repeated to a solved episode's length.", "",
+                  "| rows per episode | path | episodes/s | bytes per episode | end -> sampleable, median ms | "
+                  "p95 ms | ingest CPU ms per episode (in add_episode) | episodes/s per ingest core |",
+                  "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+        for case in out["ingest"]:
+            loc, ray_ = case["local"], case["ray"]
+            rows = f"{case['rows_per_episode']:.0f}" + (" (repeated)" if case["stretched"] else " (as played)")
+            lines += [f"| {rows} | local processes: add_episode | {loc['episodes_per_s']:,.0f} | - | "
+                      f"{loc['latency_ms_median']:.2f} | {loc['latency_ms_p95']:.2f} | - | - |",
+                      f"| {rows} | Ray actors -> ingest actor | {ray_['episodes_per_s']:,.0f} | "
+                      f"{ray_['bytes_per_episode']:,.0f} | {ray_['latency_ms_median']:.2f} | "
+                      f"{ray_['latency_ms_p95']:.2f} | {ray_['ingest_cpu_ms_per_episode']:.2f} "
+                      f"({ray_['ingest_write_ms_per_episode']:.2f}) | "
+                      f"{1e3 / ray_['ingest_cpu_ms_per_episode']:,.0f} |"]  # fmt: skip
     if "solve" in out:
         lines += ["", "| seed | local: solved, wall s, training step | Ray: solved, wall s, training step |",
                   "|---|---|---|"]  # fmt: skip
@@ -269,6 +284,8 @@ def main() -> int:
     ap.add_argument("--part", choices=("ingest", "solve", "both"), default="both")
     ap.add_argument("--seconds", type=float, default=20.0, help="ingest: seconds of writing per path")
     ap.add_argument("--writers", type=int, default=2, help="ingest: local writer processes / Ray actors")
+    ap.add_argument("--rows", type=int, nargs="+", default=[0, 501],
+                    help="ingest: rows per episode, 0: the episodes as played; N: their rows repeated to N")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     ap.add_argument("--workers", type=int, default=4, help="solve: local workers / Ray actors")
     ap.add_argument("--time-limit", type=float, default=300.0)

@@ -198,12 +198,15 @@ def _check_env_id(value: str) -> str:
     )
 
 
-_RAY_ADDRESS_RE = re.compile(r"^(ray://)?[A-Za-z0-9._-]+:[0-9]{1,5}$")
+_RAY_ADDRESS_RE = re.compile(r"^[A-Za-z0-9._-]+:[0-9]{1,5}$")
 
 
 def _check_ray_address(value: str) -> str:
     if value == "auto" or (_RAY_ADDRESS_RE.match(value) and 0 < int(value.rsplit(":", 1)[1]) < 65536):
         return value
+    if value.startswith("ray://"):
+        raise _Invalid(f"{_show(value)} is a Ray Client address; mpper joins the cluster as a node's driver (the "
+                       'buffer\'s machine must be a node: ray start there), expected "auto" or the head\'s "host:port"')
     raise _Invalid(f'expected "auto" or the head\'s "host:port" (such as "10.0.0.5:6379"), got {_show(value)}')
 
 

@@ -3,8 +3,9 @@
 
 ``raising``: CartPole-shaped (observation (4,), 2 actions, reward 1, episodes of
 ``episode_steps`` moves) whose ``step`` raises ``RuntimeError`` after ``fail_after``
-steps, but only in a self-play worker process (``mpper-worker-*``) and only for the
-``fail_instance``-th env that process creates; everywhere else (the supervisor's env
+steps, but only in a self-play worker (the process ``mpper-worker-*``, or a Ray
+self-play actor, whose process title Ray sets to ``ray::SelfPlayActor...``) and only for
+the ``fail_instance``-th env that process creates; everywhere else (the supervisor's env
 check, the evaluator, other envs of the worker) it plays normally.
 """
 
@@ -43,8 +44,16 @@ class Walk(gym.Env):
         return obs, 1.0, self.t >= self.episode_steps, False, {}
 
 
+def _in_ray_selfplay_actor() -> bool:
+    try:
+        with open("/proc/self/cmdline", "rb") as f:
+            return f.read().startswith(b"ray::SelfPlayActor")
+    except OSError:
+        return False
+
+
 def raising(fail_after: int = 30, fail_instance: int = 1, episode_steps: int = 20) -> Walk:
     global _created
     index, _created = _created, _created + 1
-    in_worker = multiprocessing.current_process().name.startswith("mpper-worker-")
+    in_worker = multiprocessing.current_process().name.startswith("mpper-worker-") or _in_ray_selfplay_actor()
     return Walk(episode_steps, fail_after if in_worker and index == fail_instance else None)

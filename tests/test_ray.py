@@ -37,6 +37,9 @@ from test_train_e2e import (
 )  # fmt: skip
 
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # see the module docstring
+# The cluster's workers (started by its raylets, with this process's environment) and the
+# runs import tests/faulty_env.py as "faulty_env".
+os.environ["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parent), os.environ.get("PYTHONPATH", "")])
 
 from mpper import ReplayBuffer  # noqa: E402
 from mpper.algos.configs import default_config  # noqa: E402
@@ -215,6 +218,35 @@ def test_remote_actors_feed_the_learner_survive_a_kill_and_a_lost_node_and_ctrl_
     assert not set(Path("/dev/shm").glob("sem.mp-*")) - semaphores  # no semaphore left behind either
 
 
+@pytest.mark.timeout(180)
+def test_an_env_error_in_an_actor_is_reported_the_actor_restarted_then_the_run_stopped(tmp_path, cluster):
+    """Env 1 of the actor raises in ``step`` after 30 steps, in every life: the actor's
+    traceback comes back to the supervisor, it is restarted once
+    (max_worker_restarts=1), and its second failure stops the run, nothing left."""
+    run_dir = tmp_path / "run"
+    args = run_args(run_dir, "--workers", "1", "--ray", cluster.address, *REMOTE, "--max-train-steps", "100000",
+                    "--set", "env.id=faulty_env:raising", "--set", 'env.kwargs={"fail_after": 30, "fail_instance": 1}',
+                    "--set", "runtime.max_worker_restarts=1", "--set", "training.min_buffer_steps=1000")  # fmt: skip
+    proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    stdout, stderr = proc.communicate(timeout=150)
+    assert proc.returncode == 1, stdout[-2000:] + stderr[-4000:]
+    env_error = ("EnvError: ray-worker-0 env 1 (faulty_env:raising): step raised RuntimeError: "
+                 "simulated env failure after 30 steps")  # fmt: skip
+    assert stderr.count("mpper: ray-worker-0 failed:\n") == 2 and stderr.count(env_error) >= 2, stderr[-4000:]
+    assert stderr.count("restarting ray-worker-0 (1/1)") == 1
+    stopped = [line for line in stderr.splitlines() if "run stopped:" in line]
+    assert len(stopped) == 1 and stopped[0].startswith(
+        "mpper: run stopped: ray-worker-0 ended 2 times (max_worker_restarts=1); last: failed: ") and env_error in stopped[0]
+    with ReplayBuffer.load(run_dir / "buffer", mmap=True) as snap:  # what the two lives stored, whole
+        assert snap.counters["games"] == len(snap.episodes()) > 0
+        assert all(ep.rows == 21 for ep in snap.episodes())
+    assert not segments_of(proc.pid)
+    deadline = time.monotonic() + 30
+    while actor_processes() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not actor_processes()
+
+
 # ---- refused before anything starts -----------------------------------------------------------
 
 
@@ -241,6 +273,7 @@ def test_an_unreachable_cluster_is_one_line_and_exit_2(tmp_path):
     (["runtime.workers=0", "runtime.ray_address=127.0.0.1:6379"],
      "runtime.ray_address: Ray actors need runtime.workers >= 1"),
     (["runtime.ray_address=head-without-port"], 'runtime.ray_address: expected "auto" or the head\'s "host:port"'),
+    (["runtime.ray_address=ray://10.0.0.5:10001"], "is a Ray Client address; mpper joins the cluster as a node's driver"),
     (["runtime.ray_address=auto", 'runtime.ray_actor_resources={"remote": 0}'],
      "runtime.ray_actor_resources.remote: expected a number > 0 per resource name, got 0"),
 ])  # fmt: skip

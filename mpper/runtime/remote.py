@@ -63,6 +63,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noq
 __all__ = ["ClusterError", "EpisodeIngest", "RaySelfPlay", "SelfPlayActor", "connect", "disconnect"]
 
 _CONNECT_TIMEOUT_S = 5.0
+_OFFER_POLL_S = 0.01  # how often the supervisor's weights thread looks for a new version
 _NAMESPACE = "mpper"
 
 
@@ -82,7 +83,7 @@ def connect(address: str) -> bool:
     :class:`ClusterError`."""
     if ray.is_initialized():
         return False
-    if address != "auto" and not address.startswith("ray://"):
+    if address != "auto":
         host, port = address.rsplit(":", 1)
         try:
             socket.create_connection((host, int(port)), timeout=_CONNECT_TIMEOUT_S).close()
@@ -272,9 +273,11 @@ class RemoteEvents:
 
 class RaySelfPlay:
     """The supervisor's handle on the remote self-play: starts the ingest actor and one
-    actor per worker, offers new weights, collects episode reports, reports dead actors,
-    restarts and stops them. Every method returns at once (nothing here waits on an
-    actor except :meth:`stop`)."""
+    actor per worker, collects episode reports, reports dead actors, restarts and stops
+    them. Every method returns at once (nothing here waits on an actor except
+    :meth:`stop`). A thread offers each new weight version to the actors as soon as the
+    learner publishes it (the weight store is looked at every 10 ms), as local workers
+    see it at their next move."""
 
     def __init__(self, config: Config, spec, buffer: ReplayBuffer, store, seeds) -> None:
         self.config = config
@@ -292,6 +295,10 @@ class RaySelfPlay:
         self._flat = None
         self.placements: dict[str, dict] = {}
         self._placements_changed = False
+        self._lock = threading.Lock()  # the weights thread and the supervisor's thread: actors, versions
+        self._stop_offering = threading.Event()
+        self._offer_thread: threading.Thread | None = None
+        self._offer_error: BaseException | None = None
 
     def start(self) -> None:
         """The ingest actor on this node, then the N self-play actors."""
@@ -301,12 +308,15 @@ class RaySelfPlay:
             num_cpus=0, max_concurrency=workers + 4, max_restarts=0,
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=here, soft=False),
         ).remote(self.buffer.handle.portable(), self.config.training)  # fmt: skip
-        for i in range(workers):
-            worker = RemoteWorker(f"ray-worker-{i}", i)
-            self.workers[worker.name] = worker
-            self._launch(worker)
+        with self._lock:
+            for i in range(workers):
+                worker = RemoteWorker(f"ray-worker-{i}", i)
+                self.workers[worker.name] = worker
+                self._launch(worker)
+        self._offer_thread = threading.Thread(target=self._offer_loop, name="mpper-ray-weights", daemon=True)
+        self._offer_thread.start()
 
-    def _launch(self, worker: RemoteWorker) -> None:
+    def _launch(self, worker: RemoteWorker) -> None:  # with self._lock
         rt = self.config.runtime
         seed = self.seeds.worker(worker.worker_id, worker.restarts)
         worker.actor = ray.remote(SelfPlayActor).options(
@@ -320,15 +330,17 @@ class RaySelfPlay:
 
     def restart(self, name: str) -> None:
         """Start a new actor (a fresh seed) for the worker ``name`` that died."""
-        worker = self.workers[name]
-        worker.restarts += 1
-        self._launch(worker)
+        with self._lock:
+            worker = self.workers[name]
+            worker.restarts += 1
+            self._launch(worker)
 
     def poll(self) -> RemoteEvents:
-        """Offer new weights; return the episode reports the ingest collected, the
-        workers whose actor ended and where the actors run (when that changed). Raises
-        :class:`ClusterError` when the ingest actor died."""
-        self._offer_weights()
+        """The episode reports the ingest collected, the workers whose actor ended and
+        where the actors run (when that changed). Raises :class:`ClusterError` when the
+        ingest actor died or weights could not be offered."""
+        if self._offer_error is not None:
+            raise ClusterError(f"offering weights to the actors failed: {_first_line(self._offer_error)}")
         reports = self._drain()
         failures = []
         running = {w.run_ref: w for w in self.workers.values() if w.run_ref is not None}
@@ -349,17 +361,26 @@ class RaySelfPlay:
         placements, self._placements_changed = (dict(self.placements) if self._placements_changed else None), False
         return RemoteEvents(reports, failures, placements)
 
+    def _offer_loop(self) -> None:
+        while not self._stop_offering.wait(_OFFER_POLL_S):
+            try:
+                self._offer_weights()
+            except Exception as exc:  # the supervisor's next poll reports it
+                self._offer_error = exc
+                return
+
     def _offer_weights(self) -> None:
-        version = self.store.version
-        if version == self._version:
+        if self.store.version == self._version:
             return
         if self._flat is None:
             self._flat = np.empty(self.store.handle.num_weights, np.float32)
-        self._version, self._step = self.store.read_into(self._flat)
-        self._weights_ref = ray.put(self._flat)  # one object per version; the previous is freed once unused
-        for worker in self.workers.values():
-            if worker.run_ref is not None:
-                worker.actor.offer_weights.remote(self._version, self._step, [self._weights_ref])
+        version, step = self.store.read_into(self._flat)
+        ref = ray.put(self._flat)  # one object per version; the previous is freed once no actor holds it
+        with self._lock:
+            self._version, self._step, self._weights_ref = version, step, ref
+            for worker in self.workers.values():
+                if worker.run_ref is not None:
+                    worker.actor.offer_weights.remote(version, step, [ref])
 
     def _drain(self) -> list[tuple[str, str, dict]]:
         reports = []
@@ -377,6 +398,9 @@ class RaySelfPlay:
     def stop(self, timeout: float = 10.0) -> list[tuple[str, str, dict]]:
         """Stop every actor (asked first, killed after ``timeout`` seconds), then the
         ingest actor; returns the episode reports it still held."""
+        self._stop_offering.set()
+        if self._offer_thread is not None:
+            self._offer_thread.join(timeout)
         if self.ingest is not None:
             try:
                 self.ingest.stop.remote()  # a waiting add returns, so the actors can finish

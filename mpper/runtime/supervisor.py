@@ -11,6 +11,9 @@ everything on success, on error and on Ctrl-C / SIGTERM:
       ├─ run_reanalyser      refresh stored values with the latest weights
       └─ run_evaluator       greedy episodes with the latest weights -> mean return
 
+With ``runtime.ray_address`` the N self-play workers are Ray actors instead
+(``runtime/remote.py``), polled in the same loop; the rest is unchanged.
+
 Children only attach to shared memory; the supervisor owns and unlinks it. Children
 ignore SIGINT, so Ctrl-C reaches the supervisor alone, which sets the stop signal,
 joins every child, writes the final snapshot and unlinks the segments; a Ctrl-C during
