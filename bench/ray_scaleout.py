@@ -199,7 +199,7 @@ def stretched(episodes, rows: int):
     """The episodes with their rows repeated to ``rows`` each: the size of a long episode
     (a solved CartPole's 500 moves), the content of a short one."""
     return [({k: np.resize(a, (rows, *a.shape[1:])) for k, a in arrays.items()},
-             None if p is None else np.resize(p, rows)) for arrays, p in episodes]  # fmt: skip
+             None if p is None else np.resize(p, rows - 1)) for arrays, p in episodes]  # fmt: skip
 
 
 def part_ingest(args) -> list[dict]:
