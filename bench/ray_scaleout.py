@@ -2,7 +2,8 @@
 
 The cluster: a head node (the learner's: the supervisor, the buffer, the ingest actor)
 and one worker node with a custom resource "remote" on which the self-play actors are
-placed, every node bound to 127.0.0.1. Two parts:
+placed, every node bound to 127.0.0.1; Ray's workers run at nice 0 as mpper's local
+processes do (``RAY_worker_niceness=0``; Ray's default is 15). Two parts:
 
 - ``ingest``: the path of an episode. Real CartPole episodes (stored rows of mpper's
   MuZero player with a random network, collected once; with ``--rows N``, their rows
@@ -35,6 +36,9 @@ import time
 from pathlib import Path
 
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # keep the driver on 127.0.0.1 (before ray is imported)
+# Ray starts its worker processes at nice 15; local workers run at 0. Both paths at the same
+# priority, so that the comparison is of the paths (the raylets read this when they start).
+os.environ["RAY_worker_niceness"] = "0"
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))

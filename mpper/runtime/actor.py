@@ -8,6 +8,8 @@ samples-per-insert ratio), one report per episode.
 
 from __future__ import annotations
 
+import time
+
 import gymnasium as gym
 import numpy as np
 import torch
@@ -93,11 +95,17 @@ def run_selfplay(worker_id: int, config: Config, buffer_handle, weight_handle, s
         while not stop.is_set():
             weights.refresh()
             for ep in player.step(weights.training_step / total_steps):
+                ended = time.monotonic()
                 arrays, priorities = player.stored(ep)
+                waited = 0.0
                 if rate is not None:
-                    rate.wait_to_insert(lambda: buf.counters["steps"], lambda: buf.counters["samples"], stop)
+                    waited = rate.wait_to_insert(lambda: buf.counters["steps"], lambda: buf.counters["samples"],
+                                                 stop).seconds  # fmt: skip
                 buf.add_episode(arrays, priorities=priorities, terminated=ep.terminated)
                 if rate is not None:
                     rate.notify()
+                # store_latency_s: from the episode's last move to its being sampleable, the
+                # samples-per-insert wait (insert_wait_s) included
                 reports.put(("episode", name, {"return": ep.total_reward, "length": ep.moves,
-                                               "weights_version": weights.version}))  # fmt: skip
+                                               "weights_version": weights.version, "insert_wait_s": round(waited, 6),
+                                               "store_latency_s": round(time.monotonic() - ended, 6)}))  # fmt: skip

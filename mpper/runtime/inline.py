@@ -103,10 +103,13 @@ def _train(cfg: Config, run: Run, resume: Path | None, spec, signals: StopReques
             while trainer.training_step < t.training_steps:
                 progress = trainer.training_step / t.training_steps
                 for ep in player.step(progress):
+                    ended = time.monotonic()
                     arrays, priorities = player.stored(ep)
                     buf.add_episode(arrays, priorities, ep.terminated)
                     run.episode(WORKER, {"return": ep.total_reward, "length": ep.moves,
-                                         "weights_version": store.version}, buf.counters["steps"])  # fmt: skip
+                                         "weights_version": store.version, "insert_wait_s": 0.0,
+                                         "store_latency_s": round(time.monotonic() - ended, 6)},
+                                buf.counters["steps"])  # fmt: skip
                 while _may_train(buf, cfg) and trainer.training_step < t.training_steps:
                     batch = buf.sample(t.batch_size, beta_schedule(cfg, trainer.training_step), targets=targets, rng=rng)
                     losses, priorities = trainer.train_step(batch)

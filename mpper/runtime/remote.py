@@ -201,9 +201,10 @@ class SelfPlayActor:
         self._stop.set()
 
     def where(self) -> dict:
-        """Where this actor runs: its node's id and IP address, and its pid there."""
+        """Where this actor runs: its node's id and IP address, its pid there and its
+        niceness (Ray starts workers at 15 unless its ``worker_niceness`` says otherwise)."""
         return {"node_id": ray.get_runtime_context().get_node_id(), "node_ip": ray.util.get_node_ip_address(),
-                "pid": os.getpid()}  # fmt: skip
+                "pid": os.getpid(), "nice": os.getpriority(os.PRIO_PROCESS, 0)}  # fmt: skip
 
     def _refresh(self) -> bool:
         offered = self._offered
@@ -235,9 +236,9 @@ class SelfPlayActor:
         while not self._stop.is_set():
             self._refresh()
             for ep in player.step(self.training_step / total_steps):
-                arrays, priorities = player.stored(ep)
                 report = {"return": ep.total_reward, "length": ep.moves, "weights_version": self.version,
                           "ended_unix": time.time()}  # fmt: skip
+                arrays, priorities = player.stored(ep)
                 if in_flight is not None:
                     self._finish(in_flight)
                 in_flight = self.ingest.add.remote(self.name, arrays, priorities, bool(ep.terminated), report)

@@ -129,7 +129,7 @@ class Run:
 
     def write_ray_actors(self, placements: dict[str, dict]) -> None:
         """``ray_actors.json`` (with ``runtime.ray_address``): where each self-play actor
-        runs, ``{worker: {"node_id", "node_ip", "pid", "restarts"}}``."""
+        runs, ``{worker: {"node_id", "node_ip", "pid", "nice", "restarts"}}``."""
         write_json_atomic(self.run_dir / "ray_actors.json", placements)
 
     def elapsed(self) -> float:
