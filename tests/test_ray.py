@@ -11,6 +11,7 @@ module sets it before it imports ray, and the runs it starts inherit it.
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import json
 import os
@@ -250,10 +251,9 @@ def test_an_env_error_in_an_actor_is_reported_the_actor_restarted_then_the_run_s
 # ---- refused before anything starts -----------------------------------------------------------
 
 
-def one_line_refusal(*extra: str, argv=None) -> str:
-    """Run ``run.py`` expecting a refusal: exit 2, one line on stderr, nothing left."""
-    args = argv or run_args(Path("/nonexistent-run-dir"), *extra)
-    proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def one_line_refusal(argv: list[str]) -> str:
+    """Run ``argv`` (``run.py``) expecting a refusal: exit 2, one line on stderr, nothing left."""
+    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 2, stderr[-3000:]
     lines = stderr.strip().splitlines()
@@ -264,7 +264,7 @@ def one_line_refusal(*extra: str, argv=None) -> str:
 
 def test_an_unreachable_cluster_is_one_line_and_exit_2(tmp_path):
     t0 = time.monotonic()
-    line = one_line_refusal(argv=run_args(tmp_path / "run", "--workers", "1", "--ray", "127.0.0.1:9"))
+    line = one_line_refusal(run_args(tmp_path / "run", "--workers", "1", "--ray", "127.0.0.1:9"))
     assert line.startswith("error: cannot reach the Ray cluster at 127.0.0.1:9 (Connection refused)"), line
     assert time.monotonic() - t0 < 60  # not Ray's minutes of retries
 
@@ -289,7 +289,7 @@ def test_without_the_ray_extra_ray_is_one_line_naming_the_extra(tmp_path):
     code = ("import sys; sys.modules['ray'] = None; import mpper.cli as c; sys.argv[0] = 'run.py'; "
             "sys.exit(c.main(sys.argv[1:]))")  # fmt: skip
     args = [sys.executable, "-c", code, *run_args(tmp_path / "run", "--workers", "1", "--ray", "127.0.0.1:9")[2:]]
-    line = one_line_refusal(argv=args)
+    line = one_line_refusal(args)
     assert "needs Ray, which is not installed" in line and "pip install -e .[ray]" in line, line
 
 
@@ -320,9 +320,8 @@ def test_the_ingest_waits_for_the_ratio_stores_whole_episodes_and_stops(small_bu
     from mpper.runtime.remote import EpisodeIngest
 
     cfg = default_config("muzero")
-    training = type(cfg.training)(**{**cfg.training.__dict__, "samples_per_insert": 1.0,
-                                     "samples_per_insert_tolerance": 0.0, "min_buffer_steps": 10,
-                                     "batch_size": 4})  # fmt: skip
+    training = dataclasses.replace(cfg.training, samples_per_insert=1.0, samples_per_insert_tolerance=0.0,
+                                   min_buffer_steps=10, batch_size=4)  # fmt: skip
     buf = small_buffer
     ingest = EpisodeIngest(buf.handle.portable(), training)
     rng = np.random.default_rng(0)

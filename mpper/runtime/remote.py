@@ -288,7 +288,6 @@ class RaySelfPlay:
         self.seeds = seeds
         self.workers: dict[str, RemoteWorker] = {}
         self.ingest = None
-        self.ingest_stats: dict = {}
         self._drain_ref = None
         self._version = 0
         self._step = 0
@@ -390,7 +389,7 @@ class RaySelfPlay:
             if not ready:
                 return reports
             try:
-                reports, self.ingest_stats = ray.get(self._drain_ref)
+                reports, _ = ray.get(self._drain_ref)
             except RayActorError as exc:
                 raise ClusterError(f"the episode ingest actor died: {_first_line(exc)}") from None
         self._drain_ref = self.ingest.drain.remote()
@@ -422,7 +421,7 @@ class RaySelfPlay:
         reports = []
         if self.ingest is not None:
             try:
-                reports, self.ingest_stats = ray.get(self.ingest.drain.remote(), timeout=timeout)
+                reports, _ = ray.get(self.ingest.drain.remote(), timeout=timeout)
                 ray.get(self.ingest.close.remote(), timeout=timeout)
             except Exception:
                 pass
