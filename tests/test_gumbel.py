@@ -8,6 +8,10 @@ policy logits, a value and a reward drawn once. mpper's search reads values and 
 as support logits (``support_to_scalar``); mctx gets the scalars those logits stand for.
 Two-player games are mctx's zero-sum convention: the recurrent function returns the
 discount ``-discount``.
+
+``mcts.gumbel_q_bounds: "tree"`` is checked the same way, mctx's search given a Q-transform
+written here from the paper's appendix D (mctx's own completed-Q steps) whose [0, 1]
+rescaling is bounded by every visited edge's Q in the whole tree instead of the node's.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import mctx
 import numpy as np
 import pytest
 import torch
-from mctx._src import seq_halving
+from mctx._src import qtransforms, seq_halving
 
 from mpper.algos.muzero.config import MCTSConfig
 from mpper.algos.muzero.gumbel import GumbelMCTS, considered_visits
@@ -64,8 +68,26 @@ class TableModel:
                              torch.as_tensor(self.policy_logits[ids]), torch.as_tensor(ids, dtype=torch.float64)[:, None])  # fmt: skip
 
 
+def qtransform_tree_bounds(tree, node_index, *, value_scale=0.1, maxvisit_init=50.0, epsilon=1e-8):
+    """Completed Q-values (mixed value for the unvisited actions, as mctx's
+    ``qtransform_completed_by_mix_value``) rescaled to [0, 1] by the bounds of the whole
+    tree: every visited edge's ``r + discount * v(child)``, and the node's completed values."""
+    qvalues = tree.qvalues(node_index)
+    visits = tree.children_visits[node_index]
+    prior = jax.nn.softmax(tree.children_prior_logits[node_index])
+    mixed = qtransforms._compute_mixed_value(tree.raw_values[node_index], qvalues=qvalues, visit_counts=visits,
+                                             prior_probs=prior)  # fmt: skip
+    completed = jnp.where(visits > 0, qvalues, mixed)
+    edge_q = tree.children_rewards + tree.children_discounts * tree.children_values
+    visited = tree.children_visits > 0
+    low = jnp.minimum(jnp.min(jnp.where(visited, edge_q, jnp.inf)), jnp.min(completed))
+    high = jnp.maximum(jnp.max(jnp.where(visited, edge_q, -jnp.inf)), jnp.max(completed))
+    scaled = (completed - low) / jnp.maximum(high - low, epsilon)
+    return (maxvisit_init + jnp.max(visits)) * value_scale * scaled
+
+
 def run_mctx(model: TableModel, roots: np.ndarray, legal: np.ndarray, key, num_simulations: int, m: int,
-             discount: float, two_player: bool, gumbel_scale: float):  # fmt: skip
+             discount: float, two_player: bool, gumbel_scale: float, q_bounds: str = "node"):  # fmt: skip
     table_logits = jnp.asarray(model.policy_logits)
     table_values = jnp.asarray(model.values)
     table_rewards = jnp.asarray(model.rewards)
@@ -82,6 +104,7 @@ def run_mctx(model: TableModel, roots: np.ndarray, legal: np.ndarray, key, num_s
     output = mctx.gumbel_muzero_policy(
         params=(), rng_key=key, root=root, recurrent_fn=recurrent_fn, num_simulations=num_simulations,
         invalid_actions=jnp.asarray(~legal), max_num_considered_actions=m, gumbel_scale=gumbel_scale,
+        qtransform=qtransform_tree_bounds if q_bounds == "tree" else qtransforms.qtransform_completed_by_mix_value,
     )  # fmt: skip
     visits = output.search_tree.summary().visit_counts
     return np.asarray(output.action), np.asarray(visits), np.asarray(output.action_weights)
@@ -103,18 +126,21 @@ def _x64():
 
 # Each case compiles mctx's search anew (seconds), so few cases, each varying several things.
 CASES = [
-    # (num_actions, num_simulations, m, two_player, some illegal root actions, gumbel scale)
-    (2, 8, 16, False, False, 1.0),  # CartPole's shape: m > A, every action considered
-    (5, 16, 4, False, True, 1.0),  # Sequential Halving from 4 of 5 actions, masks
-    (9, 16, 16, True, True, 1.0),  # TicTacToe's shape: two players, masks
-    (6, 50, 3, False, True, 1.0),  # a deep search, halving from 3
-    (9, 8, 4, True, False, 0.0),  # no noise: the greedy choice
+    # (num_actions, num_simulations, m, two_player, some illegal root actions, gumbel scale, Q bounds)
+    (2, 8, 16, False, False, 1.0, "node"),  # CartPole's shape: m > A, every action considered
+    (5, 16, 4, False, True, 1.0, "node"),  # Sequential Halving from 4 of 5 actions, masks
+    (9, 16, 16, True, True, 1.0, "node"),  # TicTacToe's shape: two players, masks
+    (6, 50, 3, False, True, 1.0, "node"),  # a deep search, halving from 3
+    (9, 8, 4, True, False, 0.0, "node"),  # no noise: the greedy choice
+    (2, 8, 16, False, False, 1.0, "tree"),  # the tree's bounds: CartPole's shape
+    (9, 16, 16, True, True, 1.0, "tree"),  # two players, masks
+    (6, 50, 3, False, True, 0.0, "tree"),  # deep, no noise
 ]
 
 
 @pytest.mark.slow  # each case compiles mctx's search (seconds)
-@pytest.mark.parametrize("num_actions,num_simulations,m,two_player,masked,scale", CASES)
-def test_gumbel_search_matches_mctx(num_actions, num_simulations, m, two_player, masked, scale):
+@pytest.mark.parametrize("num_actions,num_simulations,m,two_player,masked,scale,q_bounds", CASES)
+def test_gumbel_search_matches_mctx(num_actions, num_simulations, m, two_player, masked, scale, q_bounds):
     seed = 1000 * num_actions + num_simulations + 7 * m
     model = TableModel(num_actions, seed)
     k_roots = 24
@@ -127,10 +153,10 @@ def test_gumbel_search_matches_mctx(num_actions, num_simulations, m, two_player,
     discount = 1.0 if two_player else 0.97
     key = jax.random.PRNGKey(seed)
     want_action, want_visits, want_weights = run_mctx(model, roots, legal, key, num_simulations, m, discount,
-                                                      two_player, scale)  # fmt: skip
+                                                      two_player, scale, q_bounds)  # fmt: skip
 
     config = MCTSConfig(kind="gumbel", num_simulations=num_simulations, discount=discount,
-                        max_num_considered_actions=m, gumbel_scale=scale)  # fmt: skip
+                        max_num_considered_actions=m, gumbel_scale=scale, gumbel_q_bounds=q_bounds)  # fmt: skip
     search = GumbelMCTS(num_actions, config, S, two_player=two_player)
     noise = mctx_gumbel(key, (k_roots, num_actions), scale)
     result = search.run(model, roots[:, None].astype(np.float32), legal, np.zeros(k_roots, np.int64),

@@ -59,6 +59,9 @@ class MCTSConfig:
     gumbel_scale: float = opt(1.0, ">= 0", "gumbel: scale of the root's Gumbel noise in self-play (0: greedy)")
     c_visit: float = opt(50.0, ">= 0", "gumbel: sigma(q) = (c_visit + max visit count) * c_scale * q, q in [0, 1]")
     c_scale: float = opt(0.1, "> 0", "gumbel: see c_visit (mctx's default value_scale 0.1)")
+    gumbel_q_bounds: str = opt("node", ("node", "tree"), 'gumbel: the bounds that rescale completed Q to [0, 1]: '
+                               '"node", the node\'s own (mctx); "tree", the whole tree\'s Q-values (as pUCT\'s '
+                               'MinMaxStats), which keeps small value gaps small')
     temperature_threshold_moves: int | None = opt(
         None,
         ">= 1",

@@ -20,7 +20,14 @@ The semantics are those of mctx's ``gumbel_muzero_policy`` with its default
   unvisited child's is the node's mixed value ``v_mix = (v_raw + N * sum_visited
   pi(a) q(a) / sum_visited pi(a)) / (1 + N)`` (the paper's appendix D), with ``v_raw``
   the network's value of the node and ``pi`` its prior. Then rescaled to [0, 1] by the
-  node's min and max, and ``sigma(q_hat) = (c_visit + max_b N(b)) * c_scale * q_hat``.
+  node's min and max (``mcts.gumbel_q_bounds: "node"``, mctx's ``rescale_values``), or by
+  the min and max over the whole tree (``"tree"``: every visited edge's ``r + discount *
+  V(child)`` and the node's completed values; as pUCT's MinMaxStats, from the tree's
+  current values), and
+  ``sigma(q_hat) = (c_visit + max_b N(b)) * c_scale * q_hat``. With two actions the
+  node's own bounds put the two children a full ``(c_visit + max N) * c_scale`` apart
+  however close their values; the tree's bounds scale that gap by how far apart they are
+  against everything the search has seen.
 * **Interior nodes** take the deterministic action of the paper's section 5: the argmax
   of ``softmax(logits + sigma(q_hat))(a) - N(a) / (1 + sum_b N(b))``, so that visit
   frequencies follow the improved policy. The model does not know the rules: below the
@@ -143,8 +150,9 @@ class GumbelMCTS:
         node_to_play = np.zeros((k_trees, num_nodes), dtype=np.int64)
         prior = np.zeros((k_trees, num_nodes, num_actions))
         children = np.full((k_trees, num_nodes, num_actions), -1, dtype=np.int64)
-        q_min = np.full(k_trees, np.inf)  # kept by the shared backup kernel, unused here
+        q_min = np.full(k_trees, np.inf)  # kept by the shared backup kernel (history), unused here
         q_max = np.full(k_trees, -np.inf)
+        tree_bounds = cfg.gumbel_q_bounds == "tree"
         path = np.zeros((k_trees, num_nodes + 1), dtype=np.int64)
         depth = np.zeros(k_trees, dtype=np.int64)
         parent = np.zeros(k_trees, dtype=np.int64)
@@ -169,8 +177,8 @@ class GumbelMCTS:
         for sim in range(num_sims):
             sim_depth = _gumbel_select(
                 children, visit_count, value_sum, reward, raw_value, prior, legal, gumbel, self.table,
-                num_considered, cfg.discount, value_sign, cfg.c_visit, cfg.c_scale, path, depth, parent, action,
-                scratch,
+                num_considered, cfg.discount, value_sign, cfg.c_visit, cfg.c_scale, tree_bounds, path, depth, parent,
+                action, scratch,
             )  # fmt: skip
             max_tree_depth = max(max_tree_depth, sim_depth)
             out = network.recurrent_inference(hidden[trees_t, parent_t.to(device)], action_t.to(device))
@@ -184,7 +192,8 @@ class GumbelMCTS:
         actions = np.empty(k_trees, dtype=np.int64)
         policy = np.empty((k_trees, num_actions))
         _gumbel_decide(children, visit_count, value_sum, reward, raw_value, prior, legal, gumbel,
-                       cfg.discount, value_sign, cfg.c_visit, cfg.c_scale, actions, policy, scratch)  # fmt: skip
+                       cfg.discount, value_sign, cfg.c_visit, cfg.c_scale, tree_bounds, actions, policy,
+                       scratch)  # fmt: skip
         root_children = children[:, 0]
         visit_counts = np.where(root_children >= 0, np.take_along_axis(visit_count, np.maximum(root_children, 0), 1), 0)
         return SearchResult(
@@ -207,10 +216,28 @@ _LOW_LOGIT = -1e9  # mctx's floor of the root score, so that -inf appears only a
 
 
 @numba.njit(cache=True, nogil=True)
+def _tree_q_bounds(k, children, visit_count, value_sum, reward, discount, value_sign):
+    """(min, max) over tree ``k`` of every visited edge's ``r + discount * V(child)``
+    (from the side of the player taking the edge); (inf, -inf) before any visit."""
+    low = np.inf
+    high = -np.inf
+    _, num_nodes, num_actions = children.shape
+    for node in range(num_nodes):
+        for a in range(num_actions):
+            child = children[k, node, a]
+            if child >= 0 and visit_count[k, child] > 0:
+                q = reward[k, child] + discount * value_sign * (value_sum[k, child] / visit_count[k, child])
+                low = min(low, q)
+                high = max(high, q)
+    return low, high
+
+
+@numba.njit(cache=True, nogil=True)
 def _completed_q(k, node, children, visit_count, value_sum, reward, raw_value, prior,
-                 discount, value_sign, c_visit, c_scale, out):  # fmt: skip
-    """``sigma(q_hat)`` of every action at ``node`` of tree ``k`` into ``out`` (A,);
-    returns the children's largest visit count."""
+                 discount, value_sign, c_visit, c_scale, low, high, out):  # fmt: skip
+    """``sigma(q_hat)`` of every action at ``node`` of tree ``k`` into ``out`` (A,),
+    rescaled by the node's completed values widened to [``low``, ``high``] (inf, -inf:
+    the node's own bounds); returns the children's largest visit count."""
     num_actions = out.shape[0]
     total_visits = 0
     max_visits = 0
@@ -230,8 +257,6 @@ def _completed_q(k, node, children, visit_count, value_sum, reward, raw_value, p
     mixed = raw_value[k, node]
     if total_visits > 0:
         mixed = (raw_value[k, node] + total_visits * (weighted / sum_probs)) / (total_visits + 1)
-    low = np.inf
-    high = -np.inf
     for a in range(num_actions):
         child = children[k, node, a]
         if child < 0 or visit_count[k, child] == 0:
@@ -261,21 +286,25 @@ def _root_score(k, children, visit_count, prior, legal, gumbel, q, considered_vi
 
 @numba.njit(cache=True, nogil=True)
 def _gumbel_select(children, visit_count, value_sum, reward, raw_value, prior, legal, gumbel, table,
-                   num_considered, discount, value_sign, c_visit, c_scale, path, depth, parent, action,
+                   num_considered, discount, value_sign, c_visit, c_scale, tree_bounds, path, depth, parent, action,
                    q):  # fmt: skip
     """Walk every tree from the root to an unexpanded child: Sequential Halving with
     Gumbel at the root, the deterministic improved-policy rule below it. Writes
     ``path``, ``depth``, ``parent`` and ``action`` as ``mcts._select`` does; returns
-    the largest new-leaf depth. ``q`` is scratch space (A,)."""
+    the largest new-leaf depth. ``tree_bounds``: rescale Q by the whole tree's bounds
+    (``mcts.gumbel_q_bounds: "tree"``). ``q`` is scratch space (A,)."""
     k_trees, _, num_actions = children.shape
     deepest = 0
     for k in range(k_trees):
         node = 0
         d = 0
         path[k, 0] = 0
+        low, high = np.inf, -np.inf
+        if tree_bounds:
+            low, high = _tree_q_bounds(k, children, visit_count, value_sum, reward, discount, value_sign)
         while True:
             _completed_q(k, node, children, visit_count, value_sum, reward, raw_value, prior,
-                         discount, value_sign, c_visit, c_scale, q)  # fmt: skip
+                         discount, value_sign, c_visit, c_scale, low, high, q)  # fmt: skip
             best = -1
             if node == 0:
                 root_visits = 0
@@ -329,14 +358,17 @@ def _gumbel_select(children, visit_count, value_sum, reward, raw_value, prior, l
 
 @numba.njit(cache=True, nogil=True)
 def _gumbel_decide(children, visit_count, value_sum, reward, raw_value, prior, legal, gumbel,
-                   discount, value_sign, c_visit, c_scale, actions, policy, q):  # fmt: skip
+                   discount, value_sign, c_visit, c_scale, tree_bounds, actions, policy, q):  # fmt: skip
     """After the simulations, per tree: the action (among the most visited root
     children, the largest ``g + logits + sigma(q_hat)``) and the policy target
     ``softmax(logits + sigma(q_hat))`` over the legal actions."""
     k_trees, _, num_actions = children.shape
     for k in range(k_trees):
+        low, high = np.inf, -np.inf
+        if tree_bounds:
+            low, high = _tree_q_bounds(k, children, visit_count, value_sum, reward, discount, value_sign)
         most = _completed_q(k, 0, children, visit_count, value_sum, reward, raw_value, prior,
-                            discount, value_sign, c_visit, c_scale, q)  # fmt: skip
+                            discount, value_sign, c_visit, c_scale, low, high, q)  # fmt: skip
         best_logit = -np.inf
         for a in range(num_actions):
             if legal[k, a]:
