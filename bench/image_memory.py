@@ -8,7 +8,8 @@ For each ``--capacities`` value C, runs ``python run.py --config CONFIG --worker
 shared segment this process has touched: what the stored data costs). The peak of each
 over the run is reported. The segment's size comes from ``/dev/shm`` while the run holds
 it; bytes per stored step = segment size / C, against the frame's own bytes (its shape
-times its dtype's size) plus the scalars each step stores.
+times its dtype's size) plus the scalars each step stores. Throughput beside it: env
+steps stored and training steps per second of the run (from its last metrics record).
 
 Beside it, what muzero-general would keep for the same steps (computed from its code:
 ``GameHistory.observation_history`` holds each observation as a float32 array; its
@@ -16,9 +17,8 @@ Atari config's observations are (3, 96, 96)).
 
 Usage::
 
-    python bench/image_memory.py --config configs/cartpole_dqn.json \\
-        --set env.id=ALE/Pong-v5 --set env.preprocessing=atari --set dqn.torso=nature \\
-        --capacities 20000 200000 --seconds 120 --workers 2
+    python bench/image_memory.py --config configs/atari_pong_dqn.json \\
+        --capacities 20000 200000 --seconds 180 1200 --workers 2
 """
 
 from __future__ import annotations
@@ -71,10 +71,10 @@ def segment_size(pids: list[int]) -> int | None:
     return max(sizes) if sizes else None
 
 
-def run_capacity(capacity: int, args, out_dir: Path) -> dict:
+def run_capacity(capacity: int, seconds: float, args, out_dir: Path) -> dict:
     run_dir = out_dir / f"capacity-{capacity}"
     cmd = [sys.executable, "run.py", "--config", args.config, "--workers", str(args.workers), "--device", "cpu",
-           "--run-dir", str(run_dir), "--time-limit", str(args.seconds), "--set", f"replay.capacity={capacity}",
+           "--run-dir", str(run_dir), "--time-limit", str(seconds), "--set", f"replay.capacity={capacity}",
            "--set", "runtime.evaluation_interval_s=1e9"]  # fmt: skip
     for override in args.set:
         cmd += ["--set", override]
@@ -98,8 +98,8 @@ def run_capacity(capacity: int, args, out_dir: Path) -> dict:
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
     end = records[-1]
     return {"capacity": capacity, "segment_bytes": segment, "env_steps": end["env_steps"],
-            "positions": end["counters"]["positions"], "training_steps": end["learner"].get("training_step"),
-            "peaks_kib": peaks, "seconds": args.seconds}  # fmt: skip
+            "positions": end["counters"]["positions"], "training_steps": end["learner"].get("training_step") or 0,
+            "run_s": end["time_s"], "peaks_kib": peaks, "seconds": seconds}  # fmt: skip
 
 
 def main() -> None:
@@ -107,7 +107,8 @@ def main() -> None:
     ap.add_argument("--config", default="configs/cartpole_dqn.json")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="passed on to run.py")
     ap.add_argument("--capacities", type=int, nargs="+", default=[20_000, 200_000])
-    ap.add_argument("--seconds", type=float, default=120.0, help="time limit of each run")
+    ap.add_argument("--seconds", type=float, nargs="+", default=[120.0],
+                    help="time limit of each run: one value for all, or one per capacity")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "image_memory"))
     args = ap.parse_args()
@@ -124,17 +125,22 @@ def main() -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     print(f"frame {spec.observation_shape} {np.dtype(spec.observation_dtype).name}: {frame_bytes:,} B; "
           f"other fields per step: {scalar_bytes} B", flush=True)  # fmt: skip
-    rows = [run_capacity(c, args, out_dir) for c in args.capacities]
-    print("\n| capacity | segment bytes per step | x (frame + fields) | env steps stored | "
-          "worker RssAnon MiB (max) | learner RssAnon MiB | learner RssShmem MiB |")
-    print("|---|---|---|---|---|---|---|")
+    if len(args.seconds) not in (1, len(args.capacities)):
+        raise SystemExit("--seconds: give one value, or one per --capacities value")
+    seconds = args.seconds * len(args.capacities) if len(args.seconds) == 1 else args.seconds
+    rows = [run_capacity(c, s, args, out_dir) for c, s in zip(args.capacities, seconds)]
+    print(f"\n`python bench/image_memory.py {' '.join(sys.argv[1:])}` ({time.strftime('%Y-%m-%d')})")
+    print("\n| capacity | run s | segment bytes per step | x (frame + fields) | env steps stored | env steps/s "
+          "| training steps/s | worker RssAnon MiB (max) | learner RssAnon MiB | learner RssShmem MiB |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         per_step = r["segment_bytes"] / r["capacity"] if r["segment_bytes"] else float("nan")
         workers = [v.get("RssAnon", 0) for k, v in r["peaks_kib"].items() if k.startswith("worker")]
         learner = r["peaks_kib"].get("learner", {})
-        print(f"| {r['capacity']:,} | {per_step:,.0f} | {per_step / (frame_bytes + scalar_bytes):.3f} | "
-              f"{r['env_steps']:,} | {max(workers, default=0) / 1024:.0f} | {learner.get('RssAnon', 0) / 1024:.0f} | "
-              f"{learner.get('RssShmem', 0) / 1024:.0f} |")  # fmt: skip
+        print(f"| {r['capacity']:,} | {r['run_s']:.0f} | {per_step:,.0f} | {per_step / (frame_bytes + scalar_bytes):.3f} "
+              f"| {r['env_steps']:,} | {r['env_steps'] / r['run_s']:.1f} | {r['training_steps'] / r['run_s']:.2f} "
+              f"| {max(workers, default=0) / 1024:.0f} | {learner.get('RssAnon', 0) / 1024:.0f} "
+              f"| {learner.get('RssShmem', 0) / 1024:.0f} |")  # fmt: skip
     print(f"\nmuzero-general keeps each observation as float32: {mzg_bytes:,} B per step for its Atari "
           f"config's (3, 96, 96) observations, {same_frame_as_float32:,} B for this frame "
           f"({same_frame_as_float32 / frame_bytes:.0f}x mpper's {frame_bytes:,} B)")  # fmt: skip

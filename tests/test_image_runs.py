@@ -83,3 +83,13 @@ def test_muzero_on_atari_pong_stores_frames_once_and_trains_on_stacks(tmp_path):
                      steps=3)  # fmt: skip
     config = load_config(run_dir / "config.json")
     assert config.network.downsample and config.muzero.stacked_observations == 4
+
+
+def test_dqn_on_atari_pong_stores_frames_once_and_trains_the_nature_cnn_on_stacks(tmp_path):
+    """configs/atari_pong_dqn.json: 84 x 84 uint8 frames stored once, the Nature CNN fed
+    4 stacked frames; short episodes and a small ring as above."""
+    run_dir, _ = run(tmp_path, "configs/atari_pong_dqn.json", "--set", "env.max_episode_steps=200", "--set",
+                     "replay.capacity=2000", "--set", "runtime.evaluation_interval_s=1000",
+                     frame=((1, 84, 84), np.uint8), num_actions=6, steps=3)  # fmt: skip
+    checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=True)
+    assert checkpoint["network"]["torso.1.weight"].shape == (32, 4, 8, 8)  # 4 stacked grayscale frames
