@@ -309,6 +309,9 @@ class RuntimeConfig:
     max_episodes: int | None = opt(None, ">= 1", "stop cleanly after this many self-play episodes; null: no limit")
     log_interval_s: float = opt(5.0, "> 0", "compact progress line when stdout is not a terminal")
     torch_threads: int = opt(1, ">= 1", "torch threads per child process")
+    selfplay_niceness: int = opt(0, "[0, 19]", "local self-play workers raise their niceness by this much, so "
+                                 "that where processes outnumber cores the learner, the reanalyser and the "
+                                 "evaluator get the CPU first (samples_per_insert still paces self-play); 0: off")
     ray_address: str | None = opt(None, _RAY_ADDRESS, 'run the self-play workers as Ray actors anywhere in this '
                                   'cluster (pip install -e .[ray]): "host:port" of its head, or "auto" (the cluster '
                                   "this machine belongs to); the buffer, learner, reanalyser and evaluator stay local "

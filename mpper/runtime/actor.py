@@ -8,6 +8,7 @@ samples-per-insert ratio), one report per episode.
 
 from __future__ import annotations
 
+import os
 import time
 
 import gymnasium as gym
@@ -84,6 +85,8 @@ def run_selfplay(worker_id: int, config: Config, buffer_handle, weight_handle, s
     """Self-play worker process: play, store whole episodes, report their returns."""
     name = f"worker-{worker_id}"
     with child_process(name, config, reports, buffer_handle, weight_handle) as (buf, store):
+        if config.runtime.selfplay_niceness:
+            os.nice(config.runtime.selfplay_niceness)
         torch.manual_seed(seed)
         envs = labelled_envs(config, name, config.runtime.envs_per_worker)
         obs_shape = buf.fields["observation"].shape[1:]
