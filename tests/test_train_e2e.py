@@ -77,11 +77,20 @@ def check_outputs(run_dir: Path) -> dict:
 def test_two_workers_train_and_everything_is_saved(tmp_path, capsys, trained_run):
     run_dir = tmp_path / "run"
     # samples-per-insert keeps the learner in step with self-play (and is exercised)
-    args = run_args(run_dir, "--workers", "2", "--max-train-steps", "60", "--set", "training.samples_per_insert=4")
-    proc = subprocess.run(args, cwd=ROOT,
-                          capture_output=True, text=True, timeout=200)  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    assert "training finished (60 steps)" in proc.stdout
+    # (and the workers yield the CPU: runtime.selfplay_niceness)
+    args = run_args(run_dir, "--workers", "2", "--max-train-steps", "60", "--set", "training.samples_per_insert=4",
+                    "--set", "runtime.selfplay_niceness=3")  # fmt: skip
+    proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        offsets, expected = workers_niceness_against_the_learner(run_dir, proc, raised=3)
+        stdout, stderr = proc.communicate(timeout=200)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert offsets == [expected, expected]
+    assert proc.returncode == 0, stdout[-2000:] + stderr[-4000:]
+    assert "training finished (60 steps)" in stdout
     out = check_outputs(run_dir)
     c = out["counters"]
     assert c["games"] > 0 and c["steps"] >= 200  # the buffer filled past min_buffer_steps
@@ -141,6 +150,34 @@ def test_two_workers_train_and_everything_is_saved(tmp_path, capsys, trained_run
     evaluated = [(r["env_steps"], r["evaluation"]["mean_return"]) for r in records if "mean_return" in r["evaluation"]]
     assert evaluated
     assert_same_series(scalars["evaluation/mean_return"], evaluated)
+
+
+def niceness(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[16])
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+
+
+def workers_niceness_against_the_learner(run_dir: Path, proc: subprocess.Popen, raised: int,
+                                         timeout: float = 60) -> tuple[list[int], int]:  # fmt: skip
+    """Each worker's niceness minus the learner's, and the offset expected (``raised``, or
+    less where the learner's niceness is within ``raised`` of the ceiling 19), once every
+    worker shows it (they change their own as they start) or ``timeout`` s have passed."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            pids = json.loads((run_dir / "processes.json").read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            pids = {}
+        learner = niceness(pids["learner"]) if "learner" in pids else None
+        workers = [niceness(pid) for name, pid in sorted(pids.items()) if name.startswith("worker")]
+        if learner is not None and workers and None not in workers:
+            offsets, expected = [w - learner for w in workers], min(raised, 19 - learner)
+            if all(o == expected for o in offsets) or time.monotonic() > deadline:
+                return offsets, expected
+        assert proc.poll() is None and time.monotonic() < deadline, "the run ended before its workers were seen"
+        time.sleep(0.02)
 
 
 def assert_same_series(got: list[tuple[int, float]], expected: list[tuple[int, float]]) -> None:
