@@ -290,7 +290,12 @@ def test_full_reanalyse_stores_each_positions_own_search(kind, two_player):
             values = buf.fields["reanalysed_value"][ref.start : ref.start + ref.rows]
             for t in range(T):
                 value, policy = one_root_search(net, config, ep, t, two_player)
-                np.testing.assert_allclose(policies[t], policy, rtol=1e-5, atol=1e-6)
+                # The network's float32 outputs for a root depend in their last bits on
+                # the batch it is evaluated in (which BLAS kernel the CPU gets); Gumbel's
+                # policy divides Q by the node's own Q range before scaling it by
+                # (c_visit + N) * c_scale, which magnifies those bits to ~1e-5.
+                rtol, atol = (1e-4, 1e-5) if kind == "gumbel" else (1e-5, 1e-6)
+                np.testing.assert_allclose(policies[t], policy, rtol=rtol, atol=atol)
                 np.testing.assert_allclose(values[t], value, rtol=1e-5, atol=1e-5)
                 assert (policies[t][~ep["legal_actions"][t]] == 0).all()
             assert np.isnan(policies[T]).all(), "row T has no move: no policy"
