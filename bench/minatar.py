@@ -1,7 +1,9 @@
-"""DQN on MinAtar Breakout: mpper beside Stable-Baselines3, the same wall-clock budget each.
+"""MinAtar Breakout: mpper's DQN beside Stable-Baselines3's, the same wall-clock budget
+each; mpper's MuZero alone.
 
-Per seed, one after the other: mpper (``configs/minatar_breakout_dqn.json``, ``--workers
-2``) for ``--minutes`` of wall time, then SB3's ``DQN`` with the same network and the same
+Per seed, one after the other: mpper (``--config``, default
+``configs/minatar_breakout_dqn.json``; ``--workers 2``) for ``--minutes`` of wall time,
+then (DQN configs) SB3's ``DQN`` with the same network and the same
 hyperparameters (the MinAtar paper's: replay of 100,000 transitions, batch 32, one update
 per environment step, Adam at 2.5e-4, a target copy every 1,000 updates, 5,000 steps before
 the first update, gamma 0.99) for the same budget. The network: the MinAtar paper's one 3x3
@@ -19,7 +21,8 @@ policy's mean return over the same episodes is printed beside them.
 
 Usage (SB3 in its own virtualenv with stable-baselines3 and minatar)::
 
-    python bench/minatar_dqn.py --seeds 0 1 2 --minutes 30 --sb3-python /path/to/sb3-venv/bin/python
+    python bench/minatar.py --seeds 0 1 2 --minutes 30 --sb3-python /path/to/sb3-venv/bin/python
+    python bench/minatar.py --config configs/minatar_breakout.json --only mpper --seeds 0 1 2 --minutes 30
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import proctree  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
-CONFIG = "configs/minatar_breakout_dqn.json"
+DQN_CONFIG = "configs/minatar_breakout_dqn.json"
 ENV_ID = "MinAtar/Breakout-v1"
 FINAL_SEED = 10_000
 
@@ -69,10 +72,11 @@ def random_returns(episodes: int) -> list[float]:
 # ---- mpper --------------------------------------------------------------------------------
 
 
-def run_mpper(seed: int, workers: int, seconds: float, eval_interval: float, final_episodes: int, overrides) -> dict:
-    run_dir = RESULTS / f"minatar-dqn-w{workers}-seed{seed}"
+def run_mpper(config: str, seed: int, workers: int, seconds: float, eval_interval: float, final_episodes: int,
+              overrides) -> dict:  # fmt: skip
+    run_dir = RESULTS / f"{Path(config).stem}-w{workers}-seed{seed}"
     subprocess.run(["rm", "-rf", str(run_dir)], check=True)
-    cmd = [sys.executable, "run.py", "--config", CONFIG, "--workers", str(workers), "--seed", str(seed),
+    cmd = [sys.executable, "run.py", "--config", config, "--workers", str(workers), "--seed", str(seed),
            "--run-dir", str(run_dir), "--time-limit", str(seconds), "--device", "cpu",
            "--set", f"runtime.evaluation_interval_s={eval_interval}", "--set", "runtime.evaluation_episodes=10",
            *(a for o in overrides for a in ("--set", o))]  # fmt: skip
@@ -88,7 +92,8 @@ def run_mpper(seed: int, workers: int, seconds: float, eval_interval: float, fin
     if ev.returncode != 0:
         raise RuntimeError(f"{' '.join(evaluate)} failed:\n{ev.stderr[-3000:]}")
     final = json.loads((run_dir / "evaluation.json").read_text())["return"]
-    return {"system": f"mpper --workers {workers}", "seed": seed, "wall_s": wall, "cpu_s": cpu,
+    algorithm = json.loads((run_dir / "config.json").read_text())["algorithm"]
+    return {"system": f"mpper {algorithm} --workers {workers}", "seed": seed, "wall_s": wall, "cpu_s": cpu,
             "env_steps": end["env_steps"], "updates": end["counters"]["samples"] // batch,
             "final_mean": float(final["mean"]),
             "curve": [(r["time_s"], r["env_steps"], r["evaluation"]["mean_return"])
@@ -196,7 +201,9 @@ def run_sb3(seed: int, seconds: float, eval_interval: float, final_episodes: int
 
 def report(results: list[dict], random_mean: float, args) -> None:
     seeds = sorted({r["seed"] for r in results})
-    print(f"# MinAtar Breakout DQN, {args.minutes:g} minutes each: `python bench/minatar_dqn.py --seeds "
+    config = "" if args.config == DQN_CONFIG else f" --config {args.config}"
+    only = f" --only {args.only}" if args.only else ""
+    print(f"# MinAtar Breakout, {args.minutes:g} minutes each: `python bench/minatar.py{config}{only} --seeds "
           f"{' '.join(map(str, seeds))} --minutes {args.minutes:g}` ({time.strftime('%Y-%m-%d')})\n")
     print(f"Final mean greedy return over {args.final_episodes} episodes (env seeds {FINAL_SEED}...); "
           f"a random policy: {random_mean:.2f}.\n")
@@ -231,7 +238,7 @@ def plot(results: list[dict], path: Path) -> None:
                 label=r["system"] if r["seed"] == min(x["seed"] for x in results) else None)  # fmt: skip
     ax.set_xlabel("wall minutes")
     ax.set_ylabel("mean greedy return (10 episodes)")
-    ax.set_title("MinAtar Breakout DQN, one line per seed", fontsize=9)
+    ax.set_title("MinAtar Breakout, one line per seed", fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -240,6 +247,7 @@ def plot(results: list[dict], path: Path) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", default=DQN_CONFIG, help="mpper's config (SB3 runs beside a DQN config only)")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--minutes", type=float, default=30.0, help="wall-clock budget of each run")
     ap.add_argument("--eval-interval", type=float, default=60.0, help="seconds between 10-episode evaluations")
@@ -259,18 +267,20 @@ def main() -> int:
         sb3_child(args.sb3_child, args.seconds, args.eval_interval, args.final_episodes, args.out)
         return 0
     RESULTS.mkdir(parents=True, exist_ok=True)
-    saved = RESULTS / "minatar_dqn.json"
+    saved = RESULTS / f"minatar-{Path(args.config).stem}.json"
     if args.report:
         data = json.loads(Path(args.report).read_text())
         report(data["results"], data["random_mean"], args)
         return 0
+    if args.only != "mpper" and json.loads((ROOT / args.config).read_text())["algorithm"] != "dqn":
+        raise SystemExit(f"{args.config}: SB3 runs beside DQN configs only; add --only mpper")
     random_mean = float(np.mean(random_returns(args.final_episodes)))
     results, seconds = [], args.minutes * 60
     for seed in args.seeds:
         if args.only in (None, "mpper"):
             print(f"seed {seed}: mpper ...", file=sys.stderr, flush=True)
-            results.append(run_mpper(seed, args.workers, seconds, args.eval_interval, args.final_episodes,
-                                     args.overrides))  # fmt: skip
+            results.append(run_mpper(args.config, seed, args.workers, seconds, args.eval_interval,
+                                     args.final_episodes, args.overrides))  # fmt: skip
         if args.only in (None, "sb3"):
             print(f"seed {seed}: SB3 ...", file=sys.stderr, flush=True)
             results.append(run_sb3(seed, seconds, args.eval_interval, args.final_episodes, args.sb3_python))
