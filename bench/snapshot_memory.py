@@ -92,7 +92,7 @@ def phase_save(gb: float, path: Path) -> dict:
     block = rng.integers(0, 256, (EPISODE_ROWS, *FRAME), dtype=np.uint8)
     with ReplayBuffer.create(dqn_schema(FRAME, "uint8"), capacity, alpha=0.6) as buf:
         for e in range(capacity // EPISODE_ROWS):
-            buf.add_episode({"observation": block + np.uint8(e), "action": np.full(EPISODE_ROWS, e % 6),
+            buf.add_episode({"observation": block + np.uint8(e % 256), "action": np.full(EPISODE_ROWS, e % 6),
                              "reward": np.zeros(EPISODE_ROWS, np.float32)},
                             priorities=rng.uniform(0.1, 2.0, EPISODE_ROWS - 1))  # fmt: skip
         segment = sum(a.nbytes for a in buf.fields.values())
@@ -117,7 +117,7 @@ def phase_load(path: Path, mmap: bool) -> dict:
             buf.close()
     wall = time.monotonic() - t0
     expect = (np.random.default_rng(0).integers(0, 256, (EPISODE_ROWS, *FRAME), dtype=np.uint8)
-              + np.uint8((positions // 2) // EPISODE_ROWS))[(positions // 2) % EPISODE_ROWS]  # fmt: skip
+              + np.uint8((positions // 2) // EPISODE_ROWS % 256))[(positions // 2) % EPISODE_ROWS]  # fmt: skip
     if not np.array_equal(frame, expect):
         raise SystemExit(f"{path}: a loaded frame differs from the one saved")
     return {"phase": "load (mmap)" if mmap else "load", "wall_s": wall, "before": before, "peak": peak.peak,
