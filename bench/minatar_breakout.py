@@ -21,8 +21,8 @@ policy's mean return over the same episodes is printed beside them.
 
 Usage (SB3 in its own virtualenv with stable-baselines3 and minatar)::
 
-    python bench/minatar.py --seeds 0 1 2 --minutes 30 --sb3-python /path/to/sb3-venv/bin/python
-    python bench/minatar.py --config configs/minatar_breakout.json --only mpper --seeds 0 1 2 --minutes 30
+    python bench/minatar_breakout.py --seeds 0 1 2 --minutes 30 --sb3-python /path/to/sb3-venv/bin/python
+    python bench/minatar_breakout.py --config configs/minatar_breakout.json --only mpper --seeds 0 1 2 --minutes 30
 """
 
 from __future__ import annotations
@@ -203,7 +203,7 @@ def report(results: list[dict], random_mean: float, args) -> None:
     seeds = sorted({r["seed"] for r in results})
     config = "" if args.config == DQN_CONFIG else f" --config {args.config}"
     only = f" --only {args.only}" if args.only else ""
-    print(f"# MinAtar Breakout, {args.minutes:g} minutes each: `python bench/minatar.py{config}{only} --seeds "
+    print(f"# MinAtar Breakout, {args.minutes:g} minutes each: `python bench/minatar_breakout.py{config}{only} --seeds "
           f"{' '.join(map(str, seeds))} --minutes {args.minutes:g}` ({time.strftime('%Y-%m-%d')})\n")
     print(f"Final mean greedy return over {args.final_episodes} episodes (env seeds {FINAL_SEED}...); "
           f"a random policy: {random_mean:.2f}.\n")
