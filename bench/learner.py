@@ -68,8 +68,9 @@ def fill_by_play(config, buf: ReplayBuffer, moves: int, seed: int = 0) -> None:
     import torch
 
     torch.manual_seed(seed)
+    torch.set_num_threads(config.runtime.torch_threads)  # as a worker
     algorithm, spec = algorithm_of(config), env_spec(config.env)
-    network = algorithm.make_network(config, spec.observation_shape, spec.num_actions)
+    network = algorithm.make_network(config, spec.observation_shape, spec.num_actions).eval()  # as a worker's
     envs = [make_env(config.env) for _ in range(config.runtime.envs_per_worker)]
     player = algorithm.make_player(config, envs, network, explore=True, seed=seed)
     try:
