@@ -79,7 +79,7 @@ def run_lightzero(seed: int, python: str, time_limit: float) -> dict:
         except subprocess.TimeoutExpired:
             pass
         finally:
-            if proc.poll() is None:  # its env subprocesses are in its session: end them all
+            if proc.poll() is None:  # its env subprocesses share its process group: end them all
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
     evals = json.loads((out / "evals.json").read_text()) if (out / "evals.json").exists() else []
