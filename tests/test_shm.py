@@ -227,7 +227,8 @@ from mpper import ReplayBuffer
 from mpper.algos.dqn.targets import dqn_schema
 buf = ReplayBuffer.create(dqn_schema((4,)), capacity=64)
 print(buf.handle.segment, flush=True)
-time.sleep(60)
+while True:  # until the test signals or kills it (a fixed sleep could run out on a loaded machine)
+    time.sleep(3600)
 """
 
 
