@@ -82,7 +82,7 @@ def test_two_workers_train_and_everything_is_saved(tmp_path, capsys, trained_run
                     "--set", "runtime.selfplay_niceness=3")  # fmt: skip
     proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        offsets, expected = workers_niceness_against_the_learner(run_dir, proc, raised=3)
+        offsets, expected = workers_niceness_against_the_learner(run_dir, proc, raised=3, workers=2)
         stdout, stderr = proc.communicate(timeout=200)
     finally:
         if proc.poll() is None:
@@ -159,11 +159,13 @@ def niceness(pid: int) -> int | None:
         return None
 
 
-def workers_niceness_against_the_learner(run_dir: Path, proc: subprocess.Popen, raised: int,
+def workers_niceness_against_the_learner(run_dir: Path, proc: subprocess.Popen, raised: int, workers: int,
                                          timeout: float = 60) -> tuple[list[int], int]:  # fmt: skip
     """Each worker's niceness minus the learner's, and the offset expected (``raised``, or
-    less where the learner's niceness is within ``raised`` of the ceiling 19), once every
-    worker shows it (they change their own as they start) or ``timeout`` s have passed."""
+    less where the learner's niceness is within ``raised`` of the ceiling 19), once all
+    ``workers`` are listed in ``processes.json`` (the supervisor rewrites it as it starts
+    each child) and every one shows it (they change their own as they start), or
+    ``timeout`` s have passed."""
     deadline = time.monotonic() + timeout
     while True:
         try:
@@ -171,9 +173,9 @@ def workers_niceness_against_the_learner(run_dir: Path, proc: subprocess.Popen, 
         except (FileNotFoundError, json.JSONDecodeError):
             pids = {}
         learner = niceness(pids["learner"]) if "learner" in pids else None
-        workers = [niceness(pid) for name, pid in sorted(pids.items()) if name.startswith("worker")]
-        if learner is not None and workers and None not in workers:
-            offsets, expected = [w - learner for w in workers], min(raised, 19 - learner)
+        nicenesses = [niceness(pid) for name, pid in sorted(pids.items()) if name.startswith("worker")]
+        if learner is not None and len(nicenesses) == workers and None not in nicenesses:
+            offsets, expected = [w - learner for w in nicenesses], min(raised, 19 - learner)
             if all(o == expected for o in offsets) or time.monotonic() > deadline:
                 return offsets, expected
         assert proc.poll() is None and time.monotonic() < deadline, "the run ended before its workers were seen"
