@@ -281,7 +281,7 @@ class TrainingConfig:
                                  "every N training steps (checkpoint.pt: runtime.checkpoint_interval_s)")
     samples_per_insert: float | None = opt(None, "> 0", "training samples per stored step; null: off")
     samples_per_insert_tolerance: float = opt(0.2, ">= 0", "relative slack before a side waits")
-    min_buffer_steps: int = opt(500, ">= 1", "stored steps before learning starts")
+    min_buffer_steps: int = opt(500, ">= 1", "env steps stored (since the run began) before learning starts")
     ema_decay: float | None = opt(None, "(0, 1)", "act, evaluate and checkpoint with an exponential moving average "
                                    "of the trained weights, this decay per training step; null: the weights as trained")
 

@@ -132,6 +132,32 @@ def test_initial_td_errors_match_a_plain_loop_at_termination_and_truncation(n):
             assert got[-1] == pytest.approx(abs(1.0 - q[-2][arrays["action"][-1]]), rel=1e-6)
 
 
+@pytest.mark.parametrize("terminated", [True, False])
+def test_initial_td_errors_of_a_long_frame_stacked_episode_go_through_the_network_in_chunks(monkeypatch, terminated):
+    """An episode longer than ``TD_ERROR_CHUNK_ROWS`` (the actor's memory bound): the
+    chunks' stacks reach back over chunk borders, and the errors are a plain loop's
+    (stacks built frame by frame, zeros before the episode's start)."""
+    import mpper.algos.dqn.dqn as dqn_module
+
+    monkeypatch.setattr(dqn_module, "TD_ERROR_CHUNK_ROWS", 7)
+    rng = np.random.default_rng(0)
+    T, k, n, gamma = 30, 3, 3, 0.9
+    arrays = {"observation": rng.normal(size=(T + 1, 2)).astype(np.float32),
+              "action": np.r_[0, rng.integers(0, 2, T)].astype(np.int64),
+              "reward": np.r_[0.0, rng.normal(size=T)].astype(np.float32)}  # fmt: skip
+    net = QNetwork((k * 2,), 2, [8]).eval()
+    stacks = np.zeros((T + 1, k * 2), np.float32)
+    for t in range(T + 1):
+        for j in range(k):  # frame t - (k - 1 - j) in slot j
+            if t - (k - 1 - j) >= 0:
+                stacks[t, 2 * j : 2 * j + 2] = arrays["observation"][t - (k - 1 - j)]
+    with torch.no_grad():
+        q = net(torch.from_numpy(stacks)).double().numpy()
+    got = td_errors(net, arrays, terminated, n, gamma, frame_stack=k)
+    want = [abs(plain_td(q, q, arrays, t, n, gamma, terminated, double=True)) for t in range(T)]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
 def test_new_and_updated_priorities_obey_the_same_clip():
     """The run's buffer clips every raw priority at ``dqn.priority_clip``: the actors'
     |TD| errors, the "max" default of new episodes (which starts at 1, above a clip

@@ -627,23 +627,53 @@ def test_inline_run_trains_with_the_annealed_importance_weights(tmp_path, monkey
 
 
 def test_run_learner_waits_for_data_and_stops(tmp_path):
-    # Below min_buffer_steps the learner sleeps on the stop event; setting it ends the
-    # run cleanly without a training step (and still leaves a checkpoint).
+    # Below min_buffer_steps the learner sleeps on the stop event and says so; setting it
+    # ends the run cleanly without a training step (and still leaves a checkpoint).
     config = small_config(min_buffer_steps=400)
     buf = ReplayBuffer.create(muzero_schema(OBS, ACTIONS), capacity=512, alpha=0.6)
     store = _store_for(config)
     try:
         fill(buf, episodes=2)
-        stop, reports = threading.Event(), queue.Queue()
-        timer = threading.Timer(0.5, stop.set)
-        timer.start()
+        stop, reports, seen = threading.Event(), queue.Queue(), []
+
+        def stop_once_it_reports_waiting() -> None:
+            # (not a timer: the learner's start-up, its first optimizer's imports
+            # included, can take longer than any fixed delay on a loaded machine)
+            while not stop.is_set():
+                seen.append(reports.get(timeout=30))
+                if seen[-1][2].get("state") == "waiting_for_data":
+                    stop.set()
+
+        watcher = threading.Thread(target=stop_once_it_reports_waiting, daemon=True)
+        watcher.start()
         run_learner(config, buf.handle, store.handle, stop, reports, str(tmp_path))
-        timer.join()
-        messages = _drain(reports)
+        watcher.join(timeout=30)
+        messages = seen + _drain(reports)
+        waiting = [m[2] for m in messages if m[2].get("state") == "waiting_for_data"]
+        assert waiting and waiting[0]["training_step"] == 0 and waiting[0]["wait_fraction"] > 0.5
         assert messages[-1][2]["state"] == "done" and messages[-1][2]["training_step"] == 0
-        assert messages[-1][2]["wait_fraction"] > 0.5
         assert store.version == 1
         assert load_checkpoint(tmp_path / "checkpoint.pt")["training_step"] == 0
+    finally:
+        stop.set()
+        store.close()
+        buf.close()
+
+
+def test_run_learner_starts_once_min_buffer_steps_were_stored_even_if_the_ring_holds_fewer(tmp_path):
+    """``min_buffer_steps`` counts env steps stored since the run began: a full ring of
+    whole episodes holds fewer positions than its capacity (one row more than the moves
+    per episode, a gap at the wrap), so min_buffer_steps == capacity must still start."""
+    config = small_config(training_steps=4, batch_size=8, min_buffer_steps=64)
+    buf = ReplayBuffer.create(muzero_schema(OBS, ACTIONS), capacity=64, alpha=0.6)
+    store = _store_for(config)
+    try:
+        fill(buf, episodes=12)  # 5-29 moves each: the ring wraps several times
+        assert buf.counters["steps"] >= 64 > len(buf)
+        reports = queue.Queue()
+        run_learner(config, buf.handle, store.handle, threading.Event(), reports, str(tmp_path))
+        assert load_checkpoint(tmp_path / "checkpoint.pt")["training_step"] == 4
+        assert _drain(reports)[-1][2]["state"] == "done"
     finally:
         store.close()
         buf.close()

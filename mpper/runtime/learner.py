@@ -110,8 +110,12 @@ def _learn(config: Config, buf: ReplayBuffer, store: WeightStore, stop, reports,
         extra = {"config": config_to_dict(config), "weights_version": store.version, "time": time.time()}
         save_checkpoint(checkpoint_path, trainer, extra)
 
-    # 1. Wait for min_buffer_steps stored positions, sleeping on the stop event.
-    while len(buf) < t.min_buffer_steps and not stop.is_set():
+    # 1. Wait until min_buffer_steps env steps have been stored, sleeping on the stop
+    # event. Counted as the rate limiter and --workers 0 count them (steps ever stored),
+    # not as the positions the ring holds now: whole episodes leave a gap at the wrap and
+    # each keeps one row more than its moves, so a ring of capacity C never holds C
+    # positions, and a learner waiting for them with min_buffer_steps == C never started.
+    while buf.counters["steps"] < t.min_buffer_steps and not stop.is_set():
         t0 = time.perf_counter()
         stop.wait(_POLL_S)
         meter.waited += time.perf_counter() - t0

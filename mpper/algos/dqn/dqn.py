@@ -168,6 +168,8 @@ def decayed_epsilon(start: float, end: float, decay: float, steps: int) -> float
 # 3. TD errors of stored rows (the actors' initial priorities)
 # --------------------------------------------------------------------------------------
 
+TD_ERROR_CHUNK_ROWS = 256  # rows per forward pass of td_errors (bounds the actor's memory)
+
 
 @torch.no_grad()
 def td_errors(network: QNetwork, arrays: dict[str, np.ndarray], terminated: bool, n_step: int, gamma: float,
@@ -185,9 +187,12 @@ def td_errors(network: QNetwork, arrays: dict[str, np.ndarray], terminated: bool
     t = NStepTargets(n_step, gamma, frame_stack).build(
         arrays, slots, slots, np.full(moves, moves), np.full(moves, terminated), None
     )  # fmt: skip
-    rows = np.arange(moves + 1, dtype=np.int64)
-    inputs = stack_frames(arrays["observation"], rows, rows, frame_stack)
-    q = network(torch.from_numpy(inputs)).double().numpy()  # (T+1, A)
+    q = np.empty((moves + 1, network.num_actions), np.float64)  # (T+1, A)
+    for lo in range(0, moves + 1, TD_ERROR_CHUNK_ROWS):
+        # in chunks: one pass over a whole Atari episode (thousands of stacked frames, as
+        # float32 and through the convolutions) would hold gigabytes in the actor
+        rows = np.arange(lo, min(lo + TD_ERROR_CHUNK_ROWS, moves + 1), dtype=np.int64)
+        q[rows] = network(torch.from_numpy(stack_frames(arrays["observation"], rows, rows, frame_stack))).double().numpy()
     q_sa = q[slots, t["action"]]
     nxt = slots + np.minimum(n_step, moves - slots)  # the rows of s_{t+m}
     bootstrap = np.where(t["done"], 0.0, q[nxt].max(axis=1))
