@@ -120,6 +120,31 @@ def test_reanalyser_in_process(setup):
     assert all_match(buf, net2, config)
 
 
+def test_values_go_through_the_network_in_passes_of_bounded_input(setup, monkeypatch):
+    """Rows are stacked and evaluated pass by pass, a pass's stacked float32 input
+    within ``INPUT_BYTES_PER_PASS`` (here 5 rows: passes cross episode borders and
+    split episodes), and every row's value is still its own stack's."""
+    import mpper.algos.muzero.reanalyse as reanalyse_module
+
+    config, buf, store, (net, _) = setup
+    row_bytes = 4 * (OBS[0] + STACK * (OBS[0] + 1))
+    monkeypatch.setattr(reanalyse_module, "INPUT_BYTES_PER_PASS", 5 * row_bytes + row_bytes // 2)
+    rng = np.random.default_rng(1)
+    for T in (5, 12, 1, 30):
+        buf.add_episode(make_episode(rng, T))
+    store.publish(net.get_flat_weights(), training_step=1)
+    r = Reanalyser(config, buf, store)
+    r.refresh_weights()
+    inputs = []
+    forward = r.network.initial_inference
+    monkeypatch.setattr(r.network, "initial_inference", lambda x: inputs.append(x.nbytes) or forward(x))
+    for _ in range(30):  # 90 episode draws out of 4: each drawn (the reanalyser's rng is seeded)
+        r.step()
+    assert all(check_episode(buf, net, config, ref) for ref in buf.episodes())
+    assert inputs and max(inputs) <= 5 * row_bytes
+    assert any(n == 5 * row_bytes for n in inputs)  # full passes (the 30-move episode needs them)
+
+
 def test_rewritten_episode_is_not_written(setup, monkeypatch):
     config, buf, store, (net1, _) = setup
     rng = np.random.default_rng(1)

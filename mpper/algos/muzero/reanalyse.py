@@ -5,16 +5,18 @@ episodes uniformly from the replay buffer, runs the newest network's initial inf
 on the stacked observations of every row ``0 .. T`` and stores the predicted values as
 ``reanalysed_value`` (row T, the final observation, is what the targets of an episode
 cut by a time limit bootstrap from), which the value targets then use in place of the
-(older) MCTS root values. Unlike muzero-general's, it works on a batch of episodes with one
-inference, and a write is guarded by generations: values computed for an episode that
+(older) MCTS root values. Unlike muzero-general's, it works on a batch of episodes, their
+rows through the network together in passes of bounded size (the stacked float32
+observations of one Atari episode alone run to gigabytes, so they are built pass by
+pass, never for a whole batch at once), and a write is guarded by generations: values computed for an episode that
 was evicted or rewritten since it was read are dropped, never written into its
 successor's rows.
 
 With ``reanalyse.search_fraction`` > 0 that share of the episodes is searched again
 (EfficientZero's and LightZero's reanalyse, MuZero Reanalyze): the run's search
 (``mcts.kind``, ``reanalyse.num_simulations``, self-play's root noise) over all T
-positions of the episode at once, with the legal actions and players stored with them;
-its policy targets go to ``reanalysed_policy``, which the learner's policy targets then
+positions of the episode, with the legal actions and players stored with them;
+in passes of bounded size too; its policy targets go to ``reanalysed_policy``, which the learner's policy targets then
 use in place of the self-play search's, and its root values to ``reanalysed_value``.
 
 :class:`Reanalyser` does the work (usable in one process, in turns with self-play and
@@ -43,6 +45,10 @@ _REPORT_INTERVAL_S = 1.0
 
 
 _SEARCH_FIELDS = ("to_play", "legal_actions", "reanalysed_policy")
+# Stacked float32 observations per network pass, in bytes: 4,096 CartPole rows, about 64
+# rows of 84 x 84 Atari frames stacked with 4 past frames and actions (254 KiB a row), whose
+# convolutions' activations are several times the input.
+INPUT_BYTES_PER_PASS = 16 * 2**20
 
 
 class Reanalyser:
@@ -55,9 +61,11 @@ class Reanalyser:
         buf: the replay buffer (attached or owned); needs a ``reanalysed_value`` field,
             and to search: ``to_play``, ``legal_actions`` and ``reanalysed_policy``.
         store: the weight store the learner publishes to.
-        max_positions: positions per forward pass (bounds memory for long episodes).
-        max_search_positions: roots per batched search (bounds the trees' memory:
-            hidden states of ``num_simulations + 1`` nodes per root).
+        max_positions: positions per forward pass at most (fewer where their stacked
+            observations would pass ``INPUT_BYTES_PER_PASS``: image episodes).
+        max_search_positions: roots per batched search at most (bounds the trees'
+            memory: hidden states of ``num_simulations + 1`` nodes per root; fewer
+            for images, as for ``max_positions``).
         two_player: whether the env's players alternate (the search's sign rule); None:
             asked of one env made from ``config.env`` (only when searching).
     """
@@ -76,9 +84,11 @@ class Reanalyser:
         self.batch_episodes = int(config.reanalyse.batch_episodes)
         self.num_stacked = int(config.muzero.stacked_observations)
         self.support_size = int(config.network.support_size)
-        self.max_positions = int(max_positions)
-        self.max_search_positions = int(max_search_positions)
         obs_shape = tuple(buf.fields["observation"].shape[1:])
+        channels = obs_shape[0] + self.num_stacked * (obs_shape[0] + 1)  # stacked_observations' layout
+        row_bytes = 4 * channels * int(np.prod(obs_shape[1:], dtype=np.int64))
+        self.positions_per_pass = max(1, min(int(max_positions), INPUT_BYTES_PER_PASS // row_bytes))
+        self.roots_per_search = max(1, min(int(max_search_positions), INPUT_BYTES_PER_PASS // row_bytes))
         self.num_actions = int(buf.fields["child_visits"].shape[1])
         self.network = make_network(config.network, obs_shape, self.num_actions, self.num_stacked)
         self.network.eval()
@@ -116,26 +126,51 @@ class Reanalyser:
         self.version = version
         return True
 
+    def _stacked_passes(self, episodes: list[dict], counts: list[int], per_pass: int):
+        """The stacked observations of rows ``0 .. counts[j] - 1`` of each episode (its
+        ``observation`` and ``action`` rows), in that order, ``per_pass`` rows at a
+        time at most: (n, channels, ...) float32 arrays whose concatenation is all of
+        them, built one pass at a time (an episode's stacks never exist whole)."""
+        pieces, size = [], 0
+        for rows, count in zip(episodes, counts):
+            lo = 0
+            while lo < count:
+                hi = min(count, lo + per_pass - size)
+                pos = np.arange(lo, hi)
+                pieces.append(stacked_observations(rows["observation"], rows["action"], pos, pos,
+                                                   self.num_stacked, self.num_actions))  # fmt: skip
+                size, lo = size + hi - lo, hi
+                if size == per_pass:
+                    yield np.concatenate(pieces) if len(pieces) > 1 else pieces[0]
+                    pieces, size = [], 0
+        if pieces:
+            yield np.concatenate(pieces) if len(pieces) > 1 else pieces[0]
+
     @torch.inference_mode()
-    def values(self, observations: np.ndarray) -> np.ndarray:
-        """The network's scalar values for a batch of (stacked) observations, float32."""
+    def values(self, episodes: list[dict], counts: list[int]) -> np.ndarray:
+        """The network's scalar values of rows ``0 .. counts[j] - 1`` of each episode,
+        concatenated: float32 (sum(counts),)."""
         out = []
-        for lo in range(0, observations.shape[0], self.max_positions):
-            x = torch.from_numpy(np.ascontiguousarray(observations[lo : lo + self.max_positions]))
-            logits = self.network.initial_inference(x).value_logits
+        for stacked in self._stacked_passes(episodes, counts, self.positions_per_pass):
+            logits = self.network.initial_inference(torch.from_numpy(stacked)).value_logits
             out.append(support_to_scalar(logits, self.support_size).numpy())
         return np.concatenate(out).astype(np.float32, copy=False)
 
-    def search_positions(self, observations: np.ndarray, legal: np.ndarray, to_play: np.ndarray):
-        """One search per position with the current weights: (root values (N,) float32,
-        policy targets (N, A) float32), ``max_search_positions`` roots per batched search."""
-        values, policies = [], []
-        for lo in range(0, observations.shape[0], self.max_search_positions):
-            hi = lo + self.max_search_positions
-            result = self.search.run(self.network, observations[lo:hi], legal[lo:hi], to_play[lo:hi],
-                                     add_exploration_noise=True, rng=self.rng)  # fmt: skip
+    def search_positions(self, episodes: list[dict], counts: list[int]):
+        """One search per position ``0 .. counts[j] - 1`` of each episode (its
+        ``observation``, ``action``, ``legal_actions`` and ``to_play`` rows) with the
+        current weights, ``roots_per_search`` roots per batched search: (root values (N,)
+        float32, policy targets (N, A) float32), N = sum(counts)."""
+        legal = np.concatenate([rows["legal_actions"][:n] for rows, n in zip(episodes, counts)])
+        to_play = np.concatenate([rows["to_play"][:n] for rows, n in zip(episodes, counts)])
+        values, policies, lo = [], [], 0
+        for stacked in self._stacked_passes(episodes, counts, self.roots_per_search):
+            hi = lo + stacked.shape[0]
+            result = self.search.run(self.network, stacked, legal[lo:hi], to_play[lo:hi], add_exploration_noise=True,
+                                     rng=self.rng)  # fmt: skip
             values.append(result.root_values)
             policies.append(result.policy_target)
+            lo = hi
         return np.concatenate(values).astype(np.float32), np.concatenate(policies).astype(np.float32)
 
     def step(self) -> tuple[int, int]:
@@ -146,22 +181,20 @@ class Reanalyser:
         refs = self.buf.sample_episodes(self.batch_episodes, rng=self.rng)
         searching = self.rng.random(len(refs)) < self.search_fraction
         names = ("observation", "action") + (("to_play", "legal_actions") if searching.any() else ())
-        kept, stacks, dropped, searched = [], [], 0, []
+        kept, episodes, dropped, searched = [], [], 0, []
         for ref, search in zip(refs, searching):
             rows = self.buf.read_episode(ref, names=names)
             if rows is None:  # evicted before or during the read
                 dropped += 1
                 continue
-            pos = np.arange(ref.rows)  # every row, the final observation's included
-            stacks.append(stacked_observations(rows["observation"], rows["action"], pos, pos,
-                                               self.num_stacked, self.num_actions))  # fmt: skip
             kept.append(ref)
-            searched.append(rows if search else None)
+            episodes.append(rows)
+            searched.append(bool(search))
         stored = 0
         if kept:
-            values = self.values(np.concatenate(stacks))
+            values = self.values(episodes, [ref.rows for ref in kept])  # every row, the final observation's included
             bounds = np.cumsum([0] + [ref.rows for ref in kept])
-            policies = self._search_episodes(kept, stacks, searched, values, bounds)
+            policies = self._search_episodes(kept, episodes, searched, values, bounds)
             for ref, lo, hi, policy in zip(kept, bounds[:-1], bounds[1:], policies):
                 if self.buf.store_reanalysed_values(ref, values[lo:hi], policy):
                     stored += 1
@@ -173,19 +206,16 @@ class Reanalyser:
         self.dropped += dropped
         return stored, dropped
 
-    def _search_episodes(self, kept, stacks, searched, values, bounds) -> list:
-        """Search the positions 0 .. T-1 of the episodes to search (all of them in one
-        batched search); their root values replace theirs in ``values``. Returns the
-        policy targets (T, A) per kept episode, None for one not searched."""
-        chosen = [j for j, rows in enumerate(searched) if rows is not None]
+    def _search_episodes(self, kept, episodes, searched, values, bounds) -> list:
+        """Search the positions 0 .. T-1 of the episodes to search (together, in batched
+        searches of ``roots_per_search``); their root values replace theirs in
+        ``values``. Returns the policy targets (T, A) per kept episode, None for one not
+        searched."""
+        chosen = [j for j, search in enumerate(searched) if search]
         if not chosen:
             return [None] * len(kept)
         moves = [kept[j].rows - 1 for j in chosen]
-        root_values, targets = self.search_positions(
-            np.concatenate([stacks[j][:-1] for j in chosen]),
-            np.concatenate([searched[j]["legal_actions"][:-1] for j in chosen]),
-            np.concatenate([searched[j]["to_play"][:-1] for j in chosen]),
-        )  # fmt: skip
+        root_values, targets = self.search_positions([episodes[j] for j in chosen], moves)
         policies = [None] * len(kept)
         offsets = np.cumsum([0] + moves)
         for j, lo, hi in zip(chosen, offsets[:-1], offsets[1:]):
