@@ -189,10 +189,15 @@ def td_errors(network: QNetwork, arrays: dict[str, np.ndarray], terminated: bool
     )  # fmt: skip
     q = np.empty((moves + 1, network.num_actions), np.float64)  # (T+1, A)
     for lo in range(0, moves + 1, TD_ERROR_CHUNK_ROWS):
-        # in chunks: one pass over a whole Atari episode (thousands of stacked frames, as
-        # float32 and through the convolutions) would hold gigabytes in the actor
-        rows = np.arange(lo, min(lo + TD_ERROR_CHUNK_ROWS, moves + 1), dtype=np.int64)
-        q[rows] = network(torch.from_numpy(stack_frames(arrays["observation"], rows, rows, frame_stack))).double().numpy()
+        # In chunks of one fixed size (the last one padded by repeating its final row):
+        # one pass over a whole Atari episode (thousands of stacked frames, as float32
+        # and through the convolutions) would hold gigabytes in the actor, and every new
+        # batch size makes the CPU backend keep more per-shape state (an actor's RSS grew
+        # by gigabytes over thousands of episodes of different lengths).
+        rows = np.minimum(np.arange(lo, lo + TD_ERROR_CHUNK_ROWS, dtype=np.int64), moves)
+        n = min(TD_ERROR_CHUNK_ROWS, moves + 1 - lo)
+        stacks = stack_frames(arrays["observation"], rows, rows, frame_stack)
+        q[lo : lo + n] = network(torch.from_numpy(stacks)).double().numpy()[:n]
     q_sa = q[slots, t["action"]]
     nxt = slots + np.minimum(n_step, moves - slots)  # the rows of s_{t+m}
     bootstrap = np.where(t["done"], 0.0, q[nxt].max(axis=1))
