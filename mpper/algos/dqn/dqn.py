@@ -187,7 +187,7 @@ def td_errors(network: QNetwork, arrays: dict[str, np.ndarray], terminated: bool
     t = NStepTargets(n_step, gamma, frame_stack).build(
         arrays, slots, slots, np.full(moves, moves), np.full(moves, terminated), None
     )  # fmt: skip
-    q = np.empty((moves + 1, network.num_actions), np.float64)  # (T+1, A)
+    chunks = []
     for lo in range(0, moves + 1, TD_ERROR_CHUNK_ROWS):
         # In chunks of one fixed size (the last one padded by repeating its final row):
         # one pass over a whole Atari episode (thousands of stacked frames, as float32
@@ -197,7 +197,8 @@ def td_errors(network: QNetwork, arrays: dict[str, np.ndarray], terminated: bool
         rows = np.minimum(np.arange(lo, lo + TD_ERROR_CHUNK_ROWS, dtype=np.int64), moves)
         n = min(TD_ERROR_CHUNK_ROWS, moves + 1 - lo)
         stacks = stack_frames(arrays["observation"], rows, rows, frame_stack)
-        q[lo : lo + n] = network(torch.from_numpy(stacks)).double().numpy()[:n]
+        chunks.append(network(torch.from_numpy(stacks)).double().numpy()[:n])
+    q = np.concatenate(chunks)  # (T+1, A)
     q_sa = q[slots, t["action"]]
     nxt = slots + np.minimum(n_step, moves - slots)  # the rows of s_{t+m}
     bootstrap = np.where(t["done"], 0.0, q[nxt].max(axis=1))
