@@ -6,18 +6,19 @@ on the stacked observations of every row ``0 .. T`` and stores the predicted val
 ``reanalysed_value`` (row T, the final observation, is what the targets of an episode
 cut by a time limit bootstrap from), which the value targets then use in place of the
 (older) MCTS root values. Unlike muzero-general's, it works on a batch of episodes, their
-rows through the network together in passes of bounded size (the stacked float32
-observations of one Atari episode alone run to gigabytes, so they are built pass by
-pass, never for a whole batch at once), and a write is guarded by generations: values computed for an episode that
-was evicted or rewritten since it was read are dropped, never written into its
-successor's rows.
+rows through the network together in passes of bounded input (``INPUT_BYTES_PER_PASS``:
+the stacked float32 observations of a batch of Atari episodes run to gigabytes, so they are
+built pass by pass, never for a whole batch at once), and a write is guarded by
+generations: values computed for an episode that was evicted or rewritten since it was
+read are dropped, never written into its successor's rows.
 
 With ``reanalyse.search_fraction`` > 0 that share of the episodes is searched again
 (EfficientZero's and LightZero's reanalyse, MuZero Reanalyze): the run's search
 (``mcts.kind``, ``reanalyse.num_simulations``, self-play's root noise) over all T
-positions of the episode, with the legal actions and players stored with them;
-in passes of bounded size too; its policy targets go to ``reanalysed_policy``, which the learner's policy targets then
-use in place of the self-play search's, and its root values to ``reanalysed_value``.
+positions of the episode, in batched searches of bounded input too, with the legal
+actions and players stored with them; its policy targets go to ``reanalysed_policy``,
+which the learner's policy targets then use in place of the self-play search's, and its
+root values to ``reanalysed_value``.
 
 :class:`Reanalyser` does the work (usable in one process, in turns with self-play and
 learning, for ``--workers 0``); :func:`run_reanalyser` is the child-process entry point.
