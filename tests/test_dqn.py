@@ -139,7 +139,7 @@ def test_initial_td_errors_of_a_long_frame_stacked_episode_go_through_the_networ
     (stacks built frame by frame, zeros before the episode's start)."""
     import mpper.algos.dqn.dqn as dqn_module
 
-    monkeypatch.setattr(dqn_module, "TD_ERROR_CHUNK_ROWS", 7)
+    monkeypatch.setattr(dqn_module, "TD_ERROR_CHUNK_ROWS", 8)  # 30 moves: 8, 8, 8 and 7 rows padded to 8
     rng = np.random.default_rng(0)
     T, k, n, gamma = 30, 3, 3, 0.9
     arrays = {"observation": rng.normal(size=(T + 1, 2)).astype(np.float32),

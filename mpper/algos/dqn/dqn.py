@@ -168,7 +168,7 @@ def decayed_epsilon(start: float, end: float, decay: float, steps: int) -> float
 # 3. TD errors of stored rows (the actors' initial priorities)
 # --------------------------------------------------------------------------------------
 
-TD_ERROR_CHUNK_ROWS = 256  # rows per forward pass of td_errors (bounds the actor's memory)
+TD_ERROR_CHUNK_ROWS = 256  # rows per forward pass of td_errors at most, a power of two (bounds the actor's memory)
 
 
 @torch.no_grad()
@@ -189,13 +189,14 @@ def td_errors(network: QNetwork, arrays: dict[str, np.ndarray], terminated: bool
     )  # fmt: skip
     chunks = []
     for lo in range(0, moves + 1, TD_ERROR_CHUNK_ROWS):
-        # In chunks of one fixed size (the last one padded by repeating its final row):
-        # one pass over a whole Atari episode (thousands of stacked frames, as float32
-        # and through the convolutions) would hold gigabytes in the actor, and every new
-        # batch size makes the CPU backend keep more per-shape state (an actor's RSS grew
-        # by gigabytes over thousands of episodes of different lengths).
-        rows = np.minimum(np.arange(lo, lo + TD_ERROR_CHUNK_ROWS, dtype=np.int64), moves)
+        # In chunks of at most TD_ERROR_CHUNK_ROWS, each padded (by repeating its final
+        # row) to a power of two: one pass over a whole Atari episode (thousands of
+        # stacked frames, as float32 and through the convolutions) would hold gigabytes
+        # in the actor, and every new batch size makes the CPU backend keep more
+        # per-shape state (an actor's RSS grew by gigabytes over thousands of episodes of
+        # different lengths); powers of two make a few shapes at under 2x the rows.
         n = min(TD_ERROR_CHUNK_ROWS, moves + 1 - lo)
+        rows = np.minimum(np.arange(lo, lo + (1 << (n - 1).bit_length()), dtype=np.int64), moves)
         stacks = stack_frames(arrays["observation"], rows, rows, frame_stack)
         chunks.append(network(torch.from_numpy(stacks)).double().numpy()[:n])
     q = np.concatenate(chunks)  # (T+1, A)
