@@ -96,7 +96,7 @@ def run_seed(seed: int, args, out_dir: Path) -> dict:
     end = records[-1] if records else {}
     result = {
         "seed": seed, "exit_code": proc.returncode, "wall_s": round(wall, 1), "minutes": args.minutes,
-        "workers": args.workers, "games": args.games, "curve": curve,
+        "workers": args.workers, "games": args.games, "config": args.config, "curve": curve,
         "training_steps": (end.get("learner") or {}).get("training_step"), "env_steps": end.get("env_steps"),
         "first_met_random_s": next((p["time_s"] for p in curve if p["met_random"]), None),
         "first_met_perfect_s": next((p["time_s"] for p in curve if p["met_perfect"]), None),
@@ -189,7 +189,7 @@ def report(results: list[dict]) -> str:
     lines = [
         "# TicTacToe: `python bench/tictactoe.py`",
         "",
-        f"`configs/tictactoe.json`, --workers {results[0]['workers']}, at most {results[0]['minutes']:g} min per seed; "
+        f"`{results[0].get('config', CONFIG)}`, --workers {results[0]['workers']}, at most {results[0]['minutes']:g} min per seed; "
         f"{results[0]['games']} games per opponent per evaluation (half first, half second). Targets: 0 losses vs "
         f"random; >= {PERFECT_DRAW_TARGET:.0%} draws vs perfect. Times are training time (since the run started).",
         "",
@@ -255,7 +255,8 @@ def plot(results: list[dict], path: Path) -> None:
         ax.set_xlabel("training time (min)")
         ax.set_ylim(-3, 103)
         ax.legend()
-    fig.suptitle(f"mpper MuZero on TicTacToe, --workers {results[0]['workers']}, {os.cpu_count()} cores")
+    fig.suptitle(f"mpper MuZero on TicTacToe, {results[0].get('config', CONFIG)}, --workers {results[0]['workers']}, "
+                 f"{os.cpu_count()} cores")  # fmt: skip
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
