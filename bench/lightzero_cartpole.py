@@ -21,7 +21,9 @@ subprocesses' start-up in, its imports not).
 Usage::
 
     python bench/lightzero_cartpole.py --lz-python /path/to/lz-venv/bin/python --seeds 0 1 2 3 4 \\
-        [--workers 8] [--set KEY=VALUE ...] [--time-limit 900]
+        [--workers 8] [--set KEY=VALUE ...] [--time-limit 900] [--tag NAME]
+    python bench/lightzero_cartpole.py --lz-results bench/results/lightzero_cartpole.json --seeds 0 1 2 3 4 \\
+        --set runtime.evaluation_episodes=3 --tag lz_eval3     # an mpper variant beside the same LightZero runs
 """
 
 from __future__ import annotations
@@ -121,7 +123,7 @@ def median_or_inf(values: list[float]) -> float:
 
 
 def report(results: list[dict], args) -> None:
-    sets = "".join(f" --set {o}" for o in args.overrides)
+    sets = "".join(f" --set {o}" for o in args.overrides) + (f" --lz-results {args.lz_results}" if args.lz_results else "")
     seeds = " ".join(str(s) for s in sorted({r["seed"] for r in results}))
     print(f"# CartPole-v0 to a mean of {STOP:g}: `python bench/lightzero_cartpole.py --seeds {seeds} --workers "
           f"{args.workers}{sets}` ({time.strftime('%Y-%m-%d')})\n")
@@ -150,6 +152,10 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     ap.add_argument("--lz-python", default=None, help="the Python of LightZero's virtualenv (none: mpper only)")
+    ap.add_argument("--lz-results", default=None, metavar="JSON",
+                    help="instead of running LightZero, take its runs of these seeds from an earlier results JSON "
+                         "(to run an mpper variant beside the same LightZero runs)")  # fmt: skip
+    ap.add_argument("--tag", default="lightzero_cartpole", help="name of the results JSON under bench/results")
     ap.add_argument("--config", default="configs/cartpole.json")
     ap.add_argument("--workers", type=int, default=8)
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
@@ -162,14 +168,19 @@ def main() -> int:
         lz_child(args.lz_child, Path(args.out))
         return 0
     RESULTS.mkdir(parents=True, exist_ok=True)
-    results = []
+    earlier = json.loads(Path(args.lz_results).read_text()) if args.lz_results else []
+    results = [r for r in earlier if r["system"] == "LightZero 0.2.0" and r["seed"] in args.seeds]
+    missing = sorted(set(args.seeds) - {r["seed"] for r in results})
+    if args.lz_results and missing:
+        raise SystemExit(f"{args.lz_results}: no LightZero run of seeds {missing}")
+    out = RESULTS / f"{args.tag}.json"
     for seed in args.seeds:
-        if args.lz_python:
+        if args.lz_python and not args.lz_results:
             print(f"seed {seed}: LightZero ...", file=sys.stderr, flush=True)
             results.append(run_lightzero(seed, args.lz_python, args.time_limit))
         print(f"seed {seed}: mpper ...", file=sys.stderr, flush=True)
         results.append(run_mpper(seed, args.config, args.workers, args.overrides, args.time_limit))
-        (RESULTS / "lightzero_cartpole.json").write_text(json.dumps(results, indent=1))
+        out.write_text(json.dumps(results, indent=1))
     report(results, args)
     return 0
 
