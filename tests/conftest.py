@@ -60,7 +60,23 @@ def mapped_semaphores(pids) -> set[Path]:
             fields = line.split()
             if len(fields) >= 6 and fields[5].startswith(f"{mpper_shm.SHM_DIR}/sem."):
                 inodes.add(int(fields[4]))
-    return {path for path in Path(mpper_shm.SHM_DIR).glob("sem.mp-*") if path.stat().st_ino in inodes}
+    return {path for path in Path(mpper_shm.SHM_DIR).glob("sem.mp-*") if _inode(path) in inodes}
+
+
+def unmapped_semaphores() -> set[Path]:
+    """multiprocessing's named semaphores that no live process has mapped: what a process
+    that died without unlinking its semaphores leaves behind. Those of other programs
+    running beside the tests (another mpper run) are mapped by their owners, so they do
+    not count."""
+    pids = [int(entry.name) for entry in Path("/proc").iterdir() if entry.name.isdigit()]
+    return set(Path(mpper_shm.SHM_DIR).glob("sem.mp-*")) - mapped_semaphores(pids)
+
+
+def _inode(path: Path) -> int | None:
+    try:
+        return path.stat().st_ino
+    except FileNotFoundError:  # unlinked by its owner since the listing
+        return None
 
 
 @pytest.fixture(autouse=True)

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import make_episode
+from conftest import make_episode, unmapped_semaphores
 from test_train_e2e import (
     ROOT,
     assert_counters_match_the_episodes,
@@ -176,7 +176,7 @@ def start_run(run_dir: Path, cluster, *extra: str) -> subprocess.Popen:
 @pytest.mark.timeout(300)
 def test_remote_actors_feed_the_learner_survive_a_kill_and_a_lost_node_and_ctrl_c_leaves_nothing(tmp_path, cluster):
     run_dir = tmp_path / "run"
-    semaphores = set(Path("/dev/shm").glob("sem.mp-*"))
+    semaphores = unmapped_semaphores()  # left by something else before this test
     proc = start_run(run_dir, cluster)
     try:
         wait_until_training(proc, run_dir)
@@ -214,9 +214,9 @@ def test_remote_actors_feed_the_learner_survive_a_kill_and_a_lost_node_and_ctrl_
     assert all(e["store_latency_s"] >= 0 and e["insert_wait_s"] >= 0 for e in episodes)
     assert "worker-0" not in json.loads((run_dir / "processes.json").read_text())  # no local self-play
     deadline = time.monotonic() + 10
-    while set(Path("/dev/shm").glob("sem.mp-*")) - semaphores and time.monotonic() < deadline:
+    while unmapped_semaphores() - semaphores and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not set(Path("/dev/shm").glob("sem.mp-*")) - semaphores  # no semaphore left behind either
+    assert not unmapped_semaphores() - semaphores  # no semaphore left behind either
 
 
 @pytest.mark.timeout(180)
