@@ -123,7 +123,8 @@ def median_or_inf(values: list[float]) -> float:
 
 
 def report(results: list[dict], args) -> None:
-    sets = "".join(f" --set {o}" for o in args.overrides) + (f" --lz-results {args.lz_results}" if args.lz_results else "")
+    sets = "".join(f" --set {o}" for o in args.overrides)
+    sets += f" --lz-results {args.lz_results}" if args.lz_results else ""
     seeds = " ".join(str(s) for s in sorted({r["seed"] for r in results}))
     print(f"# CartPole-v0 to a mean of {STOP:g}: `python bench/lightzero_cartpole.py --seeds {seeds} --workers "
           f"{args.workers}{sets}` ({time.strftime('%Y-%m-%d')})\n")

@@ -189,7 +189,8 @@ def report(results: list[dict]) -> str:
     lines = [
         "# TicTacToe: `python bench/tictactoe.py`",
         "",
-        f"`{results[0].get('config', CONFIG)}`, --workers {results[0]['workers']}, at most {results[0]['minutes']:g} min per seed; "
+        f"`{results[0].get('config', CONFIG)}`, --workers {results[0]['workers']}, "
+        f"at most {results[0]['minutes']:g} min per seed; "
         f"{results[0]['games']} games per opponent per evaluation (half first, half second). Targets: 0 losses vs "
         f"random; >= {PERFECT_DRAW_TARGET:.0%} draws vs perfect. Times are training time (since the run started).",
         "",
