@@ -11,10 +11,12 @@ CPU (``policy.cuda = False``) and to write under this benchmark's results. Its
 ``evaluator_step/reward_mean`` scalar it logs, with the collector's env steps) is recorded
 with the time since ``train_muzero`` was called.
 
-mpper runs ``--config`` (default ``configs/cartpole.json``) on ``CartPole-v0`` with
-``runtime.solve_return=200``: it stops at its first evaluation with a mean of 200 over its
-``runtime.evaluation_episodes`` greedy episodes (10 in the shipped config: a stricter rule
-than LightZero's 3). Its time is counted from the supervisor's start (its own child
+mpper runs ``--config`` (default ``configs/cartpole_v0.json``: ``configs/cartpole.json`` on
+``CartPole-v0`` with LightZero's stopping rule, a mean of 200 over 3 greedy episodes, evaluated
+every 5 s, and 192 samples per inserted position instead of 64, muzero-general's 1.5 training
+steps of batch 128 per move) with ``env.id=CartPole-v0`` and ``runtime.solve_return=200``:
+it stops at its first evaluation with a mean of 200 over its ``runtime.evaluation_episodes``
+greedy episodes. Its time is counted from the supervisor's start (its own child
 processes' start-up in); LightZero's from the call of ``train_muzero`` (its env
 subprocesses' start-up in, its imports not).
 
@@ -23,7 +25,7 @@ Usage::
     python bench/lightzero_cartpole.py --lz-python /path/to/lz-venv/bin/python --seeds 0 1 2 3 4 \\
         [--workers 8] [--set KEY=VALUE ...] [--time-limit 900] [--tag NAME]
     python bench/lightzero_cartpole.py --lz-results bench/results/lightzero_cartpole.json --seeds 0 1 2 3 4 \\
-        --set runtime.evaluation_episodes=3 --tag lz_eval3     # an mpper variant beside the same LightZero runs
+        --config configs/cartpole.json --tag own_rule     # an mpper variant beside the same LightZero runs
 """
 
 from __future__ import annotations
@@ -123,7 +125,7 @@ def median_or_inf(values: list[float]) -> float:
 
 
 def report(results: list[dict], args) -> None:
-    sets = "".join(f" --set {o}" for o in args.overrides)
+    sets = f" --config {args.config}" + "".join(f" --set {o}" for o in args.overrides)
     sets += f" --lz-results {args.lz_results}" if args.lz_results else ""
     seeds = " ".join(str(s) for s in sorted({r["seed"] for r in results}))
     print(f"# CartPole-v0 to a mean of {STOP:g}: `python bench/lightzero_cartpole.py --seeds {seeds} --workers "
@@ -157,7 +159,7 @@ def main() -> int:
                     help="instead of running LightZero, take its runs of these seeds from an earlier results JSON "
                          "(to run an mpper variant beside the same LightZero runs)")  # fmt: skip
     ap.add_argument("--tag", default="lightzero_cartpole", help="name of the results JSON under bench/results")
-    ap.add_argument("--config", default="configs/cartpole.json")
+    ap.add_argument("--config", default="configs/cartpole_v0.json")
     ap.add_argument("--workers", type=int, default=8)
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                     help="mpper: a config override (repeatable)")
