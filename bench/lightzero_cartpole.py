@@ -112,8 +112,8 @@ def run_mpper(seed: int, config: str, workers: int, overrides, time_limit: float
     evals = [r for r in records if r["event"] == "evaluation"]
     solved = next((r for r in evals if r["evaluation"]["mean_return"] >= STOP), None)
     result = {"system": f"mpper --workers {workers}", "seed": seed, "solved": solved is not None,
-              "curve": [{"time_s": r["time_s"], "env_steps": r["env_steps"], "mean_return": r["evaluation"]["mean_return"]}
-                        for r in evals]}  # fmt: skip
+              "curve": [{"time_s": r["time_s"], "env_steps": r["env_steps"],
+                         "mean_return": r["evaluation"]["mean_return"]} for r in evals]}  # fmt: skip
     if solved:
         result |= {"wall_s": solved["time_s"], "env_steps": solved["env_steps"],
                    "training_steps": solved["evaluation"]["training_step"]}  # fmt: skip
