@@ -50,6 +50,21 @@ def mapped_semaphores(pids) -> set[Path]:
     """The POSIX named semaphores (multiprocessing's ``/dev/shm/sem.mp-*``) that the
     processes ``pids`` have mapped now. glibc maps a semaphore under the temporary name
     it created it with (shown as deleted), so the files are matched by inode."""
+    inodes = _mapped_semaphore_inodes(pids)
+    return {path for path, inode in _semaphores().items() if inode in inodes}
+
+
+def unmapped_semaphores() -> set[Path]:
+    """multiprocessing's named semaphores that no live process has mapped: what a process
+    that died without unlinking its semaphores leaves behind. Those of other programs
+    running beside the tests (another mpper run) are mapped by their owners, so they do
+    not count."""
+    pids = [int(entry.name) for entry in Path("/proc").iterdir() if entry.name.isdigit()]
+    inodes = _mapped_semaphore_inodes(pids)
+    return {path for path, inode in _semaphores().items() if inode not in inodes}
+
+
+def _mapped_semaphore_inodes(pids) -> set[int]:
     inodes = set()
     for pid in pids:
         try:
@@ -60,23 +75,18 @@ def mapped_semaphores(pids) -> set[Path]:
             fields = line.split()
             if len(fields) >= 6 and fields[5].startswith(f"{mpper_shm.SHM_DIR}/sem."):
                 inodes.add(int(fields[4]))
-    return {path for path in Path(mpper_shm.SHM_DIR).glob("sem.mp-*") if _inode(path) in inodes}
+    return inodes
 
 
-def unmapped_semaphores() -> set[Path]:
-    """multiprocessing's named semaphores that no live process has mapped: what a process
-    that died without unlinking its semaphores leaves behind. Those of other programs
-    running beside the tests (another mpper run) are mapped by their owners, so they do
-    not count."""
-    pids = [int(entry.name) for entry in Path("/proc").iterdir() if entry.name.isdigit()]
-    return set(Path(mpper_shm.SHM_DIR).glob("sem.mp-*")) - mapped_semaphores(pids)
-
-
-def _inode(path: Path) -> int | None:
-    try:
-        return path.stat().st_ino
-    except FileNotFoundError:  # unlinked by its owner since the listing
-        return None
+def _semaphores() -> dict[Path, int]:
+    """``/dev/shm/sem.mp-*`` by inode; one unlinked by its owner since the listing is left out."""
+    found = {}
+    for path in Path(mpper_shm.SHM_DIR).glob("sem.mp-*"):
+        try:
+            found[path] = path.stat().st_ino
+        except FileNotFoundError:
+            pass
+    return found
 
 
 @pytest.fixture(autouse=True)
