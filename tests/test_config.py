@@ -140,6 +140,10 @@ def test_an_algorithm_rule_names_its_keys():
                    "planes are not transformed), got 2")  # fmt: skip
     msg = error_of({"muzero": {"symmetry_augmentation": True}}, ["muzero.stacked_observations=1"])
     assert msg.startswith("--set muzero.stacked_observations=1: muzero.symmetry_augmentation: ")
+    msg = error_of({"muzero": {"game_segment_length": 50, "stacked_observations": 4}})
+    assert msg == ("x.json: muzero.game_segment_length: needs muzero.stacked_observations 0 (a piece's first rows "
+                   "would miss the observations of the piece before), got 4")  # fmt: skip
+    assert "game_segment_length: expected an integer >= 1" in error_of({"muzero": {"game_segment_length": 0}})
 
 
 def test_a_config_copies_and_pickles_with_its_sections():

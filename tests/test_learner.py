@@ -66,9 +66,11 @@ def make_trainer(config: Config, seed: int = 0) -> MuZeroTrainer:
 
 
 def fill(buf: ReplayBuffer, episodes: int = 12, seed: int = 0) -> None:
+    """``episodes`` random episodes of 5-29 moves, every third one truncated (its unroll
+    stops at the cut: masked targets past it)."""
     rng = np.random.default_rng(seed)
-    for _ in range(episodes):
-        buf.add_episode(make_episode(rng, int(rng.integers(5, 30)), OBS, ACTIONS))
+    for i in range(episodes):
+        buf.add_episode(make_episode(rng, int(rng.integers(5, 30)), OBS, ACTIONS), terminated=i % 3 != 1)
 
 
 @pytest.fixture(autouse=True)
@@ -201,8 +203,10 @@ def reference_gradient(net, batch: Batch, value_loss_weight: float, support: int
     step through ``scale_gradient(hidden_state, 0.5)``, so the gradient is halved where
     it enters dynamics steps 2..K, not step 1, and not on the way from a step's own
     predictions; each unrolled step's loss gradient divided by ``gradient_scale``, no
-    reward loss at step 0, IS-weighted mean. Returns the flat gradient of all
-    parameters."""
+    reward loss at step 0, IS-weighted mean; past the cut of a truncated episode a
+    step's terms are dropped (``target_mask`` for value and reward, ``policy_mask`` for
+    the policy), which the pseudocode, whose episodes all end, does not need. Returns the
+    flat gradient of all parameters."""
     from mpper.algos.muzero.networks import scalar_to_support
 
     d = {k: torch.from_numpy(v) for k, v in batch.data.items()}
@@ -215,9 +219,10 @@ def reference_gradient(net, batch: Batch, value_loss_weight: float, support: int
         return scalar_to_support(x.reshape(-1), support).view(x.shape[0], x.shape[1], -1)
 
     tv, tr, tp, gs = two_hot(d["target_value"]), two_hot(d["target_reward"]), d["target_policy"], d["gradient_scale"]
+    keep, keep_policy = d["target_mask"], d["policy_mask"]
     out = net.initial_inference(d["observation"])
-    value_loss = ce(out.value_logits, tv[:, 0])
-    policy_loss = ce(out.policy_logits, tp[:, 0])
+    value_loss = ce(out.value_logits, tv[:, 0]) * keep[:, 0]
+    policy_loss = ce(out.policy_logits, tp[:, 0]) * keep_policy[:, 0]
     reward_loss = 0
     hidden = out.hidden_state
     for k in range(1, d["actions"].shape[1]):
@@ -227,7 +232,8 @@ def reference_gradient(net, batch: Batch, value_loss_weight: float, support: int
             start.register_hook(lambda g: g * 0.5)
         out = net.recurrent_inference(start, d["actions"][:, k])
         hidden = out.hidden_state
-        losses = ce(out.value_logits, tv[:, k]), ce(out.reward_logits, tr[:, k]), ce(out.policy_logits, tp[:, k])
+        losses = (ce(out.value_logits, tv[:, k]) * keep[:, k], ce(out.reward_logits, tr[:, k]) * keep[:, k],
+                  ce(out.policy_logits, tp[:, k]) * keep_policy[:, k])  # fmt: skip
         for loss in losses:
             loss.register_hook(lambda g, s=gs[:, k]: g / s)
         value_loss = value_loss + losses[0]
@@ -242,13 +248,37 @@ def reference_gradient(net, batch: Batch, value_loss_weight: float, support: int
 def test_gradient_matches_the_pseudocode_loss(buffer):
     # SGD with lr 1, no momentum, no weight decay: the update is minus the gradient.
     config = small_config(optimizer="sgd", momentum=0.0, weight_decay=0.0, lr_init=1.0)
-    batch = sample(buffer, config, batch_size=16)
-    batch.weights = np.random.default_rng(0).uniform(0.2, 1.0, 16).astype(np.float32)
+    batch = sample(buffer, config, batch_size=64)
+    assert (batch.data["target_mask"] == 0).any()  # steps past a cut are in the batch
+    batch.weights = np.random.default_rng(0).uniform(0.2, 1.0, 64).astype(np.float32)
     trainer = make_trainer(config)
     expected = reference_gradient(copy.deepcopy(trainer.network), batch, 0.25, config.network.support_size)
     start = flat(trainer)
     trainer.train_step(batch)
     torch.testing.assert_close(start - flat(trainer), expected, rtol=1e-4, atol=1e-6)
+
+
+def test_targets_past_a_cut_do_not_move_the_weights(buffer):
+    """The unroll steps past the cut of a truncated episode (masks 0) train nothing:
+    whatever their targets say, the update is the same."""
+    config = small_config(optimizer="sgd", momentum=0.0, weight_decay=0.0, lr_init=1.0, num_unroll_steps=6)
+    batch = sample(buffer, config, batch_size=64)
+    value_off, policy_off = batch.data["target_mask"] == 0, batch.data["policy_mask"] == 0
+    assert value_off.any() and (policy_off & ~value_off).any()  # both masks at work in this batch
+    changed = copy.deepcopy(batch)
+    rng = np.random.default_rng(1)
+    changed.data["target_value"][value_off] = rng.uniform(-4, 4, value_off.sum())
+    changed.data["target_reward"][value_off] = rng.uniform(-4, 4, value_off.sum())
+    changed.data["target_policy"][policy_off] = rng.dirichlet(np.ones(ACTIONS), policy_off.sum())
+    a, b = make_trainer(config), make_trainer(config)
+    a.train_step(batch)
+    b.train_step(changed)
+    torch.testing.assert_close(flat(a), flat(b), rtol=0, atol=0)
+    unmasked = copy.deepcopy(changed)  # the same change where the masks are 1 does move them
+    unmasked.data["target_value"][~value_off] += 3.0
+    c = make_trainer(config)
+    c.train_step(unmasked)
+    assert not torch.allclose(flat(a), flat(c))
 
 
 def test_non_finite_loss_raises_and_changes_nothing(buffer):

@@ -59,7 +59,7 @@ def network_where(condition, episodes: int = 10) -> tuple[QNetwork, list[float]]
 def stops(config, evaluation: dict, tmp_path) -> bool:
     run = Run(config, tmp_path)
     run.evaluated({"training_step": 1, **evaluation})
-    return run.stop_reason(games=0) is not None
+    return run.stop_reason() is not None
 
 
 def test_a_crossing_that_the_confirmation_does_not_back_does_not_stop_the_run(tmp_path):

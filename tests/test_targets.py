@@ -343,7 +343,7 @@ def check_muzero_batch(batch, tags, episodes, cfg):
     assert d["observation"].shape == (B, *stacked_shape)
     assert d["observation"].dtype == np.float32
     assert d["actions"].shape == (B, K + 1) and d["actions"].dtype == np.int64
-    for key in ("target_value", "target_reward", "gradient_scale"):
+    for key in ("target_value", "target_reward", "gradient_scale", "target_mask", "policy_mask"):
         assert d[key].shape == (B, K + 1), key
         assert d[key].dtype == np.float32, key
     assert d["target_policy"].shape == (B, K + 1, A)
@@ -362,6 +362,14 @@ def check_muzero_batch(batch, tags, episodes, cfg):
         _close(d["target_reward"][b], rewards, "target_reward", ctx)
         _close(d["target_policy"][b], policies, "target_policy", ctx)
         _close(d["gradient_scale"][b], ref.gradient_scale(T, t, K), "gradient_scale", ctx)
+        # Masks: past the cut of a truncated episode nothing was recorded (value and
+        # reward: steps i > T; policy: i >= T); a terminated one trains every step.
+        i = t + np.arange(K + 1)
+        terminated = cfg.get("terminated", {}).get(ep_id, True)
+        np.testing.assert_array_equal(d["target_mask"][b], (terminated | (i <= T)).astype(np.float32),
+                                      err_msg=f"target_mask: {ctx}")  # fmt: skip
+        np.testing.assert_array_equal(d["policy_mask"][b], (terminated | (i < T)).astype(np.float32),
+                                      err_msg=f"policy_mask: {ctx}")  # fmt: skip
         known = actions >= 0
         np.testing.assert_array_equal(d["actions"][b][known], actions[known],
                                       err_msg=f"actions differ: {ctx}")

@@ -422,6 +422,32 @@ def test_sigterm_stops_the_run_with_a_final_checkpoint_and_snapshot_and_leaves_n
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
+def test_game_segments_are_stored_as_played_and_whole_games_reported(tmp_path):
+    """``muzero.game_segment_length`` 4 with a real worker process: the buffer holds
+    pieces of at most 4 moves, the last of each game terminated (but where the 100-move
+    time limit cut the game) and the others cut, each cut piece going on in a stored
+    piece that starts where it ended (but the last of the 4 games in play at the end);
+    episodes.jsonl reports whole games only, longer than a piece."""
+    run_dir = tmp_path / "run"
+    proc = subprocess.run(run_args(run_dir, "--workers", "1", "--max-train-steps", "30",
+                                   "--set", "muzero.game_segment_length=4"),
+                          cwd=ROOT, capture_output=True, text=True, timeout=200)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    games = [json.loads(line) for line in complete_lines(run_dir / "episodes.jsonl")]
+    assert games and max(g["length"] for g in games) > 4
+    assert all(g["return"] == g["length"] for g in games)  # CartPole: 1 per move, whole games
+    with ReplayBuffer.load(run_dir / "buffer", mmap=True) as snap:
+        pieces = snap.episodes()
+        observations = [snap.read_episode(ep, ["observation"])["observation"] for ep in pieces]
+        assert max(ep.rows - 1 for ep in pieces) == 4 and len(pieces) > len(games)
+        ends = {o[-1].tobytes() for o, ep in zip(observations, pieces) if not ep.terminated}
+        starts = [o[0].tobytes() for o in observations]
+        timed_out = sum(g["length"] == 100 for g in games)
+        assert sum(end in set(starts) for end in ends) >= len(ends) - 4 - timed_out
+        assert sum(ep.terminated for ep in pieces) >= len(games) - timed_out
+        assert sum(g["length"] for g in games) <= snap.counters["steps"]  # games in play are not reported
+
+
 def test_workers_zero_takes_turns_in_one_process_and_is_repeatable(tmp_path):
     """--workers 0: self-play, learning and reanalyse (full: every reanalysed episode
     searched again) in turns, no child process; the same seed gives the same weights,

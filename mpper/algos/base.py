@@ -45,9 +45,11 @@ __all__ = ["Algorithm", "EpisodeRows", "FlatWeights", "Player", "Trainer", "Weig
 class Player(Protocol):
     """K environments played together by one process (a self-play worker or the
     evaluator). ``episodes``: the K running games; ``step(progress)`` plays one move in
-    each and returns the episodes that ended (each with ``total_reward`` and
-    ``moves``); ``stored(episode)`` gives the rows to store (schema fields, ``T + 1``
-    rows) and their initial priorities (``T``)."""
+    each and returns the episodes to store: the games that ended and, where the
+    algorithm stores a long game in pieces (MuZero's ``muzero.game_segment_length``), the
+    pieces of games that go on (``ends_game`` False; ``game_return`` and ``game_moves``
+    count the whole game to the piece's end); ``stored(episode)`` gives the rows to
+    store (schema fields, ``T + 1`` rows) and their initial priorities (``T``)."""
 
     episodes: list
 
@@ -72,12 +74,19 @@ class EpisodeRows:
     that led to it and the reward r_i received on arriving there (row 0: action 0, reward
     0). An algorithm's episode adds its own fields (MuZero: to_play and the search's
     statistics). ``terminated``: the env ended the episode (False: cut by a time limit,
-    whose last transition bootstraps)."""
+    or a piece of a game that goes on, whose last transition bootstraps).
+
+    A game stored in pieces: each piece is an ``EpisodeRows`` whose row 0 is the last row
+    of the piece before (``first_move`` and ``reward_before`` say where in the game it
+    starts), and only the last has ``ends_game``."""
 
     observation: list = field(default_factory=list)  # o_0 .. o_T
     action: list = field(default_factory=lambda: [0])  # a_{i-1} on row i (row 0: 0)
     reward: list = field(default_factory=lambda: [0.0])  # r_i on row i (row 0: 0)
     terminated: bool = False
+    ends_game: bool = True  # False: a piece of a game that goes on
+    first_move: int = 0  # the game's move number at row 0
+    reward_before: float = 0.0  # what the game earned before row 0
 
     @property
     def moves(self) -> int:
@@ -85,7 +94,18 @@ class EpisodeRows:
 
     @property
     def total_reward(self) -> float:
+        """The reward of this episode's rows (of a piece: the piece's only)."""
         return float(sum(self.reward))
+
+    @property
+    def game_moves(self) -> int:
+        """Moves of the whole game up to this episode's last row."""
+        return self.first_move + self.moves
+
+    @property
+    def game_return(self) -> float:
+        """The whole game's reward up to this episode's last row."""
+        return self.reward_before + self.total_reward
 
     def rows(self) -> dict[str, np.ndarray]:
         """``observation`` (T + 1, *obs) as :func:`as_stored` keeps it, ``action`` (T + 1,)

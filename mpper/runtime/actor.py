@@ -82,7 +82,8 @@ class LatestWeights:
 
 def run_selfplay(worker_id: int, config: Config, buffer_handle, weight_handle, stop, reports, seed: int,
                  rate=None) -> None:  # fmt: skip
-    """Self-play worker process: play, store whole episodes, report their returns."""
+    """Self-play worker process: play, store whole episodes (or the pieces of a game the
+    algorithm stores as it goes), report the returns of the games that end."""
     name = f"worker-{worker_id}"
     with child_process(name, config, reports, buffer_handle, weight_handle) as (buf, store):
         if config.runtime.selfplay_niceness:
@@ -107,8 +108,10 @@ def run_selfplay(worker_id: int, config: Config, buffer_handle, weight_handle, s
                 buf.add_episode(arrays, priorities=priorities, terminated=ep.terminated)
                 if rate is not None:
                     rate.notify()
+                if not ep.ends_game:
+                    continue
                 # store_latency_s: from the episode's last move to its being sampleable, the
                 # samples-per-insert wait (insert_wait_s) included
-                reports.put(("episode", name, {"return": ep.total_reward, "length": ep.moves,
+                reports.put(("episode", name, {"return": ep.game_return, "length": ep.game_moves,
                                                "weights_version": weights.version, "insert_wait_s": round(waited, 6),
                                                "store_latency_s": round(time.monotonic() - ended, 6)}))  # fmt: skip

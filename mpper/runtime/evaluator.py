@@ -35,7 +35,7 @@ def play_greedy(config: Config, envs: list, network, seed: int, stop=None, on_ep
         before = [id(ep) for ep in player.episodes]  # finished envs keep playing: first episode counts
         for ep in player.step():
             k = before.index(id(ep))
-            if k not in done:
+            if k not in done and ep.ends_game:
                 done[k] = ep
                 if on_episode is not None:
                     on_episode(ep)
@@ -87,7 +87,7 @@ def greedy_returns(config: Config, envs: list, network, seed: int, count: int, s
         episodes = play_greedy(config, batch, network, seed + len(returns), stop)
         if episodes is None:
             return None
-        returns += [ep.total_reward for ep in episodes]
+        returns += [ep.game_return for ep in episodes]
     return returns
 
 

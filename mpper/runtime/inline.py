@@ -106,7 +106,9 @@ def _train(cfg: Config, run: Run, resume: Path | None, spec, signals: StopReques
                     ended = time.monotonic()
                     arrays, priorities = player.stored(ep)
                     buf.add_episode(arrays, priorities, ep.terminated)
-                    run.episode(WORKER, {"return": ep.total_reward, "length": ep.moves,
+                    if not ep.ends_game:
+                        continue
+                    run.episode(WORKER, {"return": ep.game_return, "length": ep.game_moves,
                                          "weights_version": store.version, "insert_wait_s": 0.0,
                                          "store_latency_s": round(time.monotonic() - ended, 6)},
                                 buf.counters["steps"])  # fmt: skip
@@ -132,7 +134,7 @@ def _train(cfg: Config, run: Run, resume: Path | None, spec, signals: StopReques
                     record("evaluation")
                 if run.progress_due():
                     record("progress")
-                reason = run.stop_reason(buf.counters["games"]) or ""
+                reason = run.stop_reason() or ""
                 if reason:
                     break
                 bar.n = trainer.training_step

@@ -128,10 +128,11 @@ class EpisodeIngest:
         self._stats = {"episodes": 0, "rows": 0, "bytes": 0, "write_s": 0.0, "wait_s": 0.0}
 
     def add(self, source: str, arrays: dict[str, np.ndarray], priorities: np.ndarray | None, terminated: bool,
-            report: dict) -> bool:  # fmt: skip
-        """Store one whole episode (``arrays``: the player's rows, ``report``: what the
+            report: dict | None) -> bool:  # fmt: skip
+        """Store one episode (``arrays``: the player's rows, ``report``: what the
         supervisor logs of it, with ``ended_unix``, the time.time() its last move was
-        played); False when the ingest is stopping and the episode was not stored."""
+        played; None for a piece of a game that goes on); False when the ingest is
+        stopping and the episode was not stored."""
         waited = 0.0
         if self.rate is not None:
             steps, samples = (lambda: self.buffer.counters["steps"]), (lambda: self.buffer.counters["samples"])
@@ -143,11 +144,13 @@ class EpisodeIngest:
             self.buffer.add_episode(arrays, priorities=priorities, terminated=terminated)
             write_s = time.monotonic() - t0
         stored = time.time()
-        ended = report.pop("ended_unix", stored)
-        report.update(insert_wait_s=round(waited, 6), store_latency_s=round(stored - ended, 6))
+        if report is not None:
+            ended = report.pop("ended_unix", stored)
+            report.update(insert_wait_s=round(waited, 6), store_latency_s=round(stored - ended, 6))
         nbytes = sum(a.nbytes for a in arrays.values()) + (0 if priorities is None else priorities.nbytes)
         with self._lock:
-            self._reports.append(("episode", source, report))
+            if report is not None:
+                self._reports.append(("episode", source, report))
             s = self._stats
             s["episodes"] += 1
             s["rows"] += len(next(iter(arrays.values())))
@@ -236,8 +239,10 @@ class SelfPlayActor:
         while not self._stop.is_set():
             self._refresh()
             for ep in player.step(self.training_step / total_steps):
-                report = {"return": ep.total_reward, "length": ep.moves, "weights_version": self.version,
-                          "ended_unix": time.time()}  # fmt: skip
+                report = None  # a piece of a game that goes on: stored, not reported
+                if ep.ends_game:
+                    report = {"return": ep.game_return, "length": ep.game_moves, "weights_version": self.version,
+                              "ended_unix": time.time()}  # fmt: skip
                 arrays, priorities = player.stored(ep)
                 if in_flight is not None:
                     self._finish(in_flight)

@@ -110,6 +110,7 @@ class Run:
         self.seeds = Seeds(config.runtime.seed)
         self.started = time.monotonic()
         self.recent_returns: deque = deque(maxlen=100)
+        self.games = 0  # self-play games ended (episode() calls)
         self.evaluation: dict = {}
         self._last_progress = self.started
         self._metrics = self._episodes = self._tensorboard = None
@@ -179,6 +180,7 @@ class Run:
     def episode(self, source: str, payload: dict, env_steps: int) -> None:
         """One self-play episode (``return``, ``length``, ``weights_version``, ...) of
         ``source`` (a worker's name): a line of ``episodes.jsonl``."""
+        self.games += 1
         self.recent_returns.append(payload["return"])
         if self._episodes is None or self._episodes.closed:
             return
@@ -200,14 +202,15 @@ class Run:
             self._tensorboard.close()
 
     # ---- stop rules -------------------------------------------------------------------
-    def stop_reason(self, games: int) -> str | None:
-        """Why the run should stop now (time limit, ``max_episodes`` self-play episodes
-        played, the latest evaluation reached ``solve_return``), or None."""
+    def stop_reason(self) -> str | None:
+        """Why the run should stop now (time limit, ``max_episodes`` self-play games
+        ended (:meth:`episode` calls), the latest evaluation reached ``solve_return``),
+        or None."""
         rt = self.config.runtime
         if rt.time_limit_s is not None and self.elapsed() >= rt.time_limit_s:
             return f"time limit of {rt.time_limit_s:g} s reached"
-        if rt.max_episodes is not None and games >= rt.max_episodes:
-            return f"{games} self-play episodes played (max_episodes)"
+        if rt.max_episodes is not None and self.games >= rt.max_episodes:
+            return f"{self.games} self-play episodes played (max_episodes)"
         solve = rt.solve_return
         if solve is not None and self.evaluation.get("mean_return", -np.inf) >= solve:
             return f"solved: {solved_text(self.evaluation)} >= {solve:g} at training step {self.evaluation['training_step']}"

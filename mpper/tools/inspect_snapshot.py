@@ -72,7 +72,7 @@ def format_stats(stats: dict) -> str:
     lines = [
         f"capacity {stats['capacity']:,} slots, {stats['positions']:,} sampleable positions ({stats['fill']:.1%} full)",
         f"episodes {stats['episodes']:,} (ids {stats['episode_ids'].get('oldest', '-')}"
-        f"..{stats['episode_ids'].get('newest', '-')}), games played {stats['counters']['games']:,}, "
+        f"..{stats['episode_ids'].get('newest', '-')}), {stats['counters']['games']:,} stored in all, "
         f"steps {stats['counters']['steps']:,}",
         "schema: " + ", ".join(f"{k} {tuple(v['shape'])} {v['dtype']}" for k, v in stats["schema"].items()),
     ]

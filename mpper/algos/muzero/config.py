@@ -85,6 +85,13 @@ class MuZeroConfig:
         0.0, ">= 0", "weight of EfficientZero's consistency loss: the negative cosine similarity between the "
         "dynamics' hidden state k steps deep and the representation of the real observation k steps later, "
         "through network.projection_size heads, that side with a stop-gradient; 0: off")
+    # LightZero's game_segment_length: with 64 envs in play, a game stored whole reaches
+    # the learner thousands of training steps after its first move; a piece is
+    # sampleable as soon as it is played.
+    game_segment_length: int | None = opt(
+        None, ">= 1", "self-play stores a game in pieces of this many moves, each as soon as it is played (its "
+        "value targets bootstrap from the network's value at the cut, refreshed by the reanalyser; the learner's "
+        "unroll stops at the cut); null: whole games (muzero-general)")
     priority_update: str = opt("sampled", ("sampled", "unrolled"), 'new priorities after a step: "sampled" '
                                '(|v - z| of each sampled position) or "unrolled" (of each of the K + 1 unrolled '
                                'positions, as muzero-general)')
@@ -114,6 +121,14 @@ def _symmetry_needs_no_stacking(config) -> str | None:
     return None
 
 
+def _segments_need_no_stacking(config) -> str | None:
+    m = config.muzero
+    if m.game_segment_length is not None and m.stacked_observations != 0:
+        return (f"needs muzero.stacked_observations 0 (a piece's first rows would miss the observations of the "
+                f"piece before), got {m.stacked_observations}")  # fmt: skip
+    return None
+
+
 def _consistency_needs_projection(config) -> str | None:
     if config.muzero.consistency_loss_weight > 0 and config.network.projection_size == 0:
         return "needs network.projection_size >= 1 (the heads the hidden states are compared through), got 0"
@@ -125,5 +140,6 @@ CONFIG = AlgorithmConfig(
     rules=(
         Rule(("muzero.symmetry_augmentation", "muzero.stacked_observations"), _symmetry_needs_no_stacking),
         Rule(("muzero.consistency_loss_weight", "network.projection_size"), _consistency_needs_projection),
+        Rule(("muzero.game_segment_length", "muzero.stacked_observations"), _segments_need_no_stacking),
     ),
 )

@@ -116,10 +116,13 @@ class BatchedPlayer:
 
     def step(self, progress: float = 0.0) -> list[Episode]:
         """Search, act and step every env once; returns the episodes that just ended
-        (their envs are reset and play on). ``progress``: the share of training done,
-        which sets the visit-count temperature while exploring; an episode that has
-        played ``mcts.temperature_threshold_moves`` moves or more takes the most visited
-        action instead (T = 0)."""
+        (their envs are reset and play on) and, while exploring with
+        ``muzero.game_segment_length`` L, the pieces of L moves of games that go on
+        (``ends_game`` False; the game goes on in a new episode whose row 0 is the
+        piece's last). ``progress``: the share of training done, which sets the
+        visit-count temperature while exploring; a game that has played
+        ``mcts.temperature_threshold_moves`` moves or more takes the most visited action
+        instead (T = 0)."""
         temperature = temperature_at(self.config.mcts.temperature_schedule, progress) if self.explore else 0.0
         observations = np.stack([self._network_input(ep) for ep in self.episodes])
         legal = np.stack(self.legal)
@@ -131,9 +134,10 @@ class BatchedPlayer:
         else:
             actions = select_action(result.visit_counts, temperature, self.rng)
         if result.actions is None and threshold is not None and temperature != 0:
-            greedy = np.array([ep.moves >= threshold for ep in self.episodes])
+            greedy = np.array([ep.game_moves >= threshold for ep in self.episodes])
             if greedy.any():  # only then: without a threshold the draws stay as they were
                 actions[greedy] = select_action(result.visit_counts[greedy], 0.0, self.rng)
+        segment = self.config.muzero.game_segment_length if self.explore else None
         finished = []
         for k, (env, ep) in enumerate(zip(self.envs, self.episodes)):
             ep.root_value.append(float(result.root_values[k]))
@@ -149,6 +153,11 @@ class BatchedPlayer:
                 ep.terminated = bool(terminated)
                 finished.append(ep)
                 self.episodes[k] = self._reset(k)
+            elif segment is not None and ep.moves >= segment:
+                ep.ends_game = False
+                finished.append(ep)
+                self.episodes[k] = Episode(observation=[ep.observation[-1]], to_play=[ep.to_play[-1]],
+                                           first_move=ep.game_moves, reward_before=ep.game_return)  # fmt: skip
         cut = [ep for ep in finished if not ep.terminated]
         if cut and self.explore:  # only stored episodes need a value to bootstrap from
             values = self._values(np.stack([self._network_input(ep) for ep in cut]))

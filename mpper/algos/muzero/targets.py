@@ -32,7 +32,7 @@ def _signed_reward(reward, to_play, start, j, player):
 def _muzero_kernel(
     slots, pos, moves, terminated, root_value, reanalysed, use_reanalysed, reward, to_play, child_visits,
     reanalysed_policy, use_reanalysed_policy, action, num_unroll_steps, td_steps, discount, random_uniform,
-    out_value, out_reward, out_policy, out_action, out_scale,
+    out_value, out_reward, out_policy, out_action, out_scale, out_mask, out_policy_mask,
 ):  # fmt: skip
     """Per sampled position and unroll step k = 0..K: muzero-general's ``make_target``.
 
@@ -51,10 +51,14 @@ def _muzero_kernel(
     child_visits. Players are 0 and 1 (one- or two-player games).
 
     The truncated case departs from muzero-general, which treats every episode end as
-    terminal: an episode cut by a time limit (CartPole at 500 moves) did not end in an
-    absorbing state, and a target that ignores everything after the cut teaches the last
+    terminal: an episode cut by a time limit (CartPole at 500 moves), or a piece of a
+    game that goes on (``muzero.game_segment_length``), did not end in an absorbing
+    state, and a target that ignores everything after the cut teaches the last
     ``td_steps`` positions that the pole falls. Row T's value (the network's value of
-    the final observation, refreshed by the reanalyser) stands in for the rest.
+    the final observation, refreshed by the reanalyser) stands in for the rest, and the
+    unroll stops at the cut: ``out_mask`` (value and reward) is 0 for i > T and
+    ``out_policy_mask`` for i >= T, where nothing was recorded (1 everywhere else,
+    and for terminated episodes, whose absorbing targets are muzero-general's).
 
     The reward sums of consecutive unroll steps share all but two terms, so they are
     computed once at the last index and then backwards with
@@ -96,6 +100,8 @@ def _muzero_kernel(
         for k in range(num_unroll_steps + 1):
             i = t + k
             out_scale[b, k] = scale
+            out_mask[b, k] = 1.0 if terminated[b] or i <= big_t else 0.0
+            out_policy_mask[b, k] = 1.0 if terminated[b] or i < big_t else 0.0
             if i < big_t:
                 player = to_play[start + i]
                 value = sums[k] if player == p0 else -sums[k]
@@ -176,7 +182,9 @@ class MuZeroTargets:
     Needs the fields observation, action, reward, to_play, root_value, child_visits;
     uses reanalysed_value and reanalysed_policy where the schema has them. Returns, with K = num_unroll_steps:
     observation (B, *stacked) float32, actions (B, K+1) int64, target_value,
-    target_reward, gradient_scale (B, K+1) float32, target_policy (B, K+1, A) float32.
+    target_reward, gradient_scale (B, K+1) float32, target_policy (B, K+1, A) float32,
+    target_mask and policy_mask (B, K+1) float32: 0 for the unroll steps past the cut
+    of a truncated episode, whose targets are not to be trained on (see the kernel).
 
     With ``next_observations`` (the consistency loss) also next_observation
     (B, K, *stacked) float32, the (stacked) observation ``o_{t+k}`` for k = 1..K, and
@@ -209,6 +217,8 @@ class MuZeroTargets:
             "target_policy": np.empty((batch, k1, self.num_actions), np.float32),
             "actions": np.empty((batch, k1), np.int64),
             "gradient_scale": np.empty((batch, k1), np.float32),
+            "target_mask": np.empty((batch, k1), np.float32),
+            "policy_mask": np.empty((batch, k1), np.float32),
         }
         _muzero_kernel(
             slots, pos, moves, np.asarray(terminated, np.bool_), fields["root_value"],
@@ -219,7 +229,7 @@ class MuZeroTargets:
             self.num_unroll_steps, self.td_steps, float(self.discount),
             rng.random((batch, k1)),
             out["target_value"], out["target_reward"], out["target_policy"], out["actions"],
-            out["gradient_scale"],
+            out["gradient_scale"], out["target_mask"], out["policy_mask"],
         )  # fmt: skip
         out["observation"] = stacked_observations(
             fields["observation"], fields["action"], slots, pos, self.stacked_observations, self.num_actions

@@ -66,7 +66,8 @@ class MuZeroTrainer(Trainer):
 
         ``batch.data`` (from ``MuZeroTargets``): observation (B, *obs), actions (B, K+1)
         (column 0 unused: the action that led to the root), target_value,
-        target_reward, gradient_scale (B, K+1), target_policy (B, K+1, A), and with the
+        target_reward, gradient_scale, target_mask, policy_mask (B, K+1), target_policy
+        (B, K+1, A), and with the
         consistency loss next_observation (B, K, *obs) and next_observation_mask (B, K);
         ``batch.weights`` (B,) importance weights.
 
@@ -99,11 +100,14 @@ class MuZeroTrainer(Trainer):
         # muzero-general hooks the hidden state a step returns, which also halves the
         # gradient of that step's own predictions into the dynamics).
         unrolled = net.unroll(observation, actions[:, 1:], 0.5)
-        value_ce = cross_entropy(unrolled.value_logits, target_value)  # (B, K+1)
-        policy_ce = cross_entropy(unrolled.policy_logits, target_policy)  # (B, K+1)
+        # Steps past the cut of a truncated episode (a time limit, a game segment) have
+        # nothing recorded to learn from: masked out (MuZeroTargets).
+        target_mask, policy_mask = d["target_mask"], d["policy_mask"]  # (B, K+1)
+        value_ce = cross_entropy(unrolled.value_logits, target_value) * target_mask  # (B, K+1)
+        policy_ce = cross_entropy(unrolled.policy_logits, target_policy) * policy_mask  # (B, K+1)
         # No reward loss at step 0: nothing was received before the root (muzero-general
         # skips it as well).
-        reward_ce = cross_entropy(unrolled.reward_logits, target_reward[:, 1:])  # (B, K)
+        reward_ce = cross_entropy(unrolled.reward_logits, target_reward[:, 1:]) * target_mask[:, 1:]  # (B, K)
         # Each unrolled step's gradient is divided by the number of unrolled steps
         # (muzero-general registers grad / gradient_scale hooks on these losses);
         # scale_gradient does the same and leaves the reported loss values alone.
