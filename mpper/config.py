@@ -306,7 +306,8 @@ class RuntimeConfig:
     checkpoint_interval_s: float = opt(60.0, "> 0", "seconds between checkpoint.pt writes")
     max_worker_restarts: int = opt(3, ">= 0", "restarts of a failing worker before the run stops")
     time_limit_s: float | None = opt(None, "> 0", "stop cleanly after this many seconds; null: no limit")
-    max_episodes: int | None = opt(None, ">= 1", "stop cleanly after this many self-play episodes; null: no limit")
+    max_episodes: int | None = opt(None, ">= 1", "stop cleanly once this many self-play games have ended in this run "
+                                   "(counted from its start, as time_limit_s); null: no limit")
     log_interval_s: float = opt(5.0, "> 0", "compact progress line when stdout is not a terminal")
     torch_threads: int = opt(1, ">= 1", "torch threads per child process")
     selfplay_niceness: int = opt(0, "[0, 19]", "local self-play workers raise their niceness by this much, so "

@@ -35,7 +35,7 @@ def play_greedy(config: Config, envs: list, network, seed: int, stop=None, on_ep
         before = [id(ep) for ep in player.episodes]  # finished envs keep playing: first episode counts
         for ep in player.step():
             k = before.index(id(ep))
-            if k not in done and ep.ends_game:
+            if k not in done:
                 done[k] = ep
                 if on_episode is not None:
                     on_episode(ep)

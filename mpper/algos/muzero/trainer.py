@@ -67,8 +67,8 @@ class MuZeroTrainer(Trainer):
         ``batch.data`` (from ``MuZeroTargets``): observation (B, *obs), actions (B, K+1)
         (column 0 unused: the action that led to the root), target_value,
         target_reward, gradient_scale, target_mask, policy_mask (B, K+1), target_policy
-        (B, K+1, A), and with the
-        consistency loss next_observation (B, K, *obs) and next_observation_mask (B, K);
+        (B, K+1, A), and with the consistency loss next_observation (B, K, *obs) and
+        next_observation_mask (B, K);
         ``batch.weights`` (B,) importance weights.
 
         Raises FloatingPointError, before the optimizer step, if the loss or the
