@@ -9,10 +9,17 @@ seconds of the whole run (every process of its tree, sampled from /proc). Then t
 median and quartiles over the seeds; a seed that did not solve counts as infinitely slow
 in them.
 
+The weights that passed are then played again, on ``--verify-episodes`` (100) new
+greedy episodes (``run.py --evaluate RUN_DIR --checkpoint RUN_DIR/best.pt``; env ``k``
+first reset with ``--verify-seed + k``, far from the seeds the runs' workers and
+evaluator start from): a run evaluated often gets more chances to pass by luck, and this
+says whether the policy it stopped at holds. Not counted in the run's time.
+
 Usage::
 
     python bench/solve_cartpole.py                       # seeds 0-9, --workers 8
     python bench/solve_cartpole.py --seeds 0 1 2 --workers 8 --time-limit 300 --set muzero.priority_update=unrolled
+    python bench/solve_cartpole.py --seeds 0 --verify-episodes 0   # no replay of the passing weights
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ import argparse
 import json
 import math
 import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -58,7 +66,24 @@ def run_seed(seed: int, args) -> dict:
         # CPU to the threshold plus start-up, the final checkpoint and snapshot.
         out |= {"wall_s": solved["time_s"], "launch_s": solved["unix_time"] - launched,
                 "env_steps": solved["env_steps"], "training_step": solved["evaluation"]["training_step"]}  # fmt: skip
+        if args.verify_episodes:
+            out["verify"] = verify(run_dir, args)
+            if out["verify"]["training_step"] != out["training_step"]:
+                raise RuntimeError(f"{run_dir}/best.pt holds training step {out['verify']['training_step']}, "
+                                   f"the passing evaluation {out['training_step']}")  # fmt: skip
     return out
+
+
+def verify(run_dir: Path, args) -> dict:
+    """The run's passing weights (``best.pt``: the run stops at its first evaluation at
+    the threshold, so the best is that one) played on ``args.verify_episodes`` new greedy
+    episodes: ``{"episodes", "seed", "training_step", "mean_return", "min_return"}``."""
+    cmd = [sys.executable, "run.py", "--evaluate", str(run_dir), "--checkpoint", str(run_dir / "best.pt"),
+           "--episodes", str(args.verify_episodes), "--seed", str(args.verify_seed)]  # fmt: skip
+    subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, text=True)
+    stats = json.loads((run_dir / "evaluation.json").read_text())
+    return {"episodes": stats["episodes"], "seed": stats["seed"], "training_step": stats["training_step"],
+            "mean_return": stats["return"]["mean"], "min_return": stats["return"]["min"]}  # fmt: skip
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -83,18 +108,29 @@ def fmt(x: float, digits: int = 0) -> str:
 
 
 def report(results: list[dict], command: str) -> str:
+    verified = [r["verify"] for r in results if "verify" in r]
+    replay = f"passing weights, {verified[0]['episodes']} new episodes: mean (min)" if verified else None
     lines = [f"# CartPole-v1 time to solve: `{command}` ({time.strftime('%Y-%m-%d')})", "",
-             "| seed | solved | wall s | from launch s | training step | env steps | CPU s (whole run) |",
-             "|---|---|---|---|---|---|---|"]  # fmt: skip
+             "| seed | solved | wall s | from launch s | training step | env steps | CPU s (whole run) |"
+             + (f" {replay} |" if replay else ""),
+             "|---|---|---|---|---|---|---|" + ("---|" if replay else "")]  # fmt: skip
     for r in results:
         if r["solved"]:
-            lines.append(f"| {r['seed']} | yes | {r['wall_s']:.1f} | {r['launch_s']:.1f} | {r['training_step']:,} "
-                         f"| {r['env_steps']:,} | {r['cpu_s']:.0f} |")  # fmt: skip
+            line = (f"| {r['seed']} | yes | {r['wall_s']:.1f} | {r['launch_s']:.1f} | {r['training_step']:,} "
+                    f"| {r['env_steps']:,} | {r['cpu_s']:.0f} |")  # fmt: skip
+            if "verify" in r:
+                line += f" {r['verify']['mean_return']:.1f} ({r['verify']['min_return']:.0f}) |"
         else:
-            lines.append(f"| {r['seed']} | no (exit {r['exit_code']}, {r['wall_s_total']:.0f} s) | - | - | - | - "
-                         f"| {r['cpu_s']:.0f} |")  # fmt: skip
+            line = (f"| {r['seed']} | no (exit {r['exit_code']}, {r['wall_s_total']:.0f} s) | - | - | - | - "
+                    f"| {r['cpu_s']:.0f} |" + (" - |" if replay else ""))  # fmt: skip
+        lines.append(line)
     solved = sum(r["solved"] for r in results)
-    lines += ["", f"solved {solved}/{len(results)}; quartiles over all seeds (unsolved = infinite):", "",
+    lines += [""]
+    if verified:
+        held = sum(v["mean_return"] >= r["threshold"] for r in results for v in [r.get("verify")] if v)
+        lines += [f"the passing weights kept a mean >= the threshold on {verified[0]['episodes']} new episodes "
+                  f"in {held} of {len(verified)} solved runs", ""]  # fmt: skip
+    lines += [f"solved {solved}/{len(results)}; quartiles over all seeds (unsolved = infinite):", "",
               "| measure | 25 % | median | 75 % | slowest |", "|---|---|---|---|---|"]  # fmt: skip
     for key, label in (("wall_s", "wall s"), ("launch_s", "from launch s"), ("training_step", "training steps"),
                        ("env_steps", "env steps")):  # fmt: skip
@@ -136,6 +172,10 @@ def main() -> int:
     ap.add_argument("--time-limit", type=float, default=600.0)
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="passed on to run.py")
     ap.add_argument("--tag", default="cartpole", help="name of the run directories and result files")
+    ap.add_argument("--verify-episodes", type=int, default=100, metavar="N",
+                    help="play the passing weights on N new greedy episodes after a solved run (0: skip)")
+    ap.add_argument("--verify-seed", type=int, default=50_000_000, metavar="S",
+                    help="env reset seeds S, S+1, ... of those episodes")
     args = ap.parse_args()
     command = "python bench/solve_cartpole.py " + " ".join(sys.argv[1:])
     results = []
