@@ -172,10 +172,16 @@ def main() -> int:
     ap.add_argument("--time-limit", type=float, default=600.0)
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="passed on to run.py")
     ap.add_argument("--tag", default="cartpole", help="name of the run directories and result files")
-    ap.add_argument("--verify-episodes", type=int, default=100, metavar="N",
-                    help="play the passing weights on N new greedy episodes after a solved run (0: skip)")
-    ap.add_argument("--verify-seed", type=int, default=50_000_000, metavar="S",
-                    help="env reset seeds S, S+1, ... of those episodes")
+    ap.add_argument(
+        "--verify-episodes",
+        type=int,
+        default=100,
+        metavar="N",
+        help="play the passing weights on N new greedy episodes after a solved run (0: skip)",
+    )
+    ap.add_argument(
+        "--verify-seed", type=int, default=50_000_000, metavar="S", help="env reset seeds S, S+1, ... of those episodes"
+    )
     args = ap.parse_args()
     command = "python bench/solve_cartpole.py " + " ".join(sys.argv[1:])
     results = []
