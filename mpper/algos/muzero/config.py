@@ -29,6 +29,9 @@ class NetworkConfig:
     reduced_channels: int = opt(2, ">= 1", "residual: planes of the 1x1 conv before each head's MLP (widths: hidden)")
     downsample: bool = opt(False, None, "residual: shrink observations by 16 first (the MuZero paper's Atari network, "
                            "muzero-general's downsample \"resnet\"): 96 x 96 -> a 6 x 6 hidden state")
+    zero_init_heads: bool = opt(False, None, "start the value, reward and policy heads' last layers at zero "
+                                "(LightZero's last_linear_layer_init_zero): value 0, reward 0 and a uniform prior "
+                                "before training; false: PyTorch's default init, as muzero-general")
     # EfficientZero's SimSiam heads (LightZero's proj_hid = proj_out = 2 * pred_hid):
     # what muzero.consistency_loss_weight compares hidden states through.
     projection_size: int = opt(0, ">= 0", "width of the projection and predictor heads of the consistency loss "

@@ -195,6 +195,18 @@ class MuZeroNetwork(FlatWeights, nn.Module):
             nn.Linear(size, bottleneck), nn.BatchNorm1d(bottleneck), nn.ReLU(), nn.Linear(bottleneck, size)
         )
 
+    def zero_init_heads(self) -> None:
+        """Zero the last Linear layer (weight and bias) of the value, reward and policy
+        heads (LightZero's ``last_linear_layer_init_zero``): a new network then predicts
+        value 0, reward 0 and a uniform prior everywhere, so that its first searches
+        favour no action. With random heads the two children of a CartPole root get
+        values that differ the same way in every state, and self-play with the untrained
+        network pushes the cart one way (``bench/cartpole_first_play.py``)."""
+        for head in (self.prediction_value_network, self.dynamics_reward_network, self.prediction_policy_network):
+            last = [m for m in head.modules() if isinstance(m, nn.Linear)][-1]
+            nn.init.zeros_(last.weight)
+            nn.init.zeros_(last.bias)
+
     def project(self, hidden_state: torch.Tensor, predict: bool) -> torch.Tensor:
         """Hidden states (N, *hidden_shape) -> (N, projection size): through the
         projection, then the predictor when ``predict`` (the dynamics' side of the
@@ -473,6 +485,8 @@ def make_network(
         )  # fmt: skip
     else:
         raise ValueError(f'network.kind must be "fc" or "residual", got {config.kind!r}')
+    if config.zero_init_heads:
+        network.zero_init_heads()
     if config.projection_size > 0:
         network.add_projection(config.projection_size)
     return network
