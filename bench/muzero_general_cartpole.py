@@ -16,6 +16,15 @@ stopped the way muzero-general's logging loop ends by itself (the driver's copy 
 ``terminate_workers()``), then Ray is shut down and any process of the run that survived
 is killed by pid (the parent is a child subreaper).
 
+mpper's rule too (``--weights-every N``): the poller also saves the storage's weights
+every N training steps (``run_<N>/weights/step_<S>.pt``), and after the run, with Ray
+shut down, the child plays each saved set in training-step order with muzero-general's own
+MCTS as mpper's evaluator plays (no root noise, the most visited action), ``--eval-episodes``
+episodes from env seeds ``--eval-seed`` on, until one set's mean return is >= the
+threshold (``first_mean_solved``). A set stops being played as soon as its mean can no
+longer get there. Use a ``--hold`` as long as ``--time-limit`` to let the run go on past
+its first one-episode success.
+
 Times: ``t_run`` from the start of the run (before ``ray.init``), ``t_proc`` from the
 launch of the run's Python process. Writes ``run_<N>/run.json`` per run and
 ``summary.json`` / ``summary.md`` to ``--out``, and prints the summary table.
@@ -24,6 +33,8 @@ Usage (with the Python of a virtualenv holding muzero-general's requirements and
 
     /path/to/mzg-venv/bin/python bench/muzero_general_cartpole.py --mzg-dir /path/to/muzero-general \\
         --runs 0 1 2 --time-limit 300
+    # and by mpper's rule (a mean of 10 greedy episodes), weights saved every 100 steps:
+    ... --runs 0 1 2 --time-limit 360 --hold 360 --weights-every 100
 """
 
 import argparse
@@ -163,6 +174,74 @@ def derive(res):
     return res
 
 
+# ----------------------------------------------------------------- mpper's evaluation rule
+def greedy_episode(cfg, model, seed):
+    """One episode of muzero-general's own play (``SelfPlay.play_game``) with its MCTS, but
+    as mpper's evaluator plays: no root noise, the most visited action (muzero-general's
+    ``select_action`` at temperature 0). Returns the episode's return."""
+    import numpy
+    import torch
+    from games.cartpole import Game
+    from self_play import MCTS, GameHistory
+
+    game = Game(seed)
+    history = GameHistory()
+    observation = game.reset()
+    history.action_history.append(0)
+    history.observation_history.append(observation)
+    history.reward_history.append(0)
+    history.to_play_history.append(game.to_play())
+    done, total = False, 0.0
+    with torch.no_grad():
+        while not done and len(history.action_history) <= cfg.max_moves:
+            stacked = history.get_stacked_observations(-1, cfg.stacked_observations, len(cfg.action_space))
+            root, _ = MCTS(cfg).run(model, stacked, game.legal_actions(), game.to_play(), False)
+            actions = list(root.children.keys())
+            visits = numpy.array([child.visit_count for child in root.children.values()], dtype="int32")
+            action = actions[int(numpy.argmax(visits))]
+            observation, reward, done = game.step(action)
+            total += reward
+            history.action_history.append(action)
+            history.observation_history.append(observation)
+            history.reward_history.append(reward)
+            history.to_play_history.append(game.to_play())
+    return total
+
+
+def evaluate_snapshots(a, cfg, weights_dir, res):
+    """mpper's rule on the run's weight snapshots, in training-step order: the mean return of
+    ``--eval-episodes`` greedy episodes >= ``--threshold``. A snapshot's evaluation stops as
+    soon as its mean can no longer reach the threshold; the pass stops at the first
+    snapshot that passes (``first_mean_solved``) or at ``--eval-time-limit``."""
+    import torch
+    from models import MuZeroNetwork
+
+    torch.set_num_threads(1)
+    model = MuZeroNetwork(cfg)
+    model.eval()
+    t0 = time.time()
+    res["evaluations"], res["first_mean_solved"] = [], None
+    n, need = a.eval_episodes, a.threshold * a.eval_episodes
+    for snap in sorted(res.get("snapshots", []), key=lambda x: x["training_step"]):
+        if time.time() - t0 > a.eval_time_limit:
+            res["evaluation_cut_by_time_limit"] = True
+            break
+        path = os.path.join(weights_dir, f"step_{snap['training_step']:06d}.pt")
+        model.set_weights(torch.load(path, weights_only=True))
+        returns = []
+        for k in range(n):
+            returns.append(greedy_episode(cfg, model, a.eval_seed + k))
+            if sum(returns) + cfg.max_moves * (n - len(returns)) < need:
+                break  # cannot pass any more
+        passed = len(returns) == n and sum(returns) >= need
+        res["evaluations"].append({**snap, "returns": returns, "passed": passed})
+        print(f"[eval] step {snap['training_step']}: {returns} {'PASS' if passed else ''}", flush=True)
+        if passed:
+            res["first_mean_solved"] = {**snap, "mean_return": sum(returns) / n}
+            break
+    res["evaluation_s"] = time.time() - t0
+
+
 # ----------------------------------------------------------------- child
 def child_main(a):
     t_proc = proc_start_epoch()
@@ -252,6 +331,23 @@ def child_main(a):
             json.dump(res, f, indent=1, default=str)
         os.replace(tmp, out_json)
 
+    snapshots = {"next_step": 0}
+    weights_dir = os.path.join(rundir, "weights")
+
+    def save_weights(storage, sample):
+        """The storage's weights and their training step, fetched together, to weights/step_N.pt."""
+        try:
+            got = ray.get(storage.get_info.remote(["weights", "training_step"]), timeout=10)
+        except Exception as e:  # noqa
+            res.setdefault("poll_errors", []).append(repr(e)[:200])
+            return
+        os.makedirs(weights_dir, exist_ok=True)
+        step = int(got["training_step"])
+        torch.save({k: v.cpu() for k, v in got["weights"].items()},
+                   os.path.join(weights_dir, f"step_{step:06d}.pt"))
+        res.setdefault("snapshots", []).append({"training_step": step, "t_run_s": sample["t_run_s"]})
+        snapshots["next_step"] = step + a.weights_every
+
     def poller():
         while mz.shared_storage_worker is None:
             if time.time() - t_run > a.time_limit:
@@ -280,6 +376,8 @@ def child_main(a):
                 res["samples"].append(s)
                 if not solved and s["total_reward"] >= a.threshold:
                     solved.update(s)
+                if a.weights_every and s["training_step"] >= snapshots["next_step"]:
+                    save_weights(storage, s)
             el = now - t_run
             reason = None
             if solved and now - t_run - solved["t_run_s"] >= a.hold:
@@ -341,6 +439,9 @@ def child_main(a):
     left = stray(os.getpid(), a.tag)
     res["stray_after_shutdown"] = kill_pids(left) if left else []
     res["teardown_s"] = time.time() - t
+    if a.weights_every and a.eval_episodes:
+        write_json()
+        evaluate_snapshots(a, cfg, weights_dir, res)
     write_json()
     print(f"[run {a.run}] done: stop={res['stop_reason']} solved={res['solved']} "
           f"first={res.get('first_solved')} final={res.get('final')}", flush=True)
@@ -376,7 +477,9 @@ def parent_main(a):
                "--out", os.path.abspath(a.out), "--time-limit", str(a.time_limit),
                "--hold", str(a.hold), "--threshold", str(a.threshold), "--poll", str(a.poll),
                "--seed-base", str(a.seed_base), "--mzg-dir", a.mzg_dir,
-               "--object-store-mb", str(a.object_store_mb), "--tag", tag, "--ray-tmp", ray_tmp]
+               "--object-store-mb", str(a.object_store_mb), "--tag", tag, "--ray-tmp", ray_tmp,
+               "--weights-every", str(a.weights_every), "--eval-episodes", str(a.eval_episodes),
+               "--eval-seed", str(a.eval_seed), "--eval-time-limit", str(a.eval_time_limit)]
         if a.num_cpus is not None:
             cmd += ["--num-cpus", str(a.num_cpus)]
         if not a.no_netns:
@@ -387,7 +490,8 @@ def parent_main(a):
         with open(os.path.join(rundir, "driver.log"), "w") as log:
             p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
             try:
-                rc = p.wait(timeout=a.time_limit + a.hold + 240)
+                evaluating = a.eval_time_limit + 600 if a.weights_every and a.eval_episodes else 0
+                rc = p.wait(timeout=a.time_limit + a.hold + 240 + evaluating)
             except subprocess.TimeoutExpired:
                 rc = "killed-timeout"
                 kill_pids([p.pid])
@@ -437,12 +541,16 @@ def parent_main(a):
             "final_games": fin.get("num_played_games"), "final_moves": fin.get("num_played_steps"),
             "stop_reason": r.get("stop_reason"), "stopped_at_t_run_s": r.get("stopped_at_t_run_s"),
             "strays": len(r.get("stray_after_shutdown") or []) + len(r.get("stray_killed_by_parent") or []),
+            "mean_solved_training_step": (r.get("first_mean_solved") or {}).get("training_step"),
+            "mean_solved_t_run_s": (r.get("first_mean_solved") or {}).get("t_run_s"),
+            "snapshots_evaluated": len(r.get("evaluations") or []),
         })
     with open(os.path.join(a.out, "summary.json"), "w") as f:
         json.dump({"threshold": a.threshold, "time_limit_s": a.time_limit, "rows": rows}, f, indent=1)
     hdr = ["run", "seed", "solved", "t_run@475", "t_proc@475", "step@475", "games@475",
            "moves@475", "held", "hold_min", "final_R", "best_R", "final_step", "final_games",
-           "final_moves", "stop", "stop_t"]
+           "final_moves", "stop", "stop_t", f"step@mean{a.eval_episodes}", f"t_run@mean{a.eval_episodes}",
+           "snapshots_evaluated"]
     lines = ["| " + " | ".join(hdr) + " |", "|" + "---|" * len(hdr)]
     for w in rows:
         lines.append("| " + " | ".join(fmt(x) for x in [
@@ -450,7 +558,8 @@ def parent_main(a):
             w["first_ge_thr_training_step"], w["first_ge_thr_games"], w["first_ge_thr_moves"],
             w["hold_all_ge_thr"], w["hold_min_reward"], w["final_total_reward"], w["best_total_reward"],
             w["final_training_step"], w["final_games"], w["final_moves"], w["stop_reason"],
-            w["stopped_at_t_run_s"]]) + " |")
+            w["stopped_at_t_run_s"], w["mean_solved_training_step"], w["mean_solved_t_run_s"],
+            w["snapshots_evaluated"]]) + " |")
     table = "\n".join(lines)
     with open(os.path.join(a.out, "summary.md"), "w") as f:
         f.write(f"muzero-general CartPole, threshold {a.threshold}, limit {a.time_limit}s "
@@ -475,6 +584,13 @@ def main():
     ap.add_argument("--mzg-dir", required=True, help="a checkout of muzero-general")
     ap.add_argument("--no-netns", action="store_true",
                     help="do not wrap each run in `unshare --net` (loopback-only namespace)")
+    ap.add_argument("--weights-every", type=int, default=0,
+                    help="save the storage's weights every this many training steps (0: never)")
+    ap.add_argument("--eval-episodes", type=int, default=10,
+                    help="with --weights-every: after the run, evaluate the saved weights by mpper's rule "
+                         "(mean of this many greedy episodes >= --threshold); 0: do not")
+    ap.add_argument("--eval-seed", type=int, default=50_000_000, help="seed of the first evaluation episode")
+    ap.add_argument("--eval-time-limit", type=float, default=1800.0, help="wall s for the evaluations of one run")
     ap.add_argument("--_child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--run", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--tag", help=argparse.SUPPRESS)

@@ -257,3 +257,48 @@ def test_fc_dynamics_is_the_state_mlp_on_hidden_and_one_hot_action():
     low, high = unscaled.min(1, keepdim=True).values, unscaled.max(1, keepdim=True).values
     torch.testing.assert_close(next_hidden, (unscaled - low) / (high - low), rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(reward_logits, net.dynamics_reward_network(unscaled), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "cfg, obs_shape, num_actions",
+    [
+        (NetworkConfig(kind="fc", encoding_size=8, hidden=[16], support_size=10, zero_init_heads=True), (4,), 2),
+        (NetworkConfig(kind="residual", encoding_size=4, hidden=[8], blocks=1, support_size=5, zero_init_heads=True),
+         (3, 3, 3), 9),
+    ],
+)  # fmt: skip
+def test_zero_init_heads_predict_zero_value_and_reward_and_a_uniform_prior_and_still_learn(cfg, obs_shape, num_actions):
+    torch.manual_seed(0)
+    net = make_network(cfg, obs_shape, num_actions)
+    obs = torch.randn(6, *obs_shape)
+    actions = torch.randint(num_actions, (6, 3))
+    with torch.no_grad():
+        out = net.unroll(obs, actions)
+    # Equal logits: a uniform distribution over the support, whose expectation is 0.
+    assert torch.equal(out.value_logits, torch.zeros_like(out.value_logits))
+    assert torch.equal(out.reward_logits, torch.zeros_like(out.reward_logits))
+    assert torch.equal(out.policy_logits, torch.zeros(6, 4, num_actions))
+    value = support_to_scalar(out.value_logits.flatten(0, 1), cfg.support_size)
+    assert torch.allclose(value, torch.zeros(6 * 4), atol=1e-5)
+    # The rest of the network is initialised as usual: the hidden states still depend on
+    # the observation and the actions.
+    assert not torch.allclose(out.hidden_states[0], out.hidden_states[1])
+    # One gradient step moves every head away from zero.
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+    out = net.unroll(obs, actions)
+    (out.value_logits[..., -1].sum() + out.reward_logits[..., -1].sum() + out.policy_logits[..., 0].sum()).backward()
+    optimizer.step()
+    with torch.no_grad():
+        after = net.unroll(obs, actions)
+    assert after.value_logits.abs().sum() > 0
+    assert after.reward_logits.abs().sum() > 0
+    assert after.policy_logits.abs().sum() > 0
+
+
+def test_heads_start_random_without_zero_init():
+    torch.manual_seed(0)
+    net = make_network(NetworkConfig(kind="fc", encoding_size=8, hidden=[16], support_size=10), (4,), 2)
+    with torch.no_grad():
+        out = net.initial_inference(torch.randn(6, 4))
+    assert out.policy_logits.abs().sum() > 0
+    assert out.value_logits.std() > 0
