@@ -169,3 +169,30 @@ def test_a_generation_near_the_int64_limit_is_refused(snapshot, tmp_path, mmap):
     with pytest.raises(SnapshotError, match=rf"generation.npy: slot {slot} has the generation {1 << 62}, "
                                             r"expected 0 <= generation < 2\^62$"):
         ReplayBuffer.load(snap, mmap=mmap)
+
+
+@pytest.mark.parametrize("mmap", [True, False], ids=["mmap", "shm"])
+@pytest.mark.parametrize("value", [-1, 1 << 62, np.iinfo(np.int64).max])
+def test_a_counter_out_of_range_is_refused(snapshot, tmp_path, mmap, value):
+    """A counter that is negative, or so near the int64 limit that the next episode would
+    overflow it (the buffer would then save a snapshot it cannot load again), is refused
+    at load, naming the counter."""
+    snap = shutil.copytree(snapshot, tmp_path / "snapshot")
+    counters = np.load(snap / "counters.npy")
+    counters[0] = value
+    np.save(snap / "counters.npy", counters)
+    _recompute_checksum(snap, "counters.npy")
+    with pytest.raises(SnapshotError, match=rf"counters.npy: counter 0 is {value}, expected 0 <= counter < 2\^62$"):
+        ReplayBuffer.load(snap, mmap=mmap)
+
+
+def test_a_huge_counter_below_the_bound_is_usable(snapshot, tmp_path):
+    """Counters far beyond any real run (2^61) load, take new episodes, and the buffer's
+    next snapshot loads again: the bound refuses only what could overflow."""
+    snap = shutil.copytree(snapshot, tmp_path / "snapshot")
+    counters = np.load(snap / "counters.npy")
+    counters[:] = 1 << 61
+    np.save(snap / "counters.npy", counters)
+    _recompute_checksum(snap, "counters.npy")
+    with ReplayBuffer.load(snap, mmap=False) as buf:
+        _check_usable(buf, snap)

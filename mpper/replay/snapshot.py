@@ -184,6 +184,7 @@ def _make_holes(meta: dict, leaves: np.ndarray, changed: np.ndarray) -> None:
 # them inside their arrays.
 _MANIFEST_MAX_BYTES = 64 << 20  # far above any real manifest (schema, counters, run config)
 _MAX_EPISODE_ID = 1 << 62  # ids count episodes ever stored; above this int64 arithmetic nears overflow
+_MAX_COUNTER = 1 << 62  # the counters (games, steps, samples ...) add up for the buffer's life
 _MAX_GENERATION = 1 << 62  # a slot's generation counts its writes (2 per write); the same margin
 _CHECK_CHUNK_BYTES = 16 << 20  # field data is checked in blocks of about this size
 # A stored priority (tree leaf) is min(p + eps, clip) ** alpha. Sampling divides leaves by
@@ -447,9 +448,12 @@ def _check_bookkeeping(path: Path, capacity: int, internal: dict, leaves: np.nda
         raise SnapshotError(f"{path / 'tree_leaves.npy'}: slot {j} has priority {leaves[j]}; a stored priority is 0 "
                             f"or within [{low:g}, {high:g}]")  # fmt: skip
     counters = internal["_counters"]
-    if (counters < 0).any():
-        j = _first(counters < 0)
-        raise SnapshotError(f"{path / 'counters.npy'}: counter {j} is negative ({counters[j]})")
+    # Counters only grow: one at the int64 limit would overflow at the next add (the same
+    # margin as the generations').
+    bad = (counters < 0) | (counters >= _MAX_COUNTER)
+    if bad.any():
+        j = _first(bad)
+        raise SnapshotError(f"{path / 'counters.npy'}: counter {j} is {counters[j]}, expected 0 <= counter < 2^62")
     top = float(internal["_max_priority"][0])
     if not (math.isfinite(top) and top >= 0):
         raise SnapshotError(f"{path / 'max_priority.npy'}: must be finite and >= 0, got {top}")

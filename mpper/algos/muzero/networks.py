@@ -199,9 +199,9 @@ class MuZeroNetwork(FlatWeights, nn.Module):
         """Zero the last Linear layer (weight and bias) of the value, reward and policy
         heads (LightZero's ``last_linear_layer_init_zero``): a new network then predicts
         value 0, reward 0 and a uniform prior everywhere, so that its first searches
-        favour no action. With random heads the two children of a CartPole root get
-        values that differ the same way in every state, and self-play with the untrained
-        network pushes the cart one way (``bench/cartpole_first_play.py``)."""
+        favour no action. With random heads, some initial networks give one of a CartPole
+        root's two children the higher value in nearly every state, and self-play with them
+        pushes the cart one way (``bench/cartpole_first_play.py``)."""
         for head in (self.prediction_value_network, self.dynamics_reward_network, self.prediction_policy_network):
             last = [m for m in head.modules() if isinstance(m, nn.Linear)][-1]
             nn.init.zeros_(last.weight)
