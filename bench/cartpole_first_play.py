@@ -45,16 +45,15 @@ def first_play(config, seed: int, episodes: int) -> dict:
     network = algorithm_of(config).make_network(config, spec.observation_shape, spec.num_actions).eval()
     envs = [make_env(config.env) for _ in range(config.runtime.envs_per_worker)]
     player = BatchedPlayer(config, envs, network, explore=True, seed=seed * 1000)
-    lengths, left, top_share = [], [], []
-    while len(lengths) < episodes:
-        for ep in player.step(progress=0.0):
-            lengths.append(ep.moves)
-            left.extend(a == 0 for a in ep.action)
-            top_share.extend(np.max(ep.child_visits, axis=1))
+    played = []
+    while len(played) < episodes:
+        played += player.step(progress=0.0)
     for env in envs:
         env.close()
-    return {"length": float(np.mean(lengths[:episodes])), "left": float(np.mean(left)),
-            "top_share": float(np.mean(top_share))}  # fmt: skip
+    played = played[:episodes]
+    return {"length": float(np.mean([ep.moves for ep in played])),
+            "left": float(np.mean(np.concatenate([np.equal(ep.action, 0) for ep in played]))),
+            "top_share": float(np.mean(np.concatenate([np.max(ep.child_visits, axis=1) for ep in played])))}  # fmt: skip
 
 
 def random_play(config, seed: int, episodes: int) -> dict:

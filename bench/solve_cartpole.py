@@ -127,7 +127,7 @@ def report(results: list[dict], command: str) -> str:
     solved = sum(r["solved"] for r in results)
     lines += [""]
     if verified:
-        held = sum(v["mean_return"] >= r["threshold"] for r in results for v in [r.get("verify")] if v)
+        held = sum(r["verify"]["mean_return"] >= r["threshold"] for r in results if "verify" in r)
         lines += [f"the passing weights kept a mean >= the threshold on {verified[0]['episodes']} new episodes "
                   f"in {held} of {len(verified)} solved runs", ""]  # fmt: skip
     lines += [f"solved {solved}/{len(results)}; quartiles over all seeds (unsolved = infinite):", "",
