@@ -109,7 +109,7 @@ def run_mpper(seed: int, config: str, workers: int, overrides, time_limit: float
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} exited with {proc.returncode}:\n{proc.stderr[-3000:]}")
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
-    evals = [r for r in records if r["event"] == "evaluation"]
+    evals = [r for r in records if r["event"] == "evaluation" and "mean_return" in r["evaluation"]]  # not stopped early
     solved = next((r for r in evals if r["evaluation"]["mean_return"] >= STOP), None)
     result = {"system": f"mpper --workers {workers}", "seed": seed, "solved": solved is not None,
               "curve": [{"time_s": r["time_s"], "env_steps": r["env_steps"],

@@ -49,12 +49,14 @@ def run_seed(seed: int, args) -> dict:
     shutil.rmtree(run_dir, ignore_errors=True)
     proc, wall, cpu, launched = proctree.run_measured(cmd, ROOT)
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
-    evals = [r for r in records if r["event"] == "evaluation"]
+    every = [r for r in records if r["event"] == "evaluation"]
+    evals = [r for r in every if "mean_return" in r["evaluation"]]  # not those stopped early
     threshold = json.loads((run_dir / "config.json").read_text())["runtime"]["solve_return"]
     solved = next((r for r in evals if r["evaluation"]["mean_return"] >= threshold), None)
     out = {
         "seed": seed, "exit_code": proc.returncode, "wall_s_total": wall, "cpu_s": cpu,
         "solved": solved is not None, "threshold": threshold,
+        "evaluations": len(every), "evaluations_stopped_early": len(every) - len(evals),
         "curve": [(r["time_s"], r["env_steps"], r["evaluation"]["training_step"], r["evaluation"]["mean_return"])
                   for r in evals],
     }  # fmt: skip

@@ -93,7 +93,7 @@ def run_mpper(config: str, seed: int, workers: int, time_limit: float, eval_inte
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} exited with {proc.returncode}:\n{proc.stderr[-3000:]}")
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
-    evals = [r for r in records if r["event"] == "evaluation"]
+    evals = [r for r in records if r["event"] == "evaluation" and "mean_return" in r["evaluation"]]  # not stopped early
     crossed = next((r for r in evals if r["evaluation"]["mean_return"] >= THRESHOLD), None)
     out = {"system": f"mpper --workers {workers}", "keeps": "best.pt", "seed": seed, "wall_s_total": wall,
            "cpu_s_total": cpu, "crossed": crossed is not None, "run_dir": str(run_dir),

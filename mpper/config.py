@@ -303,6 +303,11 @@ class RuntimeConfig:
     solve_confirm_episodes: int = opt(0, ">= 0", "one-player envs: when an evaluation reaches solve_return, play "
                                        "this many more greedy episodes with the same weights; the evaluation's mean "
                                        "is then over all its episodes, so a lucky few do not stop the run; 0: off")
+    max_episode_return: float | None = opt(None, None, "one-player envs: the most one episode can return "
+                                           "(CartPole-v1: 500); with it an evaluation stops as soon as its mean "
+                                           "can no longer reach solve_return nor the best evaluation so far, so "
+                                           "that failing weights cost less evaluation time; null: every "
+                                           "evaluation plays all its episodes to the end")
     checkpoint_interval_s: float = opt(60.0, "> 0", "seconds between checkpoint.pt writes")
     max_worker_restarts: int = opt(3, ">= 0", "restarts of a failing worker before the run stops")
     time_limit_s: float | None = opt(None, "> 0", "stop cleanly after this many seconds; null: no limit")

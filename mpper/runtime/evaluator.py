@@ -20,13 +20,16 @@ from .actor import LatestWeights, labelled_envs
 from .procs import child_process
 from .run import BestCheckpoint, Seeds
 
-__all__ = ["evaluate", "greedy_returns", "play_greedy", "run_evaluator"]
+__all__ = ["evaluate", "evaluation_bar", "greedy_returns", "play_greedy", "run_evaluator"]
 
 
-def play_greedy(config: Config, envs: list, network, seed: int, stop=None, on_episode=None) -> list[Episode] | None:
+def play_greedy(config: Config, envs: list, network, seed: int, stop=None, on_episode=None,
+                give_up=None) -> list[Episode] | None:  # fmt: skip
     """One greedy episode (search without noise, most visited action) in each env, played
     together; returns them in env order, or None if ``stop`` was set first.
-    ``on_episode(episode)`` is called as each one ends (progress bars)."""
+    ``on_episode(episode)`` is called as each one ends (progress bars). ``give_up()`` is
+    asked after every move while episodes are unfinished: when it is true, play stops and
+    only the finished episodes are returned (in env order)."""
     player = algorithm_of(config).make_player(config, envs, network, explore=False, seed=seed)
     done: dict[int, Episode] = {}
     while len(done) < len(envs):
@@ -39,15 +42,24 @@ def play_greedy(config: Config, envs: list, network, seed: int, stop=None, on_ep
                 done[k] = ep
                 if on_episode is not None:
                     on_episode(ep)
-    return [done[k] for k in range(len(envs))]
+        if give_up is not None and len(done) < len(envs) and give_up():
+            break
+    return [done[k] for k in sorted(done)]
 
 
-def evaluate(config: Config, network, seed: int, stop=None, envs: list | None = None) -> dict | None:
+def evaluate(config: Config, network, seed: int, stop=None, envs: list | None = None,
+             must_reach: float | None = None) -> dict | None:  # fmt: skip
     """One evaluation with ``network``; None if ``stop`` was set first.
 
     One-player env: ``runtime.evaluation_episodes`` greedy episodes (MuZero: search
     without noise, most visited action; DQN: argmax Q), one per env of ``envs`` (made
     from ``config.env`` when None): ``{"mean_return": mean, "returns": [...]}``.
+
+    With ``must_reach`` (a mean return) and ``runtime.max_episode_return``, play stops as
+    soon as the mean can no longer reach ``must_reach`` (every unfinished episode counted
+    at ``max_episode_return``): the evaluation then has no ``mean_return`` but
+    ``{"stopped_early": True, "mean_return_at_most": that bound, "returns": the finished
+    episodes' returns}``.
 
     With ``runtime.solve_return`` and ``runtime.solve_confirm_episodes``, an evaluation
     whose mean reaches ``solve_return`` plays that many more episodes with the same
@@ -65,9 +77,13 @@ def evaluate(config: Config, network, seed: int, stop=None, envs: list | None = 
     if algorithm.two_player and is_two_player(envs[0]):
         opponents = evaluation_opponents(envs[0], seed)
         return algorithm.play_against(config, network, opponents, config.runtime.evaluation_episodes, seed, stop=stop)
-    returns = greedy_returns(config, envs, network, seed, len(envs), stop)
+    count = len(envs)
+    returns = greedy_returns(config, envs, network, seed, count, stop, must_reach)
     if returns is None:
         return None
+    if len(returns) < count:
+        bound = (sum(returns) + (count - len(returns)) * config.runtime.max_episode_return) / count
+        return {"stopped_early": True, "mean_return_at_most": bound, "returns": returns}
     solve, confirm = config.runtime.solve_return, config.runtime.solve_confirm_episodes
     if solve is None or confirm == 0 or np.mean(returns) < solve:
         return {"mean_return": float(np.mean(returns)), "returns": returns}
@@ -78,16 +94,48 @@ def evaluate(config: Config, network, seed: int, stop=None, envs: list | None = 
             "confirmation": {"episodes": confirm, "mean_return": float(np.mean(more))}}  # fmt: skip
 
 
-def greedy_returns(config: Config, envs: list, network, seed: int, count: int, stop=None) -> list[float] | None:
+def evaluation_bar(config: Config, best_mean_return: float) -> float | None:
+    """The mean an evaluation has to be able to reach to count: ``runtime.solve_return``
+    (stop the run) or the best mean so far (a new ``best.pt``), whichever is lower; None
+    (play every episode to the end) without ``runtime.max_episode_return`` or before a
+    first evaluation."""
+    if config.runtime.max_episode_return is None or not np.isfinite(best_mean_return):
+        return None
+    solve = config.runtime.solve_return
+    return best_mean_return if solve is None else min(solve, best_mean_return)
+
+
+def greedy_returns(config: Config, envs: list, network, seed: int, count: int, stop=None,
+                   must_reach: float | None = None) -> list[float] | None:  # fmt: skip
     """The returns of ``count`` greedy episodes, played ``len(envs)`` at a time; episode
-    ``i`` starts from a reset with ``seed + i``. None if ``stop`` was set first."""
+    ``i`` starts from a reset with ``seed + i``. None if ``stop`` was set first.
+
+    With ``must_reach`` and ``runtime.max_episode_return``: play stops once the mean of
+    the ``count`` returns cannot reach ``must_reach`` even if every unfinished episode
+    returned ``max_episode_return``; the list then holds the finished ones only (fewer
+    than ``count``)."""
+    best_case = config.runtime.max_episode_return
     returns: list[float] = []
+    batch_done, batch_sum = 0, 0.0  # the finished episodes of the batch in play
+
+    def on_episode(ep: Episode) -> None:
+        nonlocal batch_done, batch_sum
+        batch_done, batch_sum = batch_done + 1, batch_sum + ep.game_return
+
+    def hopeless() -> bool:
+        unfinished = count - len(returns) - batch_done
+        return (sum(returns) + batch_sum + unfinished * best_case) / count < must_reach
+
+    give_up = hopeless if must_reach is not None and best_case is not None else None
     while len(returns) < count:
         batch = envs[: count - len(returns)]
-        episodes = play_greedy(config, batch, network, seed + len(returns), stop)
+        batch_done, batch_sum = 0, 0.0
+        episodes = play_greedy(config, batch, network, seed + len(returns), stop, on_episode, give_up)
         if episodes is None:
             return None
         returns += [ep.game_return for ep in episodes]
+        if len(episodes) < len(batch):
+            break
     return returns
 
 
@@ -112,7 +160,8 @@ def run_evaluator(config: Config, weight_handle, observation_shape, num_actions:
         while not stop.is_set():
             started = time.monotonic()
             weights.refresh()
-            evaluation = evaluate(config, weights.network, seeds.evaluation(round_), stop, envs)
+            evaluation = evaluate(config, weights.network, seeds.evaluation(round_), stop, envs,
+                                  evaluation_bar(config, best.best))
             if evaluation is not None:
                 best.offer(weights.network, weights.training_step, evaluation)
                 reports.put(("eval", name, {"training_step": weights.training_step, **evaluation,

@@ -28,7 +28,7 @@ from ..checkpoint import load_checkpoint, save_checkpoint
 from ..config import Config, config_to_dict
 from ..envs import make_env
 from ..replay.buffer import ReplayBuffer
-from .evaluator import evaluate
+from .evaluator import evaluate, evaluation_bar
 from .learner import beta_schedule, pick_device
 from .procs import ForcedStop, StopRequests
 from .rate import can_sample
@@ -126,8 +126,9 @@ def _train(cfg: Config, run: Run, resume: Path | None, spec, signals: StopReques
                         break  # one step per move
                 if time.monotonic() - last_eval >= cfg.runtime.evaluation_interval_s:
                     last_eval = time.monotonic()
+                    bar = evaluation_bar(cfg, best.best)
                     evaluation = {"training_step": trainer.training_step,
-                                  **evaluate(cfg, acting, run.seeds.evaluation(evaluations))}  # fmt: skip
+                                  **evaluate(cfg, acting, run.seeds.evaluation(evaluations), must_reach=bar)}  # fmt: skip
                     evaluations += 1
                     best.offer(acting, trainer.training_step, evaluation)
                     run.evaluated({**evaluation, "best_mean_return": best.best, "weights_version": store.version})

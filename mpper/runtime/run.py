@@ -86,8 +86,8 @@ class BestCheckpoint:
     def offer(self, network: torch.nn.Module, training_step: int, evaluation: dict) -> bool:
         """Keep ``network`` if ``evaluation["mean_return"]`` is at least the best so far;
         whether it was kept."""
-        mean = evaluation["mean_return"]
-        if self.path is None or mean < self.best:
+        mean = evaluation.get("mean_return")  # none when the evaluation stopped early
+        if self.path is None or mean is None or mean < self.best:
             return False
         self.best = mean
         keys = ("mean_return", "returns", "against", "opponents")
@@ -231,6 +231,8 @@ def eval_status(evaluation: dict) -> str:
     """The progress bar's evaluation: the mean return, or per opponent of a two-player
     env wins/draws/losses (first and second player together)."""
     opponents = evaluation.get("opponents")
+    if evaluation.get("stopped_early"):
+        return f"eval <{evaluation['mean_return_at_most']:.1f}"
     if not opponents:
         return f"eval {evaluation.get('mean_return', float('nan')):.1f}"
     parts = []

@@ -1,0 +1,150 @@
+"""Evaluations that stop early (``runtime.max_episode_return``): once the mean of an
+evaluation's episodes can no longer reach the bar (the solve return or the best mean so
+far, the lower), play stops, the evaluation counts as failing and keeps no ``best.pt``.
+
+The reference is a plain loop written here: real CartPole envs reset with each episode's
+seed, the action the argmax of the Q-network's output, and the stopping move worked out
+from the plain returns (CartPole pays 1 per move, so a return is the episode's length and
+the envs of a batch move in lockstep).
+"""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from mpper.algos.configs import config_from_dict
+from mpper.algos.dqn.dqn import QNetwork
+from mpper.runtime.evaluator import evaluate, evaluation_bar, greedy_returns
+from mpper.runtime.run import BestCheckpoint, Run, eval_status
+
+SEED = 300  # episode i starts from a reset with SEED + i
+MAX_RETURN = 500.0  # CartPole-v1
+
+
+def dqn_config(max_episode_return: float | None = MAX_RETURN, solve_return: float | None = 475.0, episodes: int = 6):
+    return config_from_dict({
+        "algorithm": "dqn", "env": {"id": "CartPole-v1"}, "dqn": {"hidden": [16], "dueling": False},
+        "runtime": {"evaluation_episodes": episodes, "solve_return": solve_return,
+                    "max_episode_return": max_episode_return},
+    })  # fmt: skip
+
+
+def plain_returns(network: QNetwork, seeds) -> list[float]:
+    """Greedy CartPole returns, one episode per seed, by a plain loop."""
+    out = []
+    for seed in seeds:
+        env = gym.make("CartPole-v1")
+        obs, _ = env.reset(seed=seed)
+        total, done = 0.0, False
+        while not done:
+            with torch.no_grad():
+                action = int(network(torch.as_tensor(obs, dtype=torch.float32)[None]).argmax())
+            obs, reward, terminated, truncated, _ = env.step(action)
+            total, done = total + reward, terminated or truncated
+        out.append(total)
+    return out
+
+
+def network_where(condition, episodes: int) -> tuple[QNetwork, list[float]]:
+    """The first of a fixed series of random Q-networks whose greedy returns on seeds
+    ``SEED ..`` satisfy ``condition``, with those returns."""
+    for k in range(500):
+        torch.manual_seed(k)
+        network = QNetwork((4,), 2, [16]).eval()
+        returns = plain_returns(network, range(SEED, SEED + episodes))
+        if condition(returns):
+            return network, returns
+    raise AssertionError("no network of the series meets the condition")
+
+
+def expected_finished(returns: list[float], batch: int, bar: float, best_case: float = MAX_RETURN) -> list[float]:
+    """The returns finished when play stops: batches of ``batch`` episodes in lockstep,
+    the bar checked after every move while a batch has unfinished episodes."""
+    count, finished = len(returns), []
+    for start in range(0, count, batch):
+        lengths = returns[start : start + batch]
+        for move in range(1, int(max(lengths)) + 1):
+            done = [r for r in lengths if r <= move]
+            if len(done) == len(lengths):
+                break
+            if (sum(finished) + sum(done) + (count - len(finished) - len(done)) * best_case) / count < bar:
+                return finished + [r for r in lengths if r <= move]
+        finished += lengths
+    return finished
+
+
+def out_of_reach(returns: list[float]) -> float:
+    """A mean just out of reach once every episode but the longest has ended."""
+    return float(np.mean(returns)) + (MAX_RETURN - max(returns)) / len(returns) + 1.0
+
+
+def varied(returns: list[float]) -> bool:
+    """Returns that end at different moves, some short and some long."""
+    return len(set(returns)) == len(returns) and min(returns) < 60 and max(returns) > 150
+
+
+def test_an_evaluation_that_cannot_reach_the_bar_stops_and_keeps_the_finished_returns():
+    network, returns = network_where(varied, episodes=6)
+    bar = out_of_reach(returns)
+    want = expected_finished(returns, batch=6, bar=bar)
+    assert 0 < len(want) < 6
+    report = evaluate(dqn_config(), network, seed=SEED, must_reach=bar)
+    assert report["stopped_early"] is True and "mean_return" not in report
+    assert report["returns"] == [r for r in returns if r in want]  # env order
+    assert report["mean_return_at_most"] == pytest.approx((sum(want) + (6 - len(want)) * MAX_RETURN) / 6)
+    assert report["mean_return_at_most"] < bar
+
+
+def test_an_evaluation_that_can_still_reach_the_bar_plays_every_episode():
+    network, returns = network_where(varied, episodes=6)
+    bar = float(np.mean(returns))  # reached exactly at the last move
+    assert evaluate(dqn_config(), network, seed=SEED, must_reach=bar) == {
+        "mean_return": pytest.approx(bar), "returns": returns}  # fmt: skip
+    # without a bound on one episode's return, or without a bar, nothing stops early
+    too_high = out_of_reach(returns)
+    assert evaluate(dqn_config(max_episode_return=None), network, seed=SEED, must_reach=too_high)["returns"] == returns
+    assert evaluate(dqn_config(), network, seed=SEED, must_reach=None)["returns"] == returns
+
+
+def test_the_bound_counts_episodes_of_earlier_batches():
+    network, returns = network_where(varied, episodes=7)
+    config = dqn_config(episodes=3)
+    envs = [gym.make("CartPole-v1") for _ in range(3)]
+    # out of reach once the second batch (episodes 3-5) has only its longest unfinished
+    bar = (sum(returns) - max(returns[3:6]) - returns[6] + 2 * MAX_RETURN) / 7 + 1.0
+    want = expected_finished(returns, batch=3, bar=bar)
+    got = greedy_returns(config, envs, network, SEED, 7, must_reach=bar)
+    assert 3 <= len(got) < 6
+    assert sorted(got) == sorted(want)
+    assert greedy_returns(config, envs, network, SEED, 7, must_reach=float(np.mean(returns))) == returns
+
+
+def test_the_bar_is_the_solve_return_or_the_best_so_far_whichever_is_lower():
+    assert evaluation_bar(dqn_config(), -np.inf) is None  # the first evaluation plays to the end
+    assert evaluation_bar(dqn_config(), 120.0) == 120.0
+    assert evaluation_bar(dqn_config(solve_return=100.0), 120.0) == 100.0
+    assert evaluation_bar(dqn_config(solve_return=None), 120.0) == 120.0
+    assert evaluation_bar(dqn_config(max_episode_return=None), 120.0) is None
+
+
+def test_a_stopped_evaluation_neither_stops_the_run_nor_replaces_best(tmp_path):
+    config = dqn_config(solve_return=100.0)
+    stopped = {"training_step": 7, "stopped_early": True, "mean_return_at_most": 90.0, "returns": [12.0]}
+    best = BestCheckpoint(tmp_path)
+    network = QNetwork((4,), 2, [16])
+    assert not best.offer(network, 7, stopped)
+    assert not (tmp_path / "best.pt").exists() and best.best == -np.inf
+    run = Run(config, tmp_path)
+    run.evaluated(stopped)
+    assert run.stop_reason() is None
+    assert eval_status(stopped) == "eval <90.0"
+
+
+def test_the_key_is_checked():
+    from mpper.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"runtime\.max_episode_return"):
+        dqn_config(max_episode_return="a lot")
