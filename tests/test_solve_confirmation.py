@@ -100,3 +100,16 @@ def test_the_key_is_checked():
 
     with pytest.raises(ConfigError, match=r"runtime\.solve_confirm_episodes: expected an integer >= 0, got -1"):
         dqn_config(475.0, confirm=-1)
+
+
+def test_a_passing_evaluation_stops_the_run_though_a_failing_one_arrives_before_the_check(tmp_path):
+    """Evaluations can come faster than the supervisor asks for a stop reason (weights
+    that collapse fail theirs in a few moves): the first one at the solve return stops
+    the run, whatever came after it."""
+    run = Run(dqn_config(475.0, confirm=0), tmp_path)
+    run.evaluated({"training_step": 900, "mean_return": 120.0, "returns": [120.0] * 4})
+    assert run.stop_reason() is None
+    run.evaluated({"training_step": 5360, "mean_return": 500.0, "returns": [500.0] * 4})
+    run.evaluated({"training_step": 5770, "mean_return": 9.0, "returns": [9.0] * 4})
+    assert run.stop_reason() == "solved: mean greedy return 500.0 >= 475 at training step 5360"
+    assert run.evaluation["training_step"] == 5770  # the records still show the latest

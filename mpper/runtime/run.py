@@ -112,6 +112,7 @@ class Run:
         self.recent_returns: deque = deque(maxlen=100)
         self.games = 0  # self-play games ended (episode() calls)
         self.evaluation: dict = {}
+        self.solving: dict | None = None  # the first evaluation at runtime.solve_return
         self._last_progress = self.started
         self._metrics = self._episodes = self._tensorboard = None
 
@@ -174,8 +175,13 @@ class Run:
 
     def evaluated(self, evaluation: dict) -> None:
         """The latest evaluation (``training_step``, ``mean_return``, ...), for the
-        records and the solve rule."""
+        records and the solve rule. The first one at ``runtime.solve_return`` is kept for
+        the solve rule: evaluations can arrive faster than :meth:`stop_reason` is asked
+        (one that fails fast right after one that passed), and a later one must not hide it."""
         self.evaluation = evaluation
+        solve = self.config.runtime.solve_return
+        if self.solving is None and solve is not None and evaluation.get("mean_return", -np.inf) >= solve:
+            self.solving = evaluation
 
     def episode(self, source: str, payload: dict, env_steps: int) -> None:
         """One self-play episode (``return``, ``length``, ``weights_version``, ...) of
@@ -204,16 +210,16 @@ class Run:
     # ---- stop rules -------------------------------------------------------------------
     def stop_reason(self) -> str | None:
         """Why the run should stop now (time limit, ``max_episodes`` self-play games
-        ended (:meth:`episode` calls), the latest evaluation reached ``solve_return``),
+        ended (:meth:`episode` calls), an evaluation reached ``solve_return``),
         or None."""
         rt = self.config.runtime
         if rt.time_limit_s is not None and self.elapsed() >= rt.time_limit_s:
             return f"time limit of {rt.time_limit_s:g} s reached"
         if rt.max_episodes is not None and self.games >= rt.max_episodes:
             return f"{self.games} self-play episodes played (max_episodes)"
-        solve = rt.solve_return
-        if solve is not None and self.evaluation.get("mean_return", -np.inf) >= solve:
-            return f"solved: {solved_text(self.evaluation)} >= {solve:g} at training step {self.evaluation['training_step']}"
+        if self.solving is not None:
+            solve, ev = rt.solve_return, self.solving
+            return f"solved: {solved_text(ev)} >= {solve:g} at training step {ev['training_step']}"
         return None
 
 
