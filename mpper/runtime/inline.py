@@ -126,9 +126,9 @@ def _train(cfg: Config, run: Run, resume: Path | None, spec, signals: StopReques
                         break  # one step per move
                 if time.monotonic() - last_eval >= cfg.runtime.evaluation_interval_s:
                     last_eval = time.monotonic()
-                    bar = evaluation_bar(cfg, best.best)
+                    must_reach = evaluation_bar(cfg, best.best)
                     evaluation = {"training_step": trainer.training_step,
-                                  **evaluate(cfg, acting, run.seeds.evaluation(evaluations), must_reach=bar)}  # fmt: skip
+                                  **evaluate(cfg, acting, run.seeds.evaluation(evaluations), must_reach=must_reach)}  # fmt: skip
                     evaluations += 1
                     best.offer(acting, trainer.training_step, evaluation)
                     run.evaluated({**evaluation, "best_mean_return": best.best, "weights_version": store.version})
