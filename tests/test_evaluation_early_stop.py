@@ -10,6 +10,9 @@ the envs of a batch move in lockstep).
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -148,3 +151,44 @@ def test_the_key_is_checked():
 
     with pytest.raises(ConfigError, match=r"runtime\.max_episode_return"):
         dqn_config(max_episode_return="a lot")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_a_run_in_one_process_stops_hopeless_evaluations_and_keeps_best_from_whole_ones(tmp_path, capsys):
+    """--workers 0 evaluates between its turns (here after every one): evaluations stop
+    early by the bar of the best whole evaluation before them, and ``best.pt`` holds the
+    best whole one. One process: the same seed plays the same run."""
+    from mpper import cli
+
+    run_dir = tmp_path / "run"
+    episodes, most = 4, 30.0
+    config = Path(__file__).resolve().parents[1] / "configs" / "cartpole.json"
+    rc = cli.main(["--config", str(config), "--workers", "0", "--device", "cpu", "--seed", "0",
+                   "--run-dir", str(run_dir), "--max-train-steps", "120", "--time-limit", "100",
+                   "--set", "training.min_buffer_steps=64", "--set", "training.batch_size=16",
+                   "--set", "mcts.num_simulations=4", "--set", "runtime.envs_per_worker=4",
+                   "--set", "runtime.evaluation_interval_s=0.001", "--set", f"runtime.evaluation_episodes={episodes}",
+                   "--set", "env.max_episode_steps=30", "--set", f"runtime.max_episode_return={most}",
+                   "--set", "runtime.solve_return=null", "--set", "reanalyse.enabled=false",
+                   "--set", "replay.capacity=2000"])  # fmt: skip
+    assert rc == 0, capsys.readouterr()
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    evaluations = [r["evaluation"] for r in records if r["event"] == "evaluation"]
+    best_before = -np.inf
+    whole, stopped = [], []
+    for ev in evaluations:
+        if ev.get("stopped_early"):
+            stopped.append(ev)
+            assert len(ev["returns"]) < episodes
+            bound = (sum(ev["returns"]) + (episodes - len(ev["returns"])) * most) / episodes
+            assert ev["mean_return_at_most"] == pytest.approx(bound) and bound < best_before
+            assert ev["best_mean_return"] == best_before
+        else:
+            whole.append(ev)
+            assert len(ev["returns"]) == episodes and ev["mean_return"] == pytest.approx(np.mean(ev["returns"]))
+            best_before = max(best_before, ev["mean_return"])
+            assert ev["best_mean_return"] == best_before
+    assert stopped and len(whole) > 1
+    best = torch.load(run_dir / "best.pt", weights_only=True)
+    assert best["extra"]["mean_return"] == max(ev["mean_return"] for ev in whole)
