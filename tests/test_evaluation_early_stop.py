@@ -125,6 +125,14 @@ def test_the_bound_counts_episodes_of_earlier_batches():
     assert greedy_returns(config, envs, network, SEED, 7, must_reach=float(np.mean(returns))) == returns
 
 
+def test_a_bound_below_a_real_return_is_refused_by_name():
+    network, returns = network_where(varied, episodes=6)
+    config = dqn_config(max_episode_return=max(returns) - 1)
+    # found out by the first evaluation already, which plays every episode to the end
+    with pytest.raises(ValueError, match=r"runtime\.max_episode_return is \d+, but a greedy episode returned \d+"):
+        evaluate(config, network, seed=SEED, must_reach=None)
+
+
 def test_the_bar_is_the_solve_return_or_the_best_so_far_whichever_is_lower():
     assert evaluation_bar(dqn_config(), -np.inf) is None  # the first evaluation plays to the end
     assert evaluation_bar(dqn_config(), 120.0) == 120.0

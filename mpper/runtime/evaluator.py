@@ -120,6 +120,9 @@ def greedy_returns(config: Config, envs: list, network, seed: int, count: int, s
 
     def on_episode(ep: Episode) -> None:
         nonlocal batch_done, batch_sum
+        if best_case is not None and ep.game_return > best_case:  # the bound would stop evaluations that pass
+            raise ValueError(f"runtime.max_episode_return is {best_case:g}, but a greedy episode returned "
+                             f"{ep.game_return:g}: set it to the most one episode can return, or null")  # fmt: skip
         batch_done, batch_sum = batch_done + 1, batch_sum + ep.game_return
 
     def hopeless() -> bool:
