@@ -2,10 +2,10 @@
 evaluation's episodes can no longer reach the bar (the solve return or the best mean so
 far, the lower), play stops, the evaluation counts as failing and keeps no ``best.pt``.
 
-The reference is a plain loop written here: real CartPole envs reset with each episode's
-seed, the action the argmax of the Q-network's output, and the stopping move worked out
-from the plain returns (CartPole pays 1 per move, so a return is the episode's length and
-the envs of a batch move in lockstep).
+The reference is a plain loop (``tests/greedy_reference.py``): real CartPole envs reset
+with each episode's seed, the action the argmax of the Q-network's output; the stopping
+move is worked out here from the plain returns (CartPole pays 1 per move, so a return is
+the episode's length, and the envs of a batch move in lockstep).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import greedy_reference
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -35,32 +36,9 @@ def dqn_config(max_episode_return: float | None = MAX_RETURN, solve_return: floa
     })  # fmt: skip
 
 
-def plain_returns(network: QNetwork, seeds) -> list[float]:
-    """Greedy CartPole returns, one episode per seed, by a plain loop."""
-    out = []
-    for seed in seeds:
-        env = gym.make("CartPole-v1")
-        obs, _ = env.reset(seed=seed)
-        total, done = 0.0, False
-        while not done:
-            with torch.no_grad():
-                action = int(network(torch.as_tensor(obs, dtype=torch.float32)[None]).argmax())
-            obs, reward, terminated, truncated, _ = env.step(action)
-            total, done = total + reward, terminated or truncated
-        out.append(total)
-    return out
-
-
-def network_where(condition, episodes: int) -> tuple[QNetwork, list[float]]:
-    """The first of a fixed series of random Q-networks whose greedy returns on seeds
-    ``SEED ..`` satisfy ``condition``, with those returns."""
-    for k in range(500):
-        torch.manual_seed(k)
-        network = QNetwork((4,), 2, [16]).eval()
-        returns = plain_returns(network, range(SEED, SEED + episodes))
-        if condition(returns):
-            return network, returns
-    raise AssertionError("no network of the series meets the condition")
+def network_where(condition, episodes: int):
+    """A network of :func:`greedy_reference.network_where` for seeds ``SEED ..``."""
+    return greedy_reference.network_where(condition, SEED, episodes)
 
 
 def expected_finished(returns: list[float], batch: int, bar: float, best_case: float = MAX_RETURN) -> list[float]:

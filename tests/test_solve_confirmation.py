@@ -2,19 +2,17 @@
 reaches ``runtime.solve_return`` plays more greedy episodes with the same weights, and
 the run counts as solved only if the mean over all of them holds.
 
-The reference is a plain loop written here: a real CartPole env reset with each
-episode's seed, the action the argmax of the Q-network's output.
+The reference is a plain loop (``tests/greedy_reference.py``): a real CartPole env reset
+with each episode's seed, the action the argmax of the Q-network's output.
 """
 
 from __future__ import annotations
 
-import gymnasium as gym
+import greedy_reference
 import numpy as np
 import pytest
-import torch
 
 from mpper.algos.configs import config_from_dict
-from mpper.algos.dqn.dqn import QNetwork
 from mpper.runtime.evaluator import evaluate
 from mpper.runtime.run import Run
 
@@ -28,32 +26,9 @@ def dqn_config(solve_return: float | None, confirm: int, episodes: int = 4):
     })  # fmt: skip
 
 
-def plain_returns(network: QNetwork, seeds) -> list[float]:
-    """Greedy CartPole returns, one episode per seed, by a plain loop."""
-    out = []
-    for seed in seeds:
-        env = gym.make("CartPole-v1")
-        obs, _ = env.reset(seed=seed)
-        total, done = 0.0, False
-        while not done:
-            with torch.no_grad():
-                action = int(network(torch.as_tensor(obs, dtype=torch.float32)[None]).argmax())
-            obs, reward, terminated, truncated, _ = env.step(action)
-            total, done = total + reward, terminated or truncated
-        out.append(total)
-    return out
-
-
-def network_where(condition, episodes: int = 10) -> tuple[QNetwork, list[float]]:
-    """The first of a fixed series of random Q-networks whose greedy returns on seeds
-    ``SEED .. SEED + episodes - 1`` satisfy ``condition``, with those returns."""
-    for k in range(500):
-        torch.manual_seed(k)
-        network = QNetwork((4,), 2, [16]).eval()
-        returns = plain_returns(network, range(SEED, SEED + episodes))
-        if condition(returns):
-            return network, returns
-    raise AssertionError("no network of the series meets the condition")
+def network_where(condition, episodes: int = 10):
+    """A network of :func:`greedy_reference.network_where` for seeds ``SEED ..``."""
+    return greedy_reference.network_where(condition, SEED, episodes)
 
 
 def stops(config, evaluation: dict, tmp_path) -> bool:
