@@ -20,7 +20,7 @@ from .actor import LatestWeights, labelled_envs
 from .procs import child_process
 from .run import BestCheckpoint, Seeds
 
-__all__ = ["evaluate", "evaluation_bar", "greedy_returns", "play_greedy", "run_evaluator"]
+__all__ = ["best_possible_mean", "evaluate", "evaluation_bar", "greedy_returns", "play_greedy", "run_evaluator"]
 
 
 def play_greedy(config: Config, envs: list, network, seed: int, stop=None, on_episode=None,
@@ -82,7 +82,7 @@ def evaluate(config: Config, network, seed: int, stop=None, envs: list | None = 
     if returns is None:
         return None
     if len(returns) < count:
-        bound = (sum(returns) + (count - len(returns)) * config.runtime.max_episode_return) / count
+        bound = best_possible_mean(sum(returns), len(returns), count, config.runtime.max_episode_return)
         return {"stopped_early": True, "mean_return_at_most": bound, "returns": returns}
     solve, confirm = config.runtime.solve_return, config.runtime.solve_confirm_episodes
     if solve is None or confirm == 0 or np.mean(returns) < solve:
@@ -92,6 +92,12 @@ def evaluate(config: Config, network, seed: int, stop=None, envs: list | None = 
         return None
     return {"mean_return": float(np.mean(returns + more)), "returns": returns + more,
             "confirmation": {"episodes": confirm, "mean_return": float(np.mean(more))}}  # fmt: skip
+
+
+def best_possible_mean(finished_sum: float, finished: int, count: int, max_episode_return: float) -> float:
+    """The highest mean ``count`` episodes can still reach when ``finished`` of them have
+    ended with returns summing to ``finished_sum``: each other one at ``max_episode_return``."""
+    return (finished_sum + (count - finished) * max_episode_return) / count
 
 
 def evaluation_bar(config: Config, best_mean_return: float) -> float | None:
@@ -117,6 +123,7 @@ def greedy_returns(config: Config, envs: list, network, seed: int, count: int, s
     best_case = config.runtime.max_episode_return
     returns: list[float] = []
     batch_done, batch_sum = 0, 0.0  # the finished episodes of the batch in play
+    earlier_sum = 0.0  # the returns of the batches before it
 
     def on_episode(ep: Episode) -> None:
         nonlocal batch_done, batch_sum
@@ -126,13 +133,13 @@ def greedy_returns(config: Config, envs: list, network, seed: int, count: int, s
         batch_done, batch_sum = batch_done + 1, batch_sum + ep.game_return
 
     def hopeless() -> bool:
-        unfinished = count - len(returns) - batch_done
-        return (sum(returns) + batch_sum + unfinished * best_case) / count < must_reach
+        bound = best_possible_mean(earlier_sum + batch_sum, len(returns) + batch_done, count, best_case)
+        return bound < must_reach
 
     give_up = hopeless if must_reach is not None and best_case is not None else None
     while len(returns) < count:
         batch = envs[: count - len(returns)]
-        batch_done, batch_sum = 0, 0.0
+        batch_done, batch_sum, earlier_sum = 0, 0.0, sum(returns)
         episodes = play_greedy(config, batch, network, seed + len(returns), stop, on_episode, give_up)
         if episodes is None:
             return None
