@@ -43,7 +43,7 @@ RESULTS = ROOT / "bench" / "results"
 def run_seed(seed: int, args) -> dict:
     run_dir = RESULTS / f"{args.tag}-seed{seed}"
     cmd = [sys.executable, "run.py", "--config", args.config, "--workers", str(args.workers), "--seed", str(seed),
-           "--run-dir", str(run_dir), "--time-limit", str(args.time_limit), "--device", "cpu"]  # fmt: skip
+           "--run-dir", str(run_dir), "--time-limit", str(args.time_limit), "--device", args.device]  # fmt: skip
     for override in args.set:
         cmd += ["--set", override]
     shutil.rmtree(run_dir, ignore_errors=True)
@@ -171,6 +171,7 @@ def main() -> int:
     ap.add_argument("--config", default="configs/cartpole.json")
     ap.add_argument("--seeds", type=int, nargs="+", default=list(range(10)))
     ap.add_argument("--workers", type=int, default=8)
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="the learner's device (run.py --device)")
     ap.add_argument("--time-limit", type=float, default=600.0)
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="passed on to run.py")
     ap.add_argument("--tag", default="cartpole", help="name of the run directories and result files")

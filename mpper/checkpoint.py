@@ -63,7 +63,21 @@ def save_network_checkpoint(path: str | os.PathLike, network: torch.nn.Module, t
 
 def _save_atomic(path: Path, payload: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
+    payload = _on_cpu(payload)
     write_atomic(path, lambda f: torch.save(payload, f))
+
+
+def _on_cpu(value):
+    """``value`` with every tensor in it copied to the CPU: a checkpoint of a CUDA learner
+    then loads with a plain ``torch.load(path, weights_only=True)`` on a machine without
+    a GPU (tensors saved on a GPU would be restored to one)."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    if isinstance(value, dict):
+        return {key: _on_cpu(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_on_cpu(item) for item in value)
+    return value
 
 
 def load_checkpoint(path: str | os.PathLike) -> dict:

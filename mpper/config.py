@@ -959,8 +959,11 @@ def load_run_config(run_dir: str | Path, overrides: Iterable[str] = (), **flags)
     someone else: its ``env.id`` may only be a registered gymnasium id (gymnasium's own,
     ``mpper/TicTacToe-v0``, or one an installed package registers). A ``module:callable``
     factory there is a ConfigError, checked before anything is imported, unless the
-    user names it in ``overrides`` (``--set env.id=module:callable``). ``flags``: as
-    :func:`load_config`'s keyword arguments."""
+    user names it in ``overrides`` (``--set env.id=module:callable``). Its
+    ``runtime.device`` is not checked unless ``check_device`` is given: evaluating a run
+    whose learner trained on a GPU needs none. ``flags``: as :func:`load_config`'s
+    keyword arguments."""
+    flags.setdefault("check_device", False)
     return load_config(Path(run_dir) / "config.json", overrides, env_factory_from_file=False, **flags)
 
 

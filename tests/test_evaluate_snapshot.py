@@ -13,6 +13,7 @@ import pytest
 import seed_reference as ref
 import torch
 
+from mpper import config as mpper_config
 from mpper import load_snapshot
 from mpper.algos.configs import load_config
 from mpper.algos.muzero.networks import make_network, support_to_scalar
@@ -128,6 +129,23 @@ def test_every_position_once_and_one_function_per_algorithm(run, monkeypatch, ca
         info_pos = buf._info[seen["slots"]] >> 32  # the position each slot's record holds
         assert np.array_equal(seen["pos"], info_pos) and (seen["pos"] < seen["moves"]).all()
         assert np.array_equal(all_positions(buf).slots, seen["slots"])
+
+
+@pytest.mark.slow
+def test_a_run_whose_learner_was_on_a_gpu_is_read_without_one(run, monkeypatch, capsys):
+    """The run's config names its learner's device; reading the run needs none: on a
+    machine without CUDA, --evaluate and --on-snapshot read a run that trained on "cuda",
+    while --resume (which trains) still names the missing device."""
+    monkeypatch.setattr(mpper_config, "_cuda_available", lambda: False)
+    config = json.loads((run / "config.json").read_text())
+    config["runtime"]["device"] = "cuda"
+    (run / "config.json").write_text(json.dumps(config))
+    assert main(["--evaluate", str(run), "--episodes", "2"]) == 0
+    assert len(json.loads((run / "evaluation.json").read_text())["returns"]) == 2
+    assert main(["--evaluate", str(run), "--on-snapshot", str(run / "buffer")]) == 0
+    capsys.readouterr()
+    assert main(["--resume", str(run)]) == 2
+    assert 'runtime.device: "cuda" but torch.cuda.is_available() is false' in capsys.readouterr().err
 
 
 def test_format_table_aligns_columns():
