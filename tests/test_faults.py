@@ -7,6 +7,7 @@ run with the error; a diverging learner stops the run at the step that went non-
 from __future__ import annotations
 
 import json
+import multiprocessing as mp
 import os
 import re
 import signal
@@ -18,6 +19,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import mapped_semaphores
+from reporting_child import report_then_wait
 from test_train_e2e import (
     ROOT,
     alive,
@@ -29,6 +31,7 @@ from test_train_e2e import (
 )  # fmt: skip
 
 from mpper import ReplayBuffer, shm
+from mpper.runtime.procs import StopSignal
 
 pytestmark = pytest.mark.slow
 
@@ -167,3 +170,26 @@ def test_a_diverging_learner_stops_the_run_at_the_non_finite_step(tmp_path):
     assert records[-1]["event"] == "end"
     assert_no_process_left(run_dir)
     assert not segments_of(json.loads((run_dir / "processes.json").read_text())["supervisor"])
+
+
+def test_a_child_whose_supervisor_died_exits_though_nobody_reads_its_reports():
+    """A child with more reports queued than the report pipe holds, when its supervisor
+    dies: at exit multiprocessing would wait for those reports to reach a pipe nobody
+    reads any more (every child holds its read end, so writing never fails), for ever.
+    The test process plays the supervisor; its death is the close of the pipe end only
+    it holds, as the kernel closes it when a process dies."""
+    ctx = mp.get_context("spawn")
+    stop, reports, queued = StopSignal(ctx), ctx.Queue(), ctx.Event()
+    child = ctx.Process(target=report_then_wait, args=(reports, stop, queued, 2000))
+    child.start()
+    try:
+        assert queued.wait(60), "the child did not queue its reports"
+        stop._alive_writer.close()  # noqa: SLF001 - the supervisor's death, as the child sees it
+        child.join(30)
+        assert not child.is_alive(), "the child still waits to deliver its reports"
+        assert child.exitcode == 0
+    finally:
+        if child.is_alive():
+            child.kill()
+            child.join()
+

@@ -159,3 +159,50 @@ def test_a_killed_forkserver_is_reported_as_such_and_its_children_stopped(tmp_pa
     assert "exit code 255" not in stderr
     assert_no_process_left(run_dir, within=30)  # the orphaned children saw the stop signal and exited
     assert not segments_of(proc.pid)
+
+
+def test_ctrl_cs_that_land_as_the_shutdown_begins_still_quit_at_once(tmp_path):
+    """The second and third Ctrl-C land at the first line of the shutdown, before any
+    code that could catch an exception (they are raised there, in the run's own
+    process, by a patched ``begin_shutdown``): the run must still kill its children,
+    unlink its segments and exit, not wait at exit for children nobody stopped."""
+    run_dir = tmp_path / "run"
+    patch = ("import signal, sys, mpper.cli as c, mpper.runtime.procs as p\n"
+             "begin = p.StopRequests.begin_shutdown\n"
+             "def begin_with_two_more_ctrl_cs(self):\n"
+             "    signal.raise_signal(signal.SIGINT)\n"
+             "    signal.raise_signal(signal.SIGINT)\n"
+             "    begin(self)\n"
+             "p.StopRequests.begin_shutdown = begin_with_two_more_ctrl_cs\n"
+             "sys.argv[0] = 'run.py'\n"
+             "sys.exit(c.main(sys.argv[1:]))\n")  # fmt: skip
+    argv = [sys.executable, "-c", patch, *run_args(run_dir, "--workers", "2", "--max-train-steps", "100000")[2:]]
+    proc, out, err = start(run_dir, argv=argv)
+    wait_until_training(proc, run_dir)
+    proc.send_signal(signal.SIGINT)
+    err.wait_for("mpper: Ctrl-C: quitting at once; the final checkpoint and buffer snapshot are lost")
+    code, stdout, stderr = finish(proc, out, err)
+    assert code == 130, stderr[-3000:]
+    assert "Traceback" not in stderr, stderr[-3000:]
+    assert "quit at once (Ctrl-C): final checkpoint and snapshot not written" in stdout
+    assert_no_process_left(run_dir)
+    assert not segments_of(proc.pid)
+
+
+def test_ctrl_c_stops_an_in_process_run_with_its_checkpoint_and_snapshot(tmp_path):
+    """``--workers 0``: the Ctrl-C is raised at the loop's next turn (never inside a
+    buffer write, whose lock the final snapshot needs), and the run stops with its
+    final checkpoint and snapshot."""
+    run_dir = tmp_path / "run"
+    proc, out, err = start(run_dir, argv=run_args(run_dir, "--workers", "0", "--max-train-steps", "100000"))
+    wait_until_training(proc, run_dir)
+    asked = time.time()
+    proc.send_signal(signal.SIGINT)
+    code, stdout, stderr = finish(proc, out, err)
+    assert code == 130, stderr[-3000:]
+    assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr[-3000:]
+    assert "interrupted (Ctrl-C); run directory" in stdout
+    assert snapshot_time(run_dir) >= asked
+    assert (run_dir / "checkpoint.pt").stat().st_mtime >= asked
+    records = [json.loads(x) for x in complete_lines(run_dir / "metrics.jsonl")]
+    assert records[-1]["event"] == "end"

@@ -682,6 +682,32 @@ def test_sigint_while_a_snapshot_is_written_leaves_the_previous_one_whole(tmp_pa
     assert not [n for n in mpper_shm.mpper_segments() if mpper_shm.owner_pid(n) == proc.pid]
 
 
+def test_a_save_cut_between_its_two_renames_puts_the_previous_snapshot_back(tmp_path, monkeypatch):
+    """The save moves the previous snapshot aside, then renames the new one into place;
+    a Ctrl-C (or any error) between the two leaves the previous one where it was, whole,
+    and nothing beside it."""
+    path = tmp_path / "snap"
+    with ReplayBuffer.create({"observation": ((8,), "float32")}, capacity=256) as buf:
+        buf.add_episode({"observation": np.ones((11, 8), np.float32)})
+        buf.save(path, extra={"n": 1})
+        buf.add_episode({"observation": np.full((21, 8), 2, np.float32)})
+        rename = os.rename
+
+        def interrupted_rename(src, dst):
+            if os.path.basename(src).startswith(".snap.tmp-"):
+                raise KeyboardInterrupt  # the previous snapshot has just been moved aside
+            rename(src, dst)
+
+        monkeypatch.setattr(os, "rename", interrupted_rename)
+        with pytest.raises(KeyboardInterrupt):
+            buf.save(path, extra={"n": 2})
+        monkeypatch.setattr(os, "rename", rename)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["snap"]
+    assert _manifest(path)["extra"] == {"n": 1}
+    with ReplayBuffer.load(path) as loaded:  # every checksum
+        assert loaded.counters["games"] == 1
+
+
 @pytest.fixture
 def small_disk(tmp_path):
     """A 1.5 MiB tmpfs at tmp_path/disk (a real full disk); None where mounting is not

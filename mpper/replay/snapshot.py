@@ -111,6 +111,7 @@ def save_snapshot(buf, path, extra: dict | None = None) -> None:
     token = f"{os.getpid()}-{secrets.token_hex(3)}"
     tmp = path.parent / f".{path.name}.tmp-{token}"
     tmp.mkdir()
+    aside = path.parent / f".{path.name}.old-{token}"
     try:
         with buf._locked:
             meta = {name: buf._arrays["_" + name].copy() for name in _INTERNAL}
@@ -145,14 +146,15 @@ def save_snapshot(buf, path, extra: dict | None = None) -> None:
             os.fsync(f.fileno())
         fsync_dir(tmp)
         if path.exists():
-            aside = path.parent / f".{path.name}.old-{token}"
             os.rename(path, aside)
         os.rename(tmp, path)
         fsync_dir(path.parent)
         # the one just set aside, and any left by a save that crashed between its renames
         for stale in path.parent.glob(f".{path.name}.old-*"):
             shutil.rmtree(stale, ignore_errors=True)
-    except BaseException:
+    except BaseException:  # an error, or a Ctrl-C that quits at once: the previous snapshot stays in place
+        if aside.exists() and not path.exists():
+            os.rename(aside, path)
         shutil.rmtree(tmp, ignore_errors=True)
         raise
 

@@ -85,7 +85,7 @@ def run_selfplay(worker_id: int, config: Config, buffer_handle, weight_handle, s
     """Self-play worker process: play, store whole episodes (or the pieces of a game the
     algorithm stores as it goes), report the returns of the games that end."""
     name = f"worker-{worker_id}"
-    with child_process(name, config, reports, buffer_handle, weight_handle) as (buf, store):
+    with child_process(name, config, reports, stop, buffer_handle, weight_handle) as (buf, store):
         if config.runtime.selfplay_niceness:
             os.nice(config.runtime.selfplay_niceness)
         torch.manual_seed(seed)

@@ -161,7 +161,7 @@ def run_evaluator(config: Config, weight_handle, observation_shape, num_actions:
     ``run_dir/best.pt`` (:class:`~mpper.runtime.run.BestCheckpoint`)."""
     name = "evaluator"
     seeds = Seeds(config.runtime.seed)
-    with child_process(name, config, reports, weight_handle=weight_handle) as (_, store):
+    with child_process(name, config, reports, stop, weight_handle=weight_handle) as (_, store):
         weights = LatestWeights(config, store, observation_shape, num_actions)
         if not weights.wait_first(stop):
             return

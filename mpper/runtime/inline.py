@@ -101,6 +101,7 @@ def _train(cfg: Config, run: Run, resume: Path | None, spec, signals: StopReques
 
         try:
             while trainer.training_step < t.training_steps:
+                signals.check()  # a Ctrl-C or SIGTERM stops the run here, never inside a buffer write
                 progress = trainer.training_step / t.training_steps
                 for ep in player.step(progress):
                     ended = time.monotonic()
@@ -127,8 +128,9 @@ def _train(cfg: Config, run: Run, resume: Path | None, spec, signals: StopReques
                 if time.monotonic() - last_eval >= cfg.runtime.evaluation_interval_s:
                     last_eval = time.monotonic()
                     must_reach = evaluation_bar(cfg, best.best)
-                    evaluation = {"training_step": trainer.training_step,
-                                  **evaluate(cfg, acting, run.seeds.evaluation(evaluations), must_reach=must_reach)}  # fmt: skip
+                    with signals.obeying():  # the longest call of a turn; its own envs, nothing shared
+                        evaluation = {"training_step": trainer.training_step,
+                                      **evaluate(cfg, acting, run.seeds.evaluation(evaluations), must_reach=must_reach)}  # fmt: skip
                     evaluations += 1
                     best.offer(acting, trainer.training_step, evaluation)
                     run.evaluated({**evaluation, "best_mean_return": best.best, "weights_version": store.version})
@@ -141,18 +143,21 @@ def _train(cfg: Config, run: Run, resume: Path | None, spec, signals: StopReques
                 bar.n = trainer.training_step
                 bar.refresh()
             reason = reason or f"training finished ({t.training_steps} steps)"
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, ForcedStop):  # ForcedStop: three Ctrl-Cs within one turn
             code, reason = 130, "interrupted (Ctrl-C)"
         except SystemExit as exc:  # SIGTERM (StopRequests)
             code, reason = 143, f"terminated (exit {exc.code})"
         finally:
             signals.begin_shutdown()  # further Ctrl-Cs are acknowledged; the next one forces
+            bar.close()
             try:
-                bar.close()
-                save_checkpoint(run_dir / "checkpoint.pt", trainer, extra={"config": config_to_dict(cfg)})
-                run.snapshot(buf)
+                with signals.obeying():  # atomic writes: cut midway, the previous files stay whole
+                    save_checkpoint(run_dir / "checkpoint.pt", trainer, extra={"config": config_to_dict(cfg)})
+                    run.snapshot(buf)
                 record("end")
             except ForcedStop:
+                pass
+            if signals.forced:
                 code = code or 130
                 reason = f"{reason}; quit at once (Ctrl-C): final checkpoint and snapshot may be missing"
     finally:

@@ -62,7 +62,7 @@ def run_learner(
     object whose ``wait_to_sample(stop)`` blocks while the learner is ahead of
     self-play (see ``_rate_hooks``); called before each sample.
     """
-    with child_process("learner", config, reports, buffer_handle, weight_handle) as (buf, store):
+    with child_process("learner", config, reports, stop, buffer_handle, weight_handle) as (buf, store):
         _learn(config, buf, store, stop, reports, Path(run_dir), resume_checkpoint, rate)
 
 

@@ -81,7 +81,7 @@ def forkserver_pid() -> int | None:
 
 
 class ForcedStop(BaseException):
-    """Raised by :class:`StopRequests` at the Ctrl-C that overrides a clean stop."""
+    """Raised by :class:`StopRequests` for the Ctrl-C that overrides a clean stop."""
 
 
 class StopRequests:
@@ -89,20 +89,34 @@ class StopRequests:
     run starts until it returns (a context manager; main thread only, elsewhere it does
     nothing).
 
-    The first signal stops the run: ``KeyboardInterrupt`` (Ctrl-C) or ``SystemExit(143)``
-    (SIGTERM) unwinds what the run was doing into its shutdown. From then on, and from
-    :meth:`begin_shutdown` on when the run ends by itself, a signal is acknowledged
-    with one line and not obeyed, so that the final checkpoint and snapshot get
-    written; the next one after that raises :class:`ForcedStop`, which the shutdown
-    catches to quit at once, saying what is lost. Messages go out with ``os.write``:
-    a handler that ``print``-ed while the interrupted code was printing would fail
-    (buffered streams are not reentrant).
+    The first signal asks the run to stop: ``KeyboardInterrupt`` (Ctrl-C) or
+    ``SystemExit(143)`` (SIGTERM) unwinds what the run was doing into its shutdown. From
+    then on, and from :meth:`begin_shutdown` on when the run ends by itself, a signal is
+    acknowledged with one line and not obeyed, so that the final checkpoint and snapshot
+    get written; the next one after that asks for :class:`ForcedStop`, which the shutdown
+    catches to quit at once, saying what is lost.
+
+    Where the exception is raised is the point: only at :meth:`check` (the run loop calls
+    it every turn) or inside an :meth:`obeying` block (a wait on mpper's own terms: a
+    join, the snapshot's write, an evaluation). A signal that lands anywhere else only
+    records its exception for the next of those. An exception raised at an arbitrary
+    bytecode can break the library code it lands in for good: in ``queue.Queue.put``,
+    between ``Condition.notify`` waking a waiter and removing it (CPython gh-92530), it
+    leaves a stale waiter that eats the next wake-up, and TensorBoard's writer thread then
+    sleeps through the ``close`` its owner waits on (up to its 120-s flush period); landed
+    between the ``except KeyboardInterrupt`` and the ``try`` of the shutdown, a
+    ``ForcedStop`` would skip the shutdown altogether and leave the process waiting for
+    children nobody stopped. Messages go out with ``os.write``: a handler that
+    ``print``-ed while the interrupted code was printing would fail (buffered streams
+    are not reentrant).
     """
 
     def __init__(self) -> None:
-        self.stopping = False
-        self.forced = False
-        self._during_shutdown = 0
+        self.stopping = False  # a stop was asked, or the run is ending by itself
+        self.forced = False  # the Ctrl-C that quits at once came
+        self._during_shutdown = 0  # signals after the first
+        self._pending: BaseException | None = None  # asked for, not raised yet
+        self._obeying = False
         self._previous: dict[int, object] = {}
 
     def __enter__(self) -> StopRequests:
@@ -116,9 +130,31 @@ class StopRequests:
             signal.signal(signum, handler)
         self._previous.clear()
 
+    def check(self) -> None:
+        """Raise the exception a signal asked for, if one is waiting (once)."""
+        exc, self._pending = self._pending, None
+        if exc is not None:
+            raise exc
+
+    @contextmanager
+    def obeying(self):
+        """A block in which a signal raises its exception at once (and a waiting one
+        on entry). Not nestable; only around code that an exception can leave at any
+        point without harm."""
+        assert not self._obeying, "obeying() blocks do not nest"
+        try:
+            self._obeying = True
+            self.check()
+            yield
+        finally:
+            self._obeying = False
+
     def begin_shutdown(self) -> None:
-        """From now on a signal is acknowledged, not obeyed (the run is stopping)."""
+        """From now on a signal is acknowledged, not obeyed (the run is stopping); a stop
+        asked for and not raised yet is moot, a forced one still is."""
         self.stopping = True
+        if not isinstance(self._pending, ForcedStop):
+            self._pending = None
 
     def _handle(self, signum, frame) -> None:
         name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
@@ -128,18 +164,21 @@ class StopRequests:
             self.stopping = True
             _say(f"mpper: {name}: stopping; the final checkpoint and buffer snapshot are being written "
                  f"(press Ctrl-C twice more to quit at once without them)")  # fmt: skip
-            if signum == signal.SIGINT:
-                raise KeyboardInterrupt
-            raise SystemExit(128 + signum)
-        self._during_shutdown += 1
-        if self._during_shutdown == 1:
-            _say(f"mpper: {name}: still stopping: writing the final checkpoint and buffer snapshot "
-                 f"(once more quits at once without them)")  # fmt: skip
-            return
-        self.forced = True
-        _say(f"mpper: {name}: quitting at once; the final checkpoint and buffer snapshot are lost "
-             f"(the previous ones, if any, are whole)")  # fmt: skip
-        raise ForcedStop
+            exc: BaseException = KeyboardInterrupt() if signum == signal.SIGINT else SystemExit(128 + signum)
+        else:
+            self._during_shutdown += 1
+            if self._during_shutdown == 1:
+                _say(f"mpper: {name}: still stopping: writing the final checkpoint and buffer snapshot "
+                     f"(once more quits at once without them)")  # fmt: skip
+                return
+            self.forced = True
+            _say(f"mpper: {name}: quitting at once; the final checkpoint and buffer snapshot are lost "
+                 f"(the previous ones, if any, are whole)")  # fmt: skip
+            exc = ForcedStop()
+        if self._obeying:
+            self._obeying = False  # raised once: the rest of the block is being left
+            raise exc
+        self._pending = exc
 
 
 def _say(line: str) -> None:
@@ -182,6 +221,10 @@ class StopSignal:
     def is_set(self) -> bool:
         return self.flag.value or self._alive.poll()  # poll: end-of-file once the supervisor is gone
 
+    def supervisor_gone(self) -> bool:
+        """Whether the supervisor's process has ended (nobody reads the reports any more)."""
+        return self._alive.poll()
+
     def wait(self, timeout: float) -> bool:
         """Sleep up to ``timeout`` seconds, or less if the run stops; returns is_set()."""
         deadline = time.monotonic() + timeout
@@ -216,13 +259,19 @@ def report_error(reports, name: str) -> None:
 
 
 @contextmanager
-def child_process(name: str, config, reports, buffer_handle=None, weight_handle=None):
+def child_process(name: str, config, reports, stop, buffer_handle=None, weight_handle=None):
     """The frame of every child process's main (learner, self-play worker, reanalyser,
     evaluator): :func:`child_init`, then the shared buffer and weight store attached
     (those whose handles are given), yielded as ``(buffer or None, store or None)``;
     an exception is reported to the supervisor as ``("error", name, {"traceback"})``
     and re-raised; both are closed (never unlinked: the supervisor owns them) on
-    the way out, however it goes."""
+    the way out, however it goes. ``stop`` is the run's :class:`StopSignal` (or any
+    event, for a child that a test or benchmark drives).
+
+    A child whose supervisor is gone drops the reports it has not sent yet: at exit,
+    multiprocessing waits until a queue's buffered items are written to its pipe, and
+    with nobody left to read a full pipe, that wait would never end (every other child
+    holds the pipe's read end, so writing never fails either)."""
     child_init(config.runtime.torch_threads)
     buf = store = None
     try:
@@ -236,3 +285,6 @@ def child_process(name: str, config, reports, buffer_handle=None, weight_handle=
         for obj in (store, buf):
             if obj is not None:
                 obj.close()
+        supervisor_gone = getattr(stop, "supervisor_gone", None)
+        if supervisor_gone is not None and supervisor_gone():
+            reports.cancel_join_thread()

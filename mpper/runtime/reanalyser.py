@@ -29,7 +29,7 @@ def run_reanalyser(config, buffer_handle, weight_handle, stop, reports) -> None:
             positions_searched) about once a second (and once at exit), or
             ``("error", "reanalyser", {"traceback"})`` before an exception is re-raised.
     """
-    with child_process(NAME, config, reports, buffer_handle, weight_handle) as (buf, store):
+    with child_process(NAME, config, reports, stop, buffer_handle, weight_handle) as (buf, store):
         worker = algorithm_of(config).make_reanalyser(config, buf, store)
         while store.version < 1:  # nothing published yet
             if stop.wait(0.1):

@@ -126,13 +126,13 @@ class Supervisor:
             try:
                 self._start()
                 code = self._supervise()
-            except KeyboardInterrupt:
+            except KeyboardInterrupt:  # raised at a loop turn (StopRequests.check), never mid-call
                 self.finished_reason = "interrupted (Ctrl-C)"
                 code = 130
             except SystemExit as exc:  # SIGTERM (mpper.runtime.procs.StopRequests)
                 self.finished_reason = f"terminated (exit {exc.code})"
                 code = 143
-            except ForcedStop:  # all three Ctrl-Cs came before the shutdown began
+            except ForcedStop:  # all three Ctrl-Cs came before the loop's next turn
                 self.finished_reason = "interrupted (Ctrl-C)"
                 code = 130
             finally:
@@ -239,6 +239,7 @@ class Supervisor:
         last_snapshot = time.monotonic()
         try:
             while True:
+                self.signals.check()  # a Ctrl-C or SIGTERM stops the run here, between two turns
                 self._drain_reports()
                 if self.error:
                     return 1
@@ -422,28 +423,32 @@ class Supervisor:
     # ---- stopping -------------------------------------------------------------------
     def _shutdown(self) -> None:
         """Stop every child, join it, final snapshot, unlink shared memory. Runs on
-        success, error, Ctrl-C and SIGTERM. Signal-safe from its first line: further
+        success, error, Ctrl-C and SIGTERM. Signal-safe from its first line: a signal
+        raises nothing outside the ``obeying`` blocks of :meth:`_stop_cleanly`, further
         Ctrl-Cs are acknowledged, and the one that forces (``ForcedStop``) skips to
-        killing the children and unlinking the segments."""
+        killing the children and unlinking the segments, wherever it lands."""
         self.signals.begin_shutdown()
-        if not self.signals.forced:
-            try:
-                self._stop_cleanly()
-            except ForcedStop:
-                pass
         try:
-            if self.signals.forced:
-                self._quit_at_once()
-        finally:
-            try:
-                self._release()
-            except ForcedStop:  # the forcing Ctrl-C came while releasing: finish (no later one is obeyed)
-                self._release()
+            if not self.signals.forced:
+                self._stop_cleanly()
+        except ForcedStop:
+            pass
+        if self.signals.forced:
+            self._quit_at_once()
+        self._release()
 
     def _stop_cleanly(self) -> None:
         """Children stopped in order (the learner writes its final checkpoint), their
-        last reports read, the final snapshot and the "end" record written."""
-        self._stop_children()
+        last reports read, the final snapshot and the "end" record written. The waits
+        for the children and the snapshot's write are where the forcing Ctrl-C cuts in
+        (``ForcedStop``); the rest takes moments."""
+        if hasattr(self, "stop"):
+            self.stop.set()
+            if self.rate is not None:
+                self.rate.notify()
+        self._stop_remote(_JOIN_TIMEOUT_S)  # Ray's own calls: bounded, and not to be cut midway
+        with self.signals.obeying():
+            self._stop_children()
         if hasattr(self, "reports"):
             try:
                 self._drain_reports()
@@ -451,9 +456,11 @@ class Supervisor:
                 pass
         if self.buffer is not None:
             try:
-                self.run_files.snapshot(self.buffer)
+                with self.signals.obeying():
+                    self.run_files.snapshot(self.buffer)
             except Exception as exc:  # disk full...: the previous snapshot stays whole
                 print(f"mpper: final {_snapshot_failed(self.run_dir / 'buffer', exc)}", file=sys.stderr)
+        self.signals.check()  # a forcing Ctrl-C that came between the two
         self._write_metrics(event="end")
 
     def _quit_at_once(self) -> None:
@@ -470,13 +477,8 @@ class Supervisor:
                 self._wait_for(child, 10.0)
 
     def _stop_children(self) -> None:
-        """Set the stop signal, give each child its time to exit, then terminate (and
-        kill) the ones still running."""
-        if hasattr(self, "stop"):
-            self.stop.set()
-            if self.rate is not None:
-                self.rate.notify()
-        self._stop_remote(_JOIN_TIMEOUT_S)
+        """Once the stop signal is set: give each child its time to exit, then terminate
+        (and kill) the ones still running."""
         self._forkserver_died()
         started = time.monotonic()
         for child in self.children.values():
