@@ -78,6 +78,19 @@ def finish(proc: subprocess.Popen, out: Lines, err: Lines) -> tuple[int, str, st
     return proc.returncode, out.text(), err.text()
 
 
+def assert_quit_at_once(proc: subprocess.Popen, out: Lines, err: Lines, run_dir: Path) -> str:
+    """The run said it quits at once, did so with exit code 130 and no traceback, and left
+    no process and no segment; returns its stdout."""
+    err.wait_for("mpper: Ctrl-C: quitting at once; the final checkpoint and buffer snapshot are lost")
+    code, stdout, stderr = finish(proc, out, err)
+    assert code == 130, stderr[-3000:]
+    assert "Traceback" not in stderr, stderr[-3000:]
+    assert "quit at once (Ctrl-C): final checkpoint and snapshot not written" in stdout
+    assert_no_process_left(run_dir)
+    assert not segments_of(proc.pid)
+    return stdout
+
+
 def test_a_second_ctrl_c_is_acknowledged_and_the_run_still_stops_cleanly(tmp_path):
     run_dir = tmp_path / "run"
     proc, out, err = start(run_dir, "--set", "replay.snapshot_interval_s=0")
@@ -111,15 +124,9 @@ def test_a_third_ctrl_c_quits_at_once_and_says_what_is_lost(tmp_path):
     proc.send_signal(signal.SIGINT)
     err.wait_for("mpper: Ctrl-C: still stopping")
     proc.send_signal(signal.SIGINT)
-    err.wait_for("mpper: Ctrl-C: quitting at once; the final checkpoint and buffer snapshot are lost")
-    code, stdout, stderr = finish(proc, out, err)
-    assert code == 130, stderr[-3000:]
-    assert "Traceback" not in stderr, stderr[-3000:]
-    assert "quit at once (Ctrl-C): final checkpoint and snapshot not written" in stdout
+    stdout = assert_quit_at_once(proc, out, err, run_dir)  # the stopped learner was killed
     assert "the final checkpoint is missing" in stdout
     assert not (run_dir / "buffer").exists()  # snapshot_interval_s=0: only the final one, which was skipped
-    assert_no_process_left(run_dir)  # the stopped learner was killed
-    assert not segments_of(proc.pid)
 
 
 def test_a_learner_that_never_delivers_its_final_checkpoint_fails_the_run(tmp_path):
@@ -180,13 +187,7 @@ def test_ctrl_cs_that_land_as_the_shutdown_begins_still_quit_at_once(tmp_path):
     proc, out, err = start(run_dir, argv=argv)
     wait_until_training(proc, run_dir)
     proc.send_signal(signal.SIGINT)
-    err.wait_for("mpper: Ctrl-C: quitting at once; the final checkpoint and buffer snapshot are lost")
-    code, stdout, stderr = finish(proc, out, err)
-    assert code == 130, stderr[-3000:]
-    assert "Traceback" not in stderr, stderr[-3000:]
-    assert "quit at once (Ctrl-C): final checkpoint and snapshot not written" in stdout
-    assert_no_process_left(run_dir)
-    assert not segments_of(proc.pid)
+    assert_quit_at_once(proc, out, err, run_dir)
 
 
 def test_ctrl_c_stops_an_in_process_run_with_its_checkpoint_and_snapshot(tmp_path):
