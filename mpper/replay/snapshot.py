@@ -67,6 +67,10 @@ FORMAT = "mpper-replay-snapshot"
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 _INTERNAL = ("generation", "info", "episodes", "ring", "counters", "max_priority")
+# How long a save waits for the buffer's lock. Writers hold it for microseconds; a lock
+# held this long belongs to a process that died holding it (SIGKILLed inside a critical
+# section), and without a limit the save, and the run's shutdown with it, would wait for ever.
+LOCK_TIMEOUT_S = 30.0
 
 __all__ = ["FORMAT_VERSION", "SnapshotError", "load_buffer", "save_snapshot"]
 
@@ -113,9 +117,15 @@ def save_snapshot(buf, path, extra: dict | None = None) -> None:
     tmp.mkdir()
     aside = path.parent / f".{path.name}.old-{token}"
     try:
-        with buf._locked:
+        lock = buf._locked.lock
+        if not lock.acquire(True, LOCK_TIMEOUT_S):
+            raise TimeoutError(f"the buffer's lock was not released within {LOCK_TIMEOUT_S:g} s (did a process die "
+                               f"holding it?); no snapshot written to {path}")  # fmt: skip
+        try:
             meta = {name: buf._arrays["_" + name].copy() for name in _INTERNAL}
             leaves = buf._tree.leaves.copy()
+        finally:
+            lock.release()
         files = {}
         for f in buf.schema:
             files[f"field.{f.name}.npy"] = _write_npy(tmp / f"field.{f.name}.npy", buf.fields[f.name])
