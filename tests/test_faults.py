@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from children import report_then_wait
 from conftest import mapped_semaphores
-from reporting_child import report_then_wait
 from test_train_e2e import (
     ROOT,
     alive,

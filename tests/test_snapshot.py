@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from children import hold_the_buffer_lock_and_exit
 from conftest import make_episode
 
 import mpper.replay.snapshot
@@ -709,19 +710,18 @@ def test_a_save_cut_between_its_two_renames_puts_the_previous_snapshot_back(tmp_
 
 
 def test_a_save_whose_lock_a_dead_process_holds_fails_in_bounded_time(tmp_path, monkeypatch):
-    """A process that died holding the buffer's lock (forked here, it takes the real lock
-    and exits): the save gives up after ``LOCK_TIMEOUT_S`` with an error naming the lock,
+    """A process that died holding the buffer's lock (a real child takes the real lock and
+    exits): the save gives up after ``LOCK_TIMEOUT_S`` with an error naming the lock,
     rather than waiting for ever, and the previous snapshot is untouched."""
     path = tmp_path / "snap"
     monkeypatch.setattr(mpper.replay.snapshot, "LOCK_TIMEOUT_S", 1.0)
     with ReplayBuffer.create({"observation": ((8,), "float32")}, capacity=256) as buf:
         buf.add_episode({"observation": np.ones((11, 8), np.float32)})
         buf.save(path, extra={"n": 1})
-        pid = os.fork()
-        if pid == 0:  # the child: take the lock and die with it
-            buf._locked.lock.acquire()  # noqa: SLF001
-            os._exit(0)
-        assert os.waitpid(pid, 0)[1] == 0
+        child = mp.get_context("spawn").Process(target=hold_the_buffer_lock_and_exit, args=(buf.handle,))
+        child.start()
+        child.join(120)
+        assert child.exitcode == 0
         t0 = time.monotonic()
         with pytest.raises(TimeoutError, match="the buffer's lock was not released within 1 s"):
             buf.save(path, extra={"n": 2})

@@ -1,12 +1,21 @@
-"""A child process main for the fault tests (importable by a spawned child: pytest puts
-this directory on ``sys.path``): mpper's child frame around more reports than a pipe
-holds, then a wait for the stop signal."""
+"""Child process mains for the fault tests (importable by a spawned child: pytest puts
+this directory on ``sys.path``)."""
 
 from __future__ import annotations
 
+import os
 from types import SimpleNamespace
 
+from mpper import ReplayBuffer
 from mpper.runtime.procs import child_process
+
+
+def hold_the_buffer_lock_and_exit(handle) -> None:
+    """Attach the buffer, take its lock, and exit without releasing it (a process that
+    dies inside a critical section)."""
+    buf = ReplayBuffer.attach(handle)
+    buf._locked.lock.acquire()  # noqa: SLF001
+    os._exit(0)
 
 
 def report_then_wait(reports, stop, queued, count: int) -> None:
