@@ -219,11 +219,11 @@ class StopSignal:
         self.flag.value = True
 
     def is_set(self) -> bool:
-        return self.flag.value or self._alive.poll()  # poll: end-of-file once the supervisor is gone
+        return self.flag.value or self.supervisor_gone()
 
     def supervisor_gone(self) -> bool:
         """Whether the supervisor's process has ended (nobody reads the reports any more)."""
-        return self._alive.poll()
+        return self._alive.poll()  # end-of-file once the supervisor is gone
 
     def wait(self, timeout: float) -> bool:
         """Sleep up to ``timeout`` seconds, or less if the run stops; returns is_set()."""
