@@ -198,7 +198,7 @@ class Trainer:
         # Polyak averaging (training.ema_decay): the weights the run publishes -- self-play
         # acts with them, the evaluator judges them, checkpoint.pt's "network" holds them --
         # are an exponential moving average of the trained ones, which smooths the noise of
-        # single SGD steps (on TicTacToe it made no measurable difference: docs/benchmarks.md).
+        # single SGD steps (on TicTacToe it made no measurable difference: docs/experiments/tictactoe.md).
         self.averaged: AveragedModel | None = None
         if t.ema_decay is not None:
             self.averaged = AveragedModel(self.network, multi_avg_fn=get_ema_multi_avg_fn(t.ema_decay),
