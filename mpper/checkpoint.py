@@ -2,11 +2,19 @@
   (a network alone: the evaluator's ``best.pt``) / ``load_checkpoint``, which reads with
   ``torch.load(weights_only=True)``: tensors, numbers, strings, lists and dicts only, a
   file holding any other pickled object is refused without running its code.
+
+A checkpoint may come from someone else, so what it may make this process allocate is
+bounded before ``torch.load`` reads it: ``torch.save`` stores its zip entries
+uncompressed, so an entry that is compressed (a small file that expands to gigabytes) is
+refused from the zip's directory, and with ``max_bytes`` (:func:`checkpoint_budget` of the
+network the config builds) so is a file, or an archive, larger than such a network's
+checkpoint can be.
 """
 
 from __future__ import annotations
 
 import os
+import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Protocol
@@ -24,6 +32,7 @@ class _HasState(Protocol):
 __all__ = [
     "CHECKPOINT_NAME",
     "CheckpointError",
+    "checkpoint_budget",
     "load_checkpoint",
     "load_network_weights",
     "save_checkpoint",
@@ -80,16 +89,56 @@ def _on_cpu(value):
     return value
 
 
-def load_checkpoint(path: str | os.PathLike) -> dict:
+# What a checkpoint holds beside the network it was written for: an online network
+# beside an average, a target network (DQN), the optimizer's moment estimates (two per
+# weight with Adam), and one copy of room.
+NETWORK_COPIES_PER_CHECKPOINT = 6
+CHECKPOINT_OVERHEAD_BYTES = 1 << 20  # the pickled structure, step counters, evaluation extras
+
+
+def checkpoint_budget(network: torch.nn.Module) -> int:
+    """The most bytes a checkpoint of ``network`` can hold, file or archive: its tensors
+    ``NETWORK_COPIES_PER_CHECKPOINT`` times over, plus ``CHECKPOINT_OVERHEAD_BYTES``."""
+    tensor_bytes = sum(t.numel() * t.element_size() for t in network.state_dict().values())
+    return NETWORK_COPIES_PER_CHECKPOINT * tensor_bytes + CHECKPOINT_OVERHEAD_BYTES
+
+
+def _check_size(path: Path, max_bytes: int | None) -> None:
+    """Refuse, from the file's size and the zip's directory and before anything is read
+    into memory, a checkpoint that would expand beyond what it stores or beyond ``max_bytes``."""
+    size = path.stat().st_size
+    if max_bytes is not None and size > max_bytes:
+        raise CheckpointError(f"checkpoint {path}: {size:,} bytes, more than the {max_bytes:,} a checkpoint of this "
+                              f"config's network can hold: written for another config, or not by mpper")  # fmt: skip
+    try:
+        with zipfile.ZipFile(path) as archive:
+            entries = archive.infolist()
+    except (zipfile.BadZipFile, ValueError):
+        return  # not a zip archive: torch.load says what is wrong with it, reading no more than the file
+    for entry in entries:
+        if entry.compress_type != zipfile.ZIP_STORED:
+            raise CheckpointError(f"checkpoint {path}: entry {entry.filename!r} is compressed "
+                                  f"({entry.compress_size:,} bytes that expand to {entry.file_size:,}); torch.save "
+                                  f"stores every entry uncompressed, so this file was not written by mpper")  # fmt: skip
+    stored = sum(entry.file_size for entry in entries)
+    if stored > size:
+        raise CheckpointError(f"checkpoint {path}: its zip directory claims {stored:,} bytes of entries in a file "
+                              f"of {size:,}: corrupt")  # fmt: skip
+
+
+def load_checkpoint(path: str | os.PathLike, max_bytes: int | None = None) -> dict:
     """Read a checkpoint written by ``save_checkpoint`` (tensors on the CPU).
 
     ``torch.load(weights_only=True)``: a file holding any other pickled object is
-    refused without running its code. Raises FileNotFoundError or CheckpointError,
-    naming the file.
+    refused without running its code. First the size checks of ``_check_size``: no
+    compressed entry, and with ``max_bytes`` (:func:`checkpoint_budget` of the network
+    it will be loaded into) no file larger than that. Raises FileNotFoundError or
+    CheckpointError, naming the file.
     """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {path}: no such file")
+    _check_size(path, max_bytes)
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # UnpicklingError, RuntimeError (bad zip), EOFError, ...
