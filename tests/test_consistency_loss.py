@@ -196,3 +196,39 @@ def test_the_loss_needs_projection_heads(tmp_path):
     net = make_network(small_config().network, OBS, ACTIONS)
     with pytest.raises(RuntimeError, match="projection_size"):
         net.project(torch.zeros(2, 8), predict=True)
+
+
+def reference_predictor_gradient(net: MuZeroNetwork, batch, weight: float) -> list[torch.Tensor]:
+    """The gradient of the consistency term in the predictor head's parameters, by a
+    per-sample, per-step loop: each step's negative cosine, masked past the episode's
+    end, is divided by the step's ``gradient_scale`` (muzero-general's per-step gradient
+    hook, which the paper's loss inherits from MuZero), weighted by the importance weight,
+    then averaged over the batch. The head takes no other loss's gradient."""
+    net = copy.deepcopy(net)
+    net.zero_grad(set_to_none=True)
+    d = batch.data
+    observation, actions = torch.as_tensor(d["observation"]), torch.as_tensor(d["actions"][:, 1:])
+    total = torch.zeros(())
+    for b in range(actions.shape[0]):
+        hidden = net.representation(observation[b : b + 1])
+        for k in range(actions.shape[1]):
+            hidden, _ = net.dynamics(hidden, actions[b : b + 1, k])
+            predicted = net.projection_predictor(net.projection(hidden))[0]
+            with torch.no_grad():
+                target = net.projection(net.representation(torch.as_tensor(d["next_observation"][b, k : k + 1])))[0]
+            cosine = (predicted / predicted.norm().clamp(min=1e-5)) @ (target / target.norm().clamp(min=1e-5))
+            step = -cosine * float(d["next_observation_mask"][b, k]) / float(d["gradient_scale"][b, k + 1])
+            total = total + float(batch.weights[b]) * step
+    (weight * total / actions.shape[0]).backward()
+    return [p.grad.clone() for p in net.projection_predictor.parameters()]
+
+
+def test_each_unrolled_steps_consistency_gradient_is_divided_by_its_gradient_scale(buffer):
+    net = make_net()
+    batch = sample(buffer, seed=5)
+    assert (batch.data["gradient_scale"][:, 1:] > 1).any(), "a scale of 1 everywhere would hide the division"
+    trainer = _trainer(net, weight=2.0)
+    trainer.train_step(batch)
+    got = [p.grad for p in trainer.network.projection_predictor.parameters()]
+    for g, expected in zip(got, reference_predictor_gradient(net, batch, weight=2.0)):
+        torch.testing.assert_close(g, expected, rtol=1e-4, atol=1e-7)

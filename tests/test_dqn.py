@@ -76,6 +76,29 @@ def test_decayed_epsilon_is_the_seed_schedule():
     assert decayed_epsilon(0.95, 0.01, 500, 10**6) == pytest.approx(0.01)
 
 
+def test_the_decaying_epsilon_follows_the_actors_own_clock_as_it_plays():
+    """With ``exploration: "decay"`` each step of the player advances the schedule:
+    after n steps every env explores with ``decayed_epsilon(start, end, decay, n)``, so
+    that a player which has decayed to epsilon 0 takes the greedy action everywhere."""
+    config = dqn_config(exploration="decay", epsilon_start=1.0, epsilon_end=0.0, epsilon_decay=5)
+    envs = [gym.make("CartPole-v1") for _ in range(4)]
+    net = QNetwork((4,), 2, [8]).eval()
+    player = EpsilonGreedyPlayer(config, envs, net, explore=True, seed=3)
+    for n in range(60):
+        np.testing.assert_allclose(player.current_epsilons(), np.full(4, decayed_epsilon(1.0, 0.0, 5, n)))
+        player.step()
+    # past 12 time constants epsilon is below 1e-5: every action is the network's argmax
+    for _ in range(20):
+        observations = np.stack([ep.observation[-1] for ep in player.episodes]).astype(np.float32)
+        greedy = net(torch.from_numpy(observations)).argmax(dim=1).numpy()
+        before = [len(ep.action) for ep in player.episodes]
+        player.step()
+        taken = [ep.action[n] if len(ep.action) > n else None for ep, n in zip(player.episodes, before)]
+        for k, action in enumerate(taken):
+            if action is not None:  # None: that env's episode ended and it was reset
+                assert action == greedy[k]
+
+
 def test_each_env_of_each_worker_is_one_apex_actor():
     config = dqn_config()  # 2 workers x 3 envs = 6 actors
     all_eps = apex_epsilons(0.4, 7.0, 6)

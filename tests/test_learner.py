@@ -632,6 +632,43 @@ def test_run_learner_trains_with_the_annealed_importance_weights(tmp_path, monke
     assert final["training_step"] == 6 and final["beta"] == pytest.approx(1.0)
 
 
+def test_priorities_of_episodes_rewritten_during_a_step_are_dropped(tmp_path, monkeypatch):
+    """Workers may overwrite the sampled episodes while the learner trains on them: the
+    learner hands ``update_priorities`` the generations it sampled, so every rewritten
+    position keeps the priority its new episode was stored with. (A learner that handed
+    the slots' current generations would write the old positions' errors over the new
+    episodes.) Here each training step rewrites the whole ring before its priorities
+    come back."""
+    config = small_config(training_steps=4, batch_size=16, min_buffer_steps=8)
+    buf = ReplayBuffer.create(muzero_schema(OBS, ACTIONS), capacity=64, alpha=1.0, priority_eps=0.0)
+    store = _store_for(config)
+    rng = np.random.default_rng(11)
+    stored_with = 123.0  # no value error of the trainer comes near it
+    train_step = MuZeroTrainer.train_step
+    rewrites = []
+
+    def train_step_while_workers_rewrite(self, batch):
+        result = train_step(self, batch)
+        for _ in range(10):  # 10 episodes of 8 rows: every slot of the 64-slot ring rewritten
+            buf.add_episode(make_episode(rng, 7, OBS, ACTIONS), priorities=np.full(7, stored_with))
+        rewrites.append(self.training_step)
+        return result
+
+    monkeypatch.setattr(MuZeroTrainer, "train_step", train_step_while_workers_rewrite)
+    try:
+        for _ in range(8):
+            buf.add_episode(make_episode(rng, 7, OBS, ACTIONS), priorities=np.full(7, 1.0))
+        reports = queue.Queue()
+        run_learner(config, buf.handle, store.handle, threading.Event(), reports, str(tmp_path), None, None)
+        slots = np.concatenate([np.arange(ep.start, ep.start + ep.rows - 1) for ep in buf.episodes()])
+        priorities = buf.priorities(slots)
+    finally:
+        store.close()
+        buf.close()
+    assert len(rewrites) == 4 and slots.size > 0
+    np.testing.assert_array_equal(priorities, np.full(slots.size, stored_with))
+
+
 def test_inline_run_trains_with_the_annealed_importance_weights(tmp_path, monkeypatch):
     """``--workers 0`` (the in-process loop) samples with the same annealed beta."""
     from test_train_e2e import ROOT, SMALL
