@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from mpper import ReplayBuffer, SnapshotError
 from mpper.algos.muzero.targets import MuZeroTargets, muzero_schema
+from mpper.replay.episode_ring import ID, ROWS
 from mpper.tools.inspect_snapshot import snapshot_stats
 
 pytestmark = pytest.mark.timeout(900)
@@ -196,3 +197,58 @@ def test_a_huge_counter_below_the_bound_is_usable(snapshot, tmp_path):
     _recompute_checksum(snap, "counters.npy")
     with ReplayBuffer.load(snap, mmap=False) as buf:
         _check_usable(buf, snap)
+
+
+def _edit(snapshot: Path, tmp_path: Path, name: str, edit) -> Path:
+    """A copy of ``snapshot`` whose array ``name`` went through ``edit(array, episodes)``
+    (``episodes``: the snapshot's EpisodeRefs, oldest first), checksum recomputed."""
+    snap = shutil.copytree(snapshot, tmp_path / "snapshot")
+    with ReplayBuffer.load(snapshot, mmap=True) as buf:
+        episodes = buf.episodes()
+    array = np.load(snap / name)
+    edit(array, episodes)
+    np.save(snap / name, array)
+    _recompute_checksum(snap, name)
+    return snap
+
+
+def _odd_generation(array, episodes):
+    array[episodes[0].start + 1] += 1
+
+
+def _one_slot_overlap(array, episodes):
+    # the first of two neighbours grows by one row into the second, which shrinks by one:
+    # as many positions as before, one slot claimed twice
+    a, b = next((x, y) for x, y in zip(episodes, episodes[1:]) if x.start + x.rows == y.start and y.rows > 2)
+    rows = {int(r[ID]): i for i, r in enumerate(array)}
+    array[rows[a.episode_id], ROWS] += 1
+    array[rows[b.episode_id], ROWS] -= 1
+
+
+def _priority_on_a_final_row(array, episodes):
+    last = episodes[-1]
+    array[last.start + last.rows - 1] = 1.0  # the row after the last move: no position
+
+
+def _episode_id_of_another_lap(array, episodes):
+    # the row of the oldest resident episode names the episode that will reuse that row
+    # one lap of the table later
+    row = next(i for i, r in enumerate(array) if int(r[ID]) == episodes[0].episode_id)
+    array[row, ID] += array.shape[0]
+
+
+@pytest.mark.parametrize("mmap", [True, False], ids=["mmap", "shm"])
+@pytest.mark.parametrize("name, edit, message", [
+    ("generation.npy", _odd_generation, r"generation.npy: slot \d+ of a published episode has the odd generation"),
+    ("episodes.npy", _one_slot_overlap, r"episodes.npy: episode \d+ .* overlaps the next or breaks the ring order"),
+    ("tree_leaves.npy", _priority_on_a_final_row, r"tree_leaves.npy: slot \d+ has priority 1.0 but holds no position"),
+    ("episodes.npy", _episode_id_of_another_lap, r"episodes.npy: row \d+ holds episode id \d+, the ring says episode"),
+], ids=["odd-generation", "one-slot-overlap", "priority-on-a-final-row", "episode-id-of-another-lap"])  # fmt: skip
+def test_a_snapshot_that_breaks_one_bookkeeping_rule_is_refused_by_that_rule(snapshot, tmp_path, mmap, name, edit,
+                                                                              message):  # fmt: skip
+    """Each edit breaks exactly one invariant the ring and the sampler rely on, in a copy
+    whose checksums are recomputed: the load refuses it, naming the rule it breaks (not
+    merely some later symptom, and never loading it as usable)."""
+    snap = _edit(snapshot, tmp_path, name, edit)
+    with pytest.raises(SnapshotError, match=message):
+        ReplayBuffer.load(snap, mmap=mmap)
