@@ -17,6 +17,8 @@ import sys
 import numpy as np
 import pytest
 import torch
+from test_learner import buffer  # noqa: F401 (a fixture)
+from test_learner import test_the_fused_adam_step_is_adam_with_l2_weight_decay_by_the_paper as fused_adam_by_the_paper
 from test_train_e2e import ROOT, SMALL, check_outputs, complete_lines
 
 from mpper.algos.configs import load_config
@@ -101,6 +103,12 @@ def test_updates_on_cuda_match_the_cpu(name, exact_float32):
         for (key, cpu_w), gpu_w in zip(on_cpu.network.state_dict().items(), on_gpu.network.state_dict().values()):
             np.testing.assert_allclose(gpu_w.cpu().numpy(), cpu_w.numpy(), rtol=1e-3, atol=1e-5,
                                        err_msg=f"{key} after step {step}")  # fmt: skip
+
+
+def test_the_fused_adam_step_on_cuda_is_adam_by_the_paper(buffer):
+    """The learner's fused Adam kernel on the GPU (the configs' optimizer; the parity test
+    above uses SGD) against Adam written from the paper."""
+    fused_adam_by_the_paper(buffer, device="cuda")
 
 
 def cpu_only() -> dict:

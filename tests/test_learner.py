@@ -758,3 +758,32 @@ def test_run_learner_reports_errors(buffer, tmp_path):
         assert (kind, source) == ("error", "learner") and "nope.pt" in payload["traceback"]
     finally:
         store.close()
+
+
+def test_the_fused_adam_step_is_adam_with_l2_weight_decay_by_the_paper(buffer, device="cpu"):
+    """The trainer's Adam (one fused kernel on the CPU and on CUDA) against Adam written
+    from Kingma & Ba (2015, Algorithm 1) with the L2 weight decay of ``torch.optim.Adam``
+    added to the gradient: over three steps, each weight moves by
+    ``lr * m_hat / (sqrt(v_hat) + eps)`` computed from the gradients the step left.
+    (``tests/test_cuda.py`` runs it on CUDA.)"""
+    config = small_config(optimizer="adam", lr_init=0.01, weight_decay=1e-2)
+    torch.manual_seed(0)
+    net = make_network(config.network, OBS, ACTIONS, config.muzero.stacked_observations)
+    trainer = MuZeroTrainer(config, net, torch.device(device))
+    assert trainer.optimizer.defaults["fused"] is True
+    beta1, beta2 = trainer.optimizer.defaults["betas"]
+    eps, decay = trainer.optimizer.defaults["eps"], trainer.optimizer.defaults["weight_decay"]
+    params = list(trainer.network.parameters())
+    m = [torch.zeros_like(p, dtype=torch.float64) for p in params]
+    v = [torch.zeros_like(p, dtype=torch.float64) for p in params]
+    for t in range(1, 4):
+        before = [p.detach().double().clone() for p in params]
+        trainer.train_step(sample(buffer, config, seed=t))
+        lr = trainer.optimizer.param_groups[0]["lr"]
+        for i, p in enumerate(params):
+            g = p.grad.double() + decay * before[i]
+            m[i] = beta1 * m[i] + (1 - beta1) * g
+            v[i] = beta2 * v[i] + (1 - beta2) * g * g
+            m_hat, v_hat = m[i] / (1 - beta1**t), v[i] / (1 - beta2**t)
+            expected = before[i] - lr * m_hat / (v_hat.sqrt() + eps)
+            torch.testing.assert_close(p.detach().double(), expected, rtol=1e-5, atol=1e-6)
