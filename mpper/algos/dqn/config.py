@@ -19,16 +19,16 @@ class DQNConfig:
 
     torso: str = opt("mlp", ("mlp", "minatar", "nature"), '"mlp": the observation flattened; "minatar": one 3x3 '
                      'conv of 16 channels (MinAtar paper); "nature": the Nature DQN CNN on pixels / 255 (Atari)')
-    frame_stack: int = opt(1, ">= 1", "frames stacked into the network input, built at sample time from frames "
+    frame_stack: int = opt(1, "[1, 64]", "frames stacked into the network input, built at sample time from frames "
                            "stored once (the Nature DQN: 4 on Atari)")
     hidden: list = opt([64], WIDTHS, "widths of the Q-network's hidden layers (an MLP after the torso)")
     dueling: bool = opt(False, None, "dueling head: Q = V + A - mean(A)")
-    n_step: int = opt(3, ">= 1", "n of the n-step return R = sum_{i<n} gamma^i r_{t+1+i} (1: one-step DQN)")
+    n_step: int = opt(3, "[1, 1000000]", "n of the n-step return R = sum_{i<n} gamma^i r_{t+1+i} (1: one-step DQN)")
     gamma: float = opt(0.99, "(0, 1]", "discount of the n-step return and of the bootstrap")
     double: bool = opt(True, None, "double DQN: the online net picks the next action, the target net values it")
     loss: str = opt("huber", ("huber", "mse"), '"huber" (smooth L1, delta 1) or "mse" (squared TD error)')
     target_update: str = opt("hard", ("hard", "soft"), '"hard": copy every target_update_interval steps; "soft": Polyak tau each step')
-    target_update_interval: int = opt(100, ">= 1", "hard updates: training steps between target-network copies")
+    target_update_interval: int = opt(100, "[1, 1000000000]", "hard updates: training steps between target-network copies")
     tau: float = opt(0.005, "(0, 1]", "soft updates: target = tau * online + (1 - tau) * target, each step")
     grad_clip_value: float | None = opt(None, "> 0", "clamp each gradient element to [-v, v] (easy-rl's PER-DQN notebook: clamp_(-1, 1)); null: off")
     exploration: str = opt("apex", ("apex", "decay"), '"apex": a constant epsilon per actor; "decay": one exponential schedule')

@@ -20,13 +20,13 @@ class NetworkConfig:
     """Representation, dynamics and prediction networks."""
 
     kind: str = opt("fc", ("fc", "residual"), '"fc" (fully connected) or "residual" (board games)')
-    encoding_size: int = opt(16, ">= 1", "hidden-state size (fc); channels for residual")
+    encoding_size: int = opt(16, "[1, 4096]", "hidden-state size (fc); channels for residual")
     hidden: list = opt([64], WIDTHS, "widths of the hidden layers of each head's MLP (fc and residual)")
-    blocks: int = opt(2, ">= 1", "residual: residual blocks per function")
-    support_size: int = opt(10, ">= 1", "value/reward support is [-support_size, support_size]")
+    blocks: int = opt(2, "[1, 64]", "residual: residual blocks per function")
+    support_size: int = opt(10, "[1, 10000]", "value/reward support is [-support_size, support_size]")
     # muzero-general's reduced_channels_{value,reward,policy}: one number for the three
     # heads of the residual network (whose MLPs use the widths in hidden).
-    reduced_channels: int = opt(2, ">= 1", "residual: planes of the 1x1 conv before each head's MLP (widths: hidden)")
+    reduced_channels: int = opt(2, "[1, 1024]", "residual: planes of the 1x1 conv before each head's MLP (widths: hidden)")
     downsample: bool = opt(False, None, "residual: shrink observations by 16 first (the MuZero paper's Atari network, "
                            "muzero-general's downsample \"resnet\"): 96 x 96 -> a 6 x 6 hidden state")
     zero_init_heads: bool = opt(False, None, "start the value, reward and policy heads' last layers at zero "
@@ -34,7 +34,7 @@ class NetworkConfig:
                                 "before training; false: PyTorch's default init, as muzero-general")
     # EfficientZero's SimSiam heads (LightZero's proj_hid = proj_out = 2 * pred_hid):
     # what muzero.consistency_loss_weight compares hidden states through.
-    projection_size: int = opt(0, ">= 0", "width of the projection and predictor heads of the consistency loss "
+    projection_size: int = opt(0, "[0, 8192]", "width of the projection and predictor heads of the consistency loss "
                                "(predictor bottleneck: half of it); 0: none")
 
 
@@ -46,7 +46,7 @@ class MCTSConfig:
     kind: str = opt("puct", ("puct", "gumbel"), '"puct" (MuZero\'s search, muzero-general) or "gumbel" (Gumbel MuZero: '
                     'Sequential Halving at the root, completed Q-values; the Dirichlet and temperature keys then '
                     'do not apply)')
-    num_simulations: int = opt(50, ">= 1", "simulations (recurrent inferences) per move")
+    num_simulations: int = opt(50, "[1, 100000]", "simulations (recurrent inferences) per move")
     discount: float = opt(0.997, "(0, 1]", "reward discount, in the search and in the value targets")
     pb_c_base: float = opt(19652.0, "> 0", "pUCT exploration base")
     pb_c_init: float = opt(1.25, ">= 0", "pUCT exploration constant")
@@ -57,7 +57,7 @@ class MCTSConfig:
         SCHEDULE,
         "visit-count temperature by training progress: [[fraction_of_training_steps, T], ...]; T = 0: greedy",
     )
-    max_num_considered_actions: int = opt(16, ">= 1", "gumbel: m, the root actions sampled without replacement "
+    max_num_considered_actions: int = opt(16, "[1, 100000]", "gumbel: m, the root actions sampled without replacement "
                                           "(Gumbel-top-m) that Sequential Halving starts from")
     gumbel_scale: float = opt(1.0, ">= 0", "gumbel: scale of the root's Gumbel noise in self-play (0: greedy)")
     c_visit: float = opt(50.0, ">= 0", "gumbel: sigma(q) = (c_visit + max visit count) * c_scale * q, q in [0, 1]")
@@ -67,7 +67,7 @@ class MCTSConfig:
                                'MinMaxStats), which keeps small value gaps small')
     temperature_threshold_moves: int | None = opt(
         None,
-        ">= 1",
+        "[1, 1000000]",
         "self-play: the first N moves of each episode use temperature_schedule, later moves the most visited "
         "action (T = 0; muzero-general's temperature_threshold N samples N - 1 moves); null: the schedule for "
         "every move",
@@ -78,9 +78,9 @@ class MCTSConfig:
 class MuZeroConfig:
     """What the learner unrolls, and how it weighs and prioritises."""
 
-    num_unroll_steps: int = opt(10, ">= 0", "dynamics steps unrolled from each position (K)")
-    td_steps: int = opt(50, ">= 1", "n of the n-step bootstrapped value target")
-    stacked_observations: int = opt(0, ">= 0", "past observations (and actions) stacked into the input")
+    num_unroll_steps: int = opt(10, "[0, 100]", "dynamics steps unrolled from each position (K)")
+    td_steps: int = opt(50, "[1, 1000000]", "n of the n-step bootstrapped value target")
+    stacked_observations: int = opt(0, "[0, 64]", "past observations (and actions) stacked into the input")
     value_loss_weight: float = opt(0.25, ">= 0", "scale of the value loss (paper: 0.25 with reanalyse)")
     symmetry_augmentation: bool = opt(False, None, "train each sampled position through a random board symmetry "
                                       "the env declares (env.unwrapped.symmetries(); needs stacked_observations 0)")
@@ -92,7 +92,7 @@ class MuZeroConfig:
     # the learner thousands of training steps after its first move; a piece is
     # sampleable as soon as it is played.
     game_segment_length: int | None = opt(
-        None, ">= 1", "self-play stores a game in pieces of this many moves, each as soon as it is played (its "
+        None, "[1, 1000000]", "self-play stores a game in pieces of this many moves, each as soon as it is played (its "
         "value targets bootstrap from the network's value at the cut, refreshed by the reanalyser; the learner's "
         "unroll stops at the cut); null: whole games (muzero-general)")
     priority_update: str = opt("sampled", ("sampled", "unrolled"), 'new priorities after a step: "sampled" '
@@ -107,12 +107,12 @@ class ReanalyseConfig:
     search (EfficientZero's reanalyse)."""
 
     enabled: bool = opt(True, None, "run the reanalyse process (muzero-general's use_last_model_value)")
-    batch_episodes: int = opt(8, ">= 1", "episodes refreshed per reanalyse batch")
+    batch_episodes: int = opt(8, "[1, 100000]", "episodes refreshed per reanalyse batch")
     search_fraction: float = opt(0.0, "[0, 1]", "share of reanalysed episodes searched again with the newest "
                                  "weights (mcts.kind, with self-play's root noise, as EfficientZero): fresh policy "
                                  "targets and root values for every position; the rest get the network's values only. "
                                  "0: values only (muzero-general); 1: every episode (EfficientZero, LightZero)")
-    num_simulations: int | None = opt(None, ">= 1", "simulations per reanalysed position; null: "
+    num_simulations: int | None = opt(None, "[1, 100000]", "simulations per reanalysed position; null: "
                                       "mcts.num_simulations")
 
 

@@ -1,0 +1,47 @@
+"""Every number a config can hold keeps what it sizes or indexes in bounds: a value that
+would overflow an index in a compiled kernel or ask for an absurd allocation is refused
+by the config check, in one line naming the key, before anything starts."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mpper.algos.configs import ALGORITHM_CONFIGS, load_config
+from mpper.config import ConfigError, _Range, field_specs
+
+ROOT = Path(__file__).resolve().parents[1]
+CARTPOLE = ROOT / "mpper" / "configs" / "cartpole.json"
+INT64_MAX = 2**63 - 1
+
+
+@pytest.mark.parametrize("key", ["muzero.td_steps", "muzero.num_unroll_steps", "muzero.stacked_observations",
+                                 "mcts.num_simulations", "network.support_size"])  # fmt: skip
+def test_an_int64_sized_value_is_refused_naming_the_key_and_its_range(key):
+    with pytest.raises(ConfigError, match=rf"{key}: .*in \[\d+, \d+\]") as info:
+        load_config(CARTPOLE, [f"{key}={INT64_MAX}"])
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.slow
+def test_a_td_steps_that_overflowed_the_target_kernel_is_one_line_and_exit_2(tmp_path):
+    """``muzero.td_steps: 2^63 - 1`` used to reach the target kernel, whose index
+    ``t + td_steps`` overflowed (SIGSEGV, exit 139)."""
+    result = subprocess.run([sys.executable, str(ROOT / "run.py"), "--config", str(CARTPOLE), "--workers", "0",
+                             "--set", f"muzero.td_steps={INT64_MAX}", "--run-dir", str(tmp_path / "run")],
+                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "muzero.td_steps" in lines[0], result.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_every_integer_key_of_the_algorithms_has_an_upper_bound():
+    unbounded = [spec.key for spec in field_specs(ALGORITHM_CONFIGS)
+                 if int in spec.types and float not in spec.types and spec.key.split(".")[0] in
+                 {s for a in ALGORITHM_CONFIGS.values() for s in a.sections}
+                 and not (isinstance(spec.allowed, _Range) and spec.allowed.hi is not None)]  # fmt: skip
+    assert unbounded == []
