@@ -783,3 +783,60 @@ def test_a_full_disk_leaves_the_previous_snapshot_whole(tmp_path, small_disk, mo
             np.testing.assert_array_equal(loaded.fields["observation"][:11], 1)
     finally:
         buf.close()
+
+
+@pytest.mark.parametrize("mmap", [False, True], ids=["shm", "mmap"])
+def test_a_snapshot_replaced_by_a_save_while_it_is_read_loads_the_new_one_not_corrupted(filled, tmp_path, monkeypatch,
+                                                                                         mmap):  # fmt: skip
+    """A live run saves over its snapshot while ``--inspect`` reads it: the reader gets the
+    manifest of one snapshot and the arrays of the next, whose checksums disagree. That is
+    reported neither as corruption nor as a failure: the load starts again on the new
+    snapshot. (Here the save lands right after the reader read the manifest.)"""
+    from mpper.replay import snapshot
+
+    path = tmp_path / "snap"
+    filled.save(path)
+    rng = np.random.default_rng(9)
+    read_manifest, saves = snapshot._read_manifest, []
+
+    def a_save_lands_after_the_manifest(where):
+        manifest = read_manifest(where)
+        if not saves:  # the first read only: new data, then the run's next save
+            filled.add_episode(make_episode(rng, 30))
+            filled.save(path)
+            saves.append(where)
+        return manifest
+
+    monkeypatch.setattr(snapshot, "_read_manifest", a_save_lands_after_the_manifest)
+    with ReplayBuffer.load(path, mmap=mmap) as loaded:
+        assert saves and loaded.counters["games"] == filled.counters["games"]
+        assert len(loaded) == len(filled)
+
+
+def test_a_snapshot_replaced_by_every_read_says_so(filled, tmp_path, monkeypatch):
+    from mpper.replay import snapshot
+
+    path = tmp_path / "snap"
+    filled.save(path)
+    read_manifest = snapshot._read_manifest
+    rng = np.random.default_rng(10)
+
+    def a_save_lands_after_every_manifest(where):
+        manifest = read_manifest(where)
+        filled.add_episode(make_episode(rng, 30))
+        filled.save(path)
+        return manifest
+
+    monkeypatch.setattr(snapshot, "_read_manifest", a_save_lands_after_every_manifest)
+    with pytest.raises(SnapshotError, match=r"replaced by a new save 4 times while it was read .*; try again$"):
+        ReplayBuffer.load(path)
+
+
+def test_a_corrupt_snapshot_that_stays_in_place_is_still_corrupt(filled, tmp_path):
+    path = tmp_path / "snap"
+    filled.save(path)
+    data = bytearray((path / "field.reward.npy").read_bytes())
+    data[-1] ^= 0xFF
+    (path / "field.reward.npy").write_bytes(bytes(data))
+    with pytest.raises(SnapshotError, match=r"field.reward.npy: sha256 checksum mismatch \(file corrupted or edited\)"):
+        ReplayBuffer.load(path)

@@ -526,12 +526,45 @@ def _check_field_data(path: Path, fields, arrays: dict, in_episode: np.ndarray, 
                                     f"holds {what}")  # fmt: skip
 
 
+# A live run replaces its snapshot every runtime interval: a load that finds its
+# snapshot replaced while it read it tries the new one, this many times at most.
+REPLACED_RETRIES = 3
+
+
+def _identity(path: Path) -> tuple | None:
+    """What a save changes: the inode of the directory at ``path`` (a save renames a new
+    one into place) and of its manifest; None while none is there."""
+    try:
+        return os.stat(path).st_ino, os.stat(path / MANIFEST).st_ino
+    except OSError:
+        return None
+
+
 def load_buffer(cls, path, mmap: bool = False, verify: bool = True, mp_context=None, num_actions: int | None = None):
     """See ``ReplayBuffer.load``. ``verify=False`` skips the checksums (faster); the
     structure is checked either way (``_check_bookkeeping``, ``_check_field_data``).
     ``num_actions``: the action count of the env that will use the buffer, to check
-    stored actions against (a schema with ``child_visits`` carries its own)."""
-    path = _resolve(Path(path))
+    stored actions against (a schema with ``child_visits`` carries its own).
+
+    A snapshot that a save replaced while it was read (a live run's, read by
+    ``--inspect``) gives files of two snapshots, whose checksums or bookkeeping disagree:
+    that is not corruption, and the load starts again on the new snapshot (up to
+    ``REPLACED_RETRIES`` times, then a SnapshotError that says so). An error found while
+    the snapshot stayed in place stands."""
+    path = Path(path)
+    for _ in range(REPLACED_RETRIES + 1):
+        before = _identity(path)
+        try:
+            return _load_buffer_once(cls, path, mmap, verify, mp_context, num_actions)
+        except SnapshotError:
+            if _identity(path) == before:
+                raise
+    raise SnapshotError(f"{path}: replaced by a new save {REPLACED_RETRIES + 1} times while it was read (a live run "
+                        f"is saving it); try again")  # fmt: skip
+
+
+def _load_buffer_once(cls, path: Path, mmap: bool, verify: bool, mp_context, num_actions: int | None):
+    path = _resolve(path)
     manifest = _read_manifest(path)
     mpath = path / MANIFEST
     capacity, max_episodes = _manifest_sizes(mpath, manifest)
