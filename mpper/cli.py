@@ -171,6 +171,9 @@ MODE_FLAGS = {
 }
 
 
+SWEEP_INSTEAD = {"seed": "; a sweep takes --seeds N and --first-seed S", "run_dir": "; a sweep takes --sweep-dir"}
+
+
 def mode_of(given: set[str]) -> str:
     """The mode the given flags (argparse dests) select, a key of :data:`MODE_FLAGS`."""
     for dest, mode in (("help_config", "--help-config"), ("evaluate", "--evaluate"), ("plot", "--plot"),
@@ -191,7 +194,9 @@ def foreign_flag(parser: argparse.ArgumentParser, given: list[str], mode: str) -
                 modes.remove("--resume")  # a resumed run is a training run
             names = [f"{program_name()} sweep" if m == "sweep" else m for m in modes]
             where = " and ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
-            return f"{options[dest]} does not apply to {mode} (it applies to {where})"
+            instead = SWEEP_INSTEAD.get(dest, "") if mode == "sweep" else ""
+            shown = f"{program_name()} sweep" if mode == "sweep" else mode
+            return f"{options[dest]} does not apply to {shown} (it applies to {where}){instead}"
     return None
 
 
