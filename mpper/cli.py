@@ -13,6 +13,12 @@ process exits: one that another live run holds, one that holds a finished run (w
 ``--resume``), or one that cannot be created or written is refused. (The forkserver that
 children are forked from boots as soon as the env is checked, beside the supervisor's
 own imports; it does nothing until a child is asked for and exits with this process.)
+
+Each mode (a training run, ``--resume``, ``--evaluate``, ``--evaluate --on-snapshot``,
+``--plot``, ``--inspect``, ``--help-config``, ``sweep``) takes the flags :data:`MODE_FLAGS`
+lists; a flag the user typed that its mode does not take is refused in one line that says
+where it applies (argparse defaults do not count). ``mpper sweep ...`` (:func:`sweep_main`)
+runs several seeds of one config through :mod:`mpper.tools.sweep`.
 """
 
 from __future__ import annotations
@@ -417,8 +423,9 @@ def sweep_main(argv: list[str]) -> int:
         if taken:
             return _fail(f"--sweep-dir {sweep_dir}: holds {taken[0]} from an earlier sweep; choose another directory")
     run_args = []
-    for flag, value in (("--workers", args.workers), ("--device", args.device), ("--max-train-steps",
-                        args.max_train_steps), ("--time-limit", args.time_limit), ("--ray", args.ray_address)):  # fmt: skip
+    passed = {"--workers": args.workers, "--device": args.device, "--max-train-steps": args.max_train_steps,
+              "--time-limit": args.time_limit, "--ray": args.ray_address}  # fmt: skip
+    for flag, value in passed.items():
         if value is not None:
             run_args += [flag, str(value)]
     for override in args.overrides:

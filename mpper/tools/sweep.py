@@ -115,8 +115,8 @@ def seed_result(run_dir: Path, solve_return: float | None) -> dict:
     records, _ = read_metrics(run_dir / "metrics.jsonl")
     evaluations = _evaluations(records)
     end_time = max((float(r["time_s"]) for r in records), default=None)
-    steps = [r["learner"]["training_step"] for r in records if isinstance((r.get("learner") or {}).get("training_step"), int)]
-    end_step = max(steps, default=0)
+    steps = [(r.get("learner") or {}).get("training_step") for r in records]
+    end_step = max((s for s in steps if isinstance(s, int)), default=0)
     out = {"evaluations": len(evaluations), "final_return": evaluations[-1]["mean_return"] if evaluations else None,
            "end_time_s": end_time, "end_training_step": end_step, "reached_target": None,
            "time_to_target_s": None, "steps_to_target": None}  # fmt: skip
