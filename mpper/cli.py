@@ -363,7 +363,7 @@ def build_sweep_parser() -> argparse.ArgumentParser:
         prog=f"{program_name()} sweep",
         allow_abbrev=False,  # --seed must not pass for --seeds
         description="Run several seeds of one config, each an ordinary run in its own process, and report the "
-                    "interquartile mean and its 95 %% bootstrap interval over the seeds of the final return and "
+                    "interquartile mean and its 95 % bootstrap interval over the seeds of the final return and "
                     "of the time to runtime.solve_return; writes sweep.json, sweep.md and returns.png.",
     )  # fmt: skip
     p.add_argument("--config", metavar="PATH|NAME", required=True, help="JSON config file or shipped config name")
