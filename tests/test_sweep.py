@@ -143,7 +143,8 @@ def sweep(tmp_path_factory):
     sweep_dir = tmp_path_factory.mktemp("sweep") / "s"
     proc = subprocess.run(sweep_command(sweep_dir, "--seeds", "2", "--first-seed", "3", "--parallel", "2", *TINY,
                                         "--set", "runtime.solve_return=30"),
-                          cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=600, check=False)  # fmt: skip
+                          cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=600,
+                          check=False)  # fmt: skip
     return sweep_dir, proc
 
 
@@ -158,7 +159,8 @@ def test_sweep_json_agrees_with_the_seeds_metrics(sweep):
     for run, seed in zip(report["runs"], (3, 4)):
         run_dir = sweep_dir / f"seed-{seed}"
         assert run["seed"] == seed and run["status"] == "finished" and run["exit_code"] == 0
-        assert Path(run["run_dir"]) == run_dir and json.loads((run_dir / "config.json").read_text())["runtime"]["seed"] == seed
+        assert Path(run["run_dir"]) == run_dir
+        assert json.loads((run_dir / "config.json").read_text())["runtime"]["seed"] == seed
         evaluations = read_evaluations(run_dir)
         assert evaluations, f"seed {seed} made no evaluation"
         assert run["final_return"] == evaluations[-1]["mean_return"] and run["evaluations"] == len(evaluations)
@@ -226,7 +228,8 @@ def test_stopping_the_sweep_stops_its_runs(tmp_path, signum, workers, parallel):
     sweep_dir = tmp_path / "s"
     proc = subprocess.Popen(sweep_command(sweep_dir, "--seeds", "3", "--parallel", parallel, "--workers", workers,
                                           "--time-limit", "300"),
-                            cwd=ROOT, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+                            cwd=ROOT, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)  # fmt: skip
     try:
         deadline = time.monotonic() + 240
         started = int(parallel)
