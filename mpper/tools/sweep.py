@@ -168,9 +168,9 @@ class SeedRun:
 
 
 class _Signals:
-    """Ctrl-C and SIGTERM while the sweep runs: each one is passed on to every running seed
-    (whose own run stops cleanly on the first and quits at once on the next), and no new
-    seed starts. The third one kills the seeds' processes."""
+    """Ctrl-C and SIGTERM while the sweep runs: each one is passed on to every running seed,
+    whose run answers it as its own (the first stops it cleanly, with its final checkpoint
+    and snapshot; the third quits at once, stopping its children), and no new seed starts."""
 
     def __init__(self, runs: list[SeedRun]) -> None:
         self.runs = runs
@@ -188,14 +188,13 @@ class _Signals:
 
     def _handle(self, signum, frame) -> None:
         self.received.append(signum)
-        forward = signal.SIGKILL if len(self.received) >= 3 else signum
         running = [r for r in self.runs if r.process is not None and r.process.poll() is None]
         os.write(2, f"mpper sweep: {signal.Signals(signum).name}: passed on to {len(running)} running seed(s); "
                     "no new seed starts\n".encode())  # fmt: skip
         for run in running:
             run.signalled = True
             try:
-                os.kill(run.process.pid, forward)
+                os.kill(run.process.pid, signum)
             except ProcessLookupError:
                 pass
 
