@@ -188,15 +188,19 @@ class _Signals:
 
     def _handle(self, signum, frame) -> None:
         self.received.append(signum)
-        running = [r for r in self.runs if r.process is not None and r.process.poll() is None]
+        running = [r for r in self.runs if r.process is not None and r.process.returncode is None]
         os.write(2, f"mpper sweep: {signal.Signals(signum).name}: passed on to {len(running)} running seed(s); "
                     "no new seed starts\n".encode())  # fmt: skip
         for run in running:
-            run.signalled = True
-            try:
-                os.kill(run.process.pid, signum)
-            except ProcessLookupError:
-                pass
+            self.pass_on(run, signum)
+
+    @staticmethod
+    def pass_on(run: SeedRun, signum: int) -> None:
+        run.signalled = True
+        try:
+            os.kill(run.process.pid, signum)  # not reaped yet (only the sweep's loop waits for it): still its pid
+        except ProcessLookupError:
+            pass
 
 
 def _child_env() -> dict:
@@ -269,6 +273,8 @@ def run_sweep(plan: SweepPlan) -> int:
             if not running and (not pending or signals.received):
                 break
             for run in running:
+                if signals.received and not run.signalled:  # started as the signal came
+                    signals.pass_on(run, signals.received[0])
                 if run.process.poll() is not None:
                     _finish(run, plan)
             time.sleep(POLL_S)
@@ -282,9 +288,9 @@ def run_sweep(plan: SweepPlan) -> int:
 # ---- the report -------------------------------------------------------------------------------
 METHOD = ("IQM: mean of the middle 50 % of runs (scipy.stats.trim_mean(x, 0.25)); 95 % CI: percentile "
           f"bootstrap over runs, {BOOTSTRAP_RESAMPLES} resamples (Agarwal et al. 2021, rliable). Time to target: "
-          "wall seconds and training steps to a run's first evaluation whose mean greedy return reaches "
-          "runtime.solve_return; a run that never reaches it counts with its whole length (a lower bound), "
-          "failed runs are left out.")  # fmt: skip
+          "wall seconds (from the run's start, as metrics.jsonl's time_s) and training steps to a run's first "
+          "evaluation whose mean greedy return reaches runtime.solve_return; a run that never reaches it counts "
+          "with its whole length (a lower bound); failed runs are left out.")  # fmt: skip
 
 
 def write_report(plan: SweepPlan, runs: list[SeedRun]) -> str:
