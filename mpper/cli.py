@@ -13,6 +13,12 @@ process exits: one that another live run holds, one that holds a finished run (w
 ``--resume``), or one that cannot be created or written is refused. (The forkserver that
 children are forked from boots as soon as the env is checked, beside the supervisor's
 own imports; it does nothing until a child is asked for and exits with this process.)
+
+Each mode (a training run, ``--resume``, ``--evaluate``, ``--evaluate --on-snapshot``,
+``--plot``, ``--inspect``, ``--help-config``, ``sweep``) takes the flags :data:`MODE_FLAGS`
+lists; a flag the user typed that its mode does not take is refused in one line that says
+where it applies (argparse defaults do not count). ``mpper sweep ...`` (:func:`sweep_main`)
+runs several seeds of one config through :mod:`mpper.tools.sweep`.
 """
 
 from __future__ import annotations
@@ -24,10 +30,12 @@ import json
 import sys
 from pathlib import Path
 
+from . import __version__
 from .algos.configs import describe_config, load_config
 from .config import MAX_SEED, ConfigError, RuntimeConfig, section_specs
 
-__all__ = ["build_parser", "console", "default_run_dir", "main", "resolve_config", "shipped_configs"]
+__all__ = ["MODE_FLAGS", "build_parser", "build_sweep_parser", "console", "default_run_dir", "main", "resolve_config",
+           "shipped_configs", "sweep_main"]
 
 EXIT_USAGE = 2
 
@@ -44,15 +52,21 @@ class _Parser(argparse.ArgumentParser):
         raise _UsageError(message)
 
 
+def program_name() -> str:
+    """``run.py`` when that script was invoked, else ``mpper`` (the installed command)."""
+    return "run.py" if Path(sys.argv[0]).name == "run.py" else "mpper"
+
+
 def build_parser() -> argparse.ArgumentParser:
     devices = section_specs(RuntimeConfig, "runtime")["device"].allowed
     p = _Parser(
-        prog="run.py",
+        prog=program_name(),
         description=(
             "Train MuZero (or DQN) with N self-play processes, a learner and a reanalyser that "
             "share one replay buffer in shared memory."
         ),
         epilog=(
+            f"Several seeds of one config: {program_name()} sweep --help. "
             "Config keys, their defaults and allowed values: --help-config. Mistakes in flags or "
             "in the config are reported as one line on stderr with exit code 2, before anything starts."
         ),
@@ -104,6 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="with --inspect: print the statistics as JSON")
     p.add_argument("--help-config", action="store_true",
                    help="print every config key with its type, default, allowed values and meaning, and exit")
+    p.add_argument("--version", action="version", version=f"mpper {__version__}")
     return p
 
 
@@ -146,29 +161,90 @@ def _fail(message: str) -> int:
     return EXIT_USAGE
 
 
+# The flags (argparse dests) each mode takes; any other flag the user gave is refused.
+TRAINING_FLAGS = frozenset({"config", "workers", "device", "seed", "run_dir", "max_train_steps", "time_limit",
+                            "ray_address", "overrides"})  # fmt: skip
+MODE_FLAGS = {
+    "training runs": TRAINING_FLAGS,
+    "--resume": TRAINING_FLAGS | {"resume"},
+    "--evaluate": frozenset({"evaluate", "episodes", "checkpoint", "render", "seed", "overrides"}),
+    "--evaluate --on-snapshot": frozenset({"evaluate", "on_snapshot", "checkpoint", "overrides"}),
+    "--plot": frozenset({"plot"}),
+    "--inspect": frozenset({"inspect", "json"}),
+    "--help-config": frozenset({"help_config"}),
+    # its own flags (--seeds, --parallel, ...) are the sweep parser's: mpper.tools.sweep
+    "sweep": TRAINING_FLAGS - {"seed", "run_dir"},
+}
+
+
+SWEEP_INSTEAD = {"seed": "; a sweep takes --seeds N and --first-seed S", "run_dir": "; a sweep takes --sweep-dir"}
+
+
+def mode_of(given: set[str]) -> str:
+    """The mode the given flags (argparse dests) select, a key of :data:`MODE_FLAGS`."""
+    for dest, mode in (("help_config", "--help-config"), ("evaluate", "--evaluate"), ("plot", "--plot"),
+                       ("inspect", "--inspect"), ("resume", "--resume")):  # fmt: skip
+        if dest in given:
+            return "--evaluate --on-snapshot" if mode == "--evaluate" and "on_snapshot" in given else mode
+    return "training runs"
+
+
+def foreign_flag(parser: argparse.ArgumentParser, given: list[str], mode: str) -> str | None:
+    """The refusal of the first of ``given`` (dests, in command-line order) that ``mode``
+    does not take, naming the modes that do take it; None when every one applies."""
+    options = {a.dest: a.option_strings[0] for a in parser._actions if a.option_strings}
+    for dest in given:
+        if dest not in MODE_FLAGS[mode]:
+            modes = [m for m, flags in MODE_FLAGS.items() if dest in flags and m != mode]
+            if {"training runs", "--resume"} <= set(modes):
+                modes.remove("--resume")  # a resumed run is a training run
+            names = [f"{program_name()} sweep" if m == "sweep" else m for m in modes]
+            where = " and ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
+            instead = SWEEP_INSTEAD.get(dest, "") if mode == "sweep" else ""
+            shown = f"{program_name()} sweep" if mode == "sweep" else mode
+            return f"{options[dest]} does not apply to {shown} (it applies to {where}){instead}"
+    return None
+
+
+def given_flags(argv: list[str]) -> list[str]:
+    """The dests of the flags ``argv`` names, in order: argparse defaults (``--episodes``
+    10, ...) do not count, a flag the user typed does, even when it repeats the default."""
+    probe = build_parser()
+    for action in probe._actions:
+        action.default = argparse.SUPPRESS
+    order = {}
+    for arg in argv:
+        for action in probe._actions:
+            if arg.split("=", 1)[0] in action.option_strings:
+                order.setdefault(action.dest, len(order))
+    given = vars(probe.parse_args(argv))
+    return sorted(given, key=lambda dest: order.get(dest, len(order)))
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["sweep"]:
+        return sweep_main(argv[1:])
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
+        given = given_flags(argv)
     except _UsageError as e:
         return _fail(f"{e} (see --help)")
-    except SystemExit as e:  # --help
+    except SystemExit as e:  # --help, --version
         return e.code if isinstance(e.code, int) else 0
+    refusal = foreign_flag(parser, given, mode_of(set(given)))
+    if refusal:
+        return _fail(refusal)
     if args.help_config:
         print(describe_config())
         return 0
     if args.seed is not None and not 0 <= args.seed <= MAX_SEED:
         return _fail(f"--seed: expected an integer in [0, {MAX_SEED}], got {args.seed}")
-    if args.evaluate is None:
-        for flag, value in (("--render", args.render), ("--on-snapshot", args.on_snapshot)):
-            if value is not None:
-                return _fail(f"{flag} needs --evaluate RUN_DIR (see --help)")
     if args.evaluate is not None:
         if args.episodes < 1:
             return _fail(f"--episodes: expected an integer >= 1, got {args.episodes}")
         if args.on_snapshot is not None:
-            if args.render is not None:
-                return _fail("--render and --on-snapshot: choose one (--on-snapshot plays no episode to render)")
             from .tools.evaluate_snapshot import evaluate_snapshot_main
 
             return evaluate_snapshot_main(args.evaluate, args.on_snapshot, args.checkpoint, args.overrides)
@@ -279,6 +355,87 @@ def main(argv: list[str] | None = None) -> int:
             # ray extra, or a cluster that cannot be reached: runtime.remote.ClusterError)
             return refuse(str(e))
     return rc if isinstance(rc, int) else 0
+
+
+def build_sweep_parser() -> argparse.ArgumentParser:
+    devices = section_specs(RuntimeConfig, "runtime")["device"].allowed
+    p = _Parser(
+        prog=f"{program_name()} sweep",
+        allow_abbrev=False,  # --seed must not pass for --seeds
+        description="Run several seeds of one config, each an ordinary run in its own process, and report the "
+                    "interquartile mean and its 95 % bootstrap interval over the seeds of the final return and "
+                    "of the time to runtime.solve_return; writes sweep.json, sweep.md and returns.png.",
+    )  # fmt: skip
+    p.add_argument("--config", metavar="PATH|NAME", required=True, help="JSON config file or shipped config name")
+    p.add_argument("--seeds", type=int, default=5, metavar="N", help="how many seeds (5)")
+    p.add_argument("--first-seed", type=int, default=0, metavar="S", help="the seeds are S, S+1, ... (0)")
+    p.add_argument("--parallel", type=int, default=1, metavar="N", help="runs at a time (1: one after another)")
+    p.add_argument("--sweep-dir", metavar="DIR", help="where seed-K/ and the report go "
+                   "(default: runs/sweep/<config-name>/<timestamp>/)")  # fmt: skip
+    p.add_argument("--workers", type=int, metavar="N", help="self-play processes of each run")
+    p.add_argument("--device", choices=devices, help="learner device of each run")
+    p.add_argument("--max-train-steps", type=int, metavar="N", help="stop each run after N training steps")
+    p.add_argument("--time-limit", type=float, metavar="SECONDS", help="stop each run after this many seconds")
+    p.add_argument("--ray", metavar="ADDRESS", dest="ray_address", help="each run's workers as Ray actors")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", dest="overrides",
+                   help="override one config key of every run (repeatable)")
+    return p
+
+
+def sweep_main(argv: list[str]) -> int:
+    """``mpper sweep``: checks the flags and the config as a training run would (one line,
+    exit 2, nothing started), then :func:`mpper.tools.sweep.run_sweep`."""
+    parser = build_sweep_parser()
+    try:
+        args, unknown = parser.parse_known_args(argv)
+    except _UsageError as e:
+        return _fail(f"sweep: {e} (see {program_name()} sweep --help)")
+    except SystemExit as e:  # --help
+        return e.code if isinstance(e.code, int) else 0
+    if unknown:
+        main_parser = build_parser()
+        dests = {o: a.dest for a in main_parser._actions for o in a.option_strings}
+        dest = dests.get(unknown[0].split("=", 1)[0])
+        if dest is None or dest in ("help", "version"):
+            return _fail(f"sweep: unrecognized arguments: {' '.join(unknown)} (see {program_name()} sweep --help)")
+        return _fail(foreign_flag(main_parser, [dest], "sweep"))
+    if args.seeds < 1 or args.parallel < 1:
+        flag, value = ("--seeds", args.seeds) if args.seeds < 1 else ("--parallel", args.parallel)
+        return _fail(f"{flag}: expected an integer >= 1, got {value}")
+    if not 0 <= args.first_seed <= MAX_SEED - args.seeds + 1:
+        return _fail(f"--first-seed: the seeds must lie in [0, {MAX_SEED}], got {args.first_seed} "
+                     f"to {args.first_seed + args.seeds - 1}")  # fmt: skip
+    try:
+        config_path = resolve_config(args.config)
+        config = load_config(config_path, args.overrides, workers=args.workers, device=args.device,
+                             training_steps=args.max_train_steps, time_limit_s=args.time_limit,
+                             ray_address=args.ray_address)  # fmt: skip
+    except (FileNotFoundError, ConfigError) as e:
+        return _fail(str(e))
+    seeds = list(range(args.first_seed, args.first_seed + args.seeds))
+    if args.sweep_dir is None:
+        sweep_dir = default_run_dir(config_path, root=Path("runs") / "sweep")
+    else:
+        sweep_dir = Path(args.sweep_dir)
+        taken = [p.name for p in [sweep_dir / "sweep.json", *(sweep_dir / f"seed-{k}" for k in seeds)] if p.exists()]
+        if sweep_dir.exists() and not sweep_dir.is_dir():
+            return _fail(f"--sweep-dir {sweep_dir}: not a directory")
+        if taken:
+            return _fail(f"--sweep-dir {sweep_dir}: holds {taken[0]} from an earlier sweep; choose another directory")
+    run_args = []
+    passed = {"--workers": args.workers, "--device": args.device, "--max-train-steps": args.max_train_steps,
+              "--time-limit": args.time_limit, "--ray": args.ray_address}  # fmt: skip
+    for flag, value in passed.items():
+        if value is not None:
+            run_args += [flag, str(value)]
+    for override in args.overrides:
+        run_args += ["--set", override]
+    from .tools.sweep import SweepPlan, run_sweep
+
+    plan = SweepPlan(config=Path(config_path).resolve(), seeds=seeds, sweep_dir=sweep_dir, parallel=args.parallel,
+                     run_args=run_args, solve_return=config.runtime.solve_return,
+                     command=[program_name(), "sweep", *argv])  # fmt: skip
+    return run_sweep(plan)
 
 
 def _check_resume(run_dir: Path, config, spec) -> str | None:

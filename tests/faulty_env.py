@@ -12,6 +12,7 @@ check, the evaluator, other envs of the worker) it plays normally.
 from __future__ import annotations
 
 import multiprocessing
+import sys
 
 import gymnasium as gym
 import numpy as np
@@ -57,3 +58,12 @@ def raising(fail_after: int = 30, fail_instance: int = 1, episode_steps: int = 2
     index, _created = _created, _created + 1
     in_worker = multiprocessing.current_process().name.startswith("mpper-worker-") or _in_ray_selfplay_actor()
     return Walk(episode_steps, fail_after if in_worker and index == fail_instance else None)
+
+
+def failing_seed(seed: int, fail_after: int = 30, episode_steps: int = 20) -> Walk:
+    """A ``Walk`` whose ``step`` raises after ``fail_after`` steps when this process runs the
+    run of ``--seed seed`` (read from its command line, as ``mpper sweep`` starts it), and
+    never in any other run."""
+    argv = sys.argv
+    mine = "--seed" in argv[:-1] and argv[argv.index("--seed") + 1] == str(seed)
+    return Walk(episode_steps, fail_after if mine else None)

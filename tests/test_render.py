@@ -81,11 +81,12 @@ def test_render_format_and_flag_mistakes(run, tmp_path, capsys):
     gif = tmp_path / "x.gif"
     cases = [
         (["--evaluate", str(run), "--render", "mp4", str(gif)], "--render mp4"),
-        (["--render", "gif", str(gif)], "--render needs --evaluate RUN_DIR"),
+        (["--render", "gif", str(gif)], "--render does not apply to training runs (it applies to --evaluate)"),
         (["--evaluate", str(run), "--render", "gif"], "--render: expected 2 arguments"),
         (["--evaluate", str(run), "--render", "gif", str(tmp_path / "no" / "x.gif")], "does not exist"),
         (["--evaluate", str(run), "--render", "gif", str(tmp_path)], "is a directory"),
-        (["--evaluate", str(run), "--render", "gif", str(gif), "--on-snapshot", str(run / "buffer")], "choose one"),
+        (["--evaluate", str(run), "--render", "gif", str(gif), "--on-snapshot", str(run / "buffer")],
+         "--render does not apply to --evaluate --on-snapshot"),
     ]
     for argv, fragment in cases:
         assert main(argv) == 2, argv
