@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from .config_files import ConfigError, read_config_file
+from .env_ids import env_id_form, module_not_found_text, search_current_directory
 from .extras import MissingExtraError, register_env_family
 from .replay.episode_ring import MAX_CAPACITY
 
@@ -158,37 +159,36 @@ def _check_initial_priority(value):
 # + a few small terms, which then stays within what torch.manual_seed accepts.
 MAX_SEED = 2**32 - 1
 
-_FACTORY_RE = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
-
-
 def _check_env_id(value: str) -> str:
-    """A registered gymnasium id, or ``module:callable`` whose module can be found (the
-    module is located, not run; no env is created)."""
+    """A registered gymnasium id, ``module:callable`` or gymnasium's ``module:EnvId``
+    (:mod:`mpper.env_ids`) whose module can be found (located, not run; no env is
+    created), the current directory included."""
     import gymnasium
 
     try:
         register_env_family(value)  # MinAtar/..., ALE/...: ids their packages register on request
     except MissingExtraError as exc:
         raise _Invalid(str(exc)) from None
-    registry = gymnasium.envs.registry
-    if value in registry:
-        return value
-    if _FACTORY_RE.match(value):
+    form = env_id_form(value)
+    if form.imports:
         import importlib.util
 
-        module = value.split(":", 1)[0]
+        search_current_directory()
         try:
-            found = importlib.util.find_spec(module) is not None
-        except (ImportError, ValueError):
+            found = importlib.util.find_spec(form.module) is not None
+        except (ImportError, ValueError):  # a parent package that is missing
             found = False
         if not found:
-            raise _Invalid(f'module "{module}" of {_show(value)} cannot be found; expected "module:callable" with an importable module')
+            raise _Invalid(module_not_found_text(form.module, value))
+        return value
+    registry = gymnasium.envs.registry
+    if value in registry:
         return value
     close = difflib.get_close_matches(value, list(registry), n=1, cutoff=0.6)
     hint = f' (did you mean "{close[0]}"?)' if close else ""
     raise _Invalid(
-        f'{_show(value)} is not a registered gymnasium id{hint}; expected a registered id such as "CartPole-v1" '
-        'or "module:callable" returning a gymnasium.Env'
+        f'{_show(value)} is not a registered gymnasium id{hint}; expected a registered id such as "CartPole-v1", '
+        '"module:callable" returning a gymnasium.Env, or "module:EnvId-v0" (importing module registers EnvId-v0)'
     )
 
 
@@ -214,7 +214,7 @@ def _check_resources(value: dict) -> dict:
 WIDTHS = Check("a list of integers >= 1", _check_widths)
 SCHEDULE = Check("a list of [fraction, T] pairs: fractions in [0, 1] increasing from 0, T >= 0", _check_schedule)
 _INITIAL_PRIORITY = Check('"actor", "max" or a number >= 0', _check_initial_priority)
-_ENV_ID = Check('a registered gymnasium id, or "module:callable"', _check_env_id, late=True)
+_ENV_ID = Check('a registered gymnasium id, "module:callable" or "module:EnvId-v0"', _check_env_id, late=True)
 _RAY_ADDRESS = Check('"auto" or "host:port"', _check_ray_address)
 _RESOURCES = Check("an object of resource name -> amount > 0", _check_resources)
 
@@ -226,7 +226,9 @@ _RESOURCES = Check("an object of resource name -> amount > 0", _check_resources)
 class EnvConfig:
     """The environment each self-play worker steps."""
 
-    id: str = opt("CartPole-v1", _ENV_ID, 'gymnasium id, or "module:factory" returning a gymnasium.Env')
+    id: str = opt("CartPole-v1", _ENV_ID, 'a registered gymnasium id; "module:callable" (a Python name after the '
+                  'colon) returning a gymnasium.Env; or gymnasium\'s "module:EnvId-v0" (importing module registers '
+                  "EnvId-v0); modules are found in the current directory too (docs/custom_envs.md)")
     kwargs: dict = opt({}, None, "passed to gymnasium.make / the factory")
     max_episode_steps: int | None = opt(None, ">= 1", "time limit (truncation); null: the env's own")
     preprocessing: str = opt("none", ("none", "channels_first", "atari"), '"channels_first": image observations '
@@ -923,20 +925,19 @@ def default_config(algorithm: str, algorithms: Mapping[str, AlgorithmConfig]) ->
 
 def is_env_factory(env_id: str) -> bool:
     """Whether ``env_id`` names a ``module:callable`` factory (code to import and call)
-    rather than an id in gymnasium's registry."""
-    import gymnasium
-
-    return ":" in env_id and env_id not in gymnasium.envs.registry
+    rather than an id in gymnasium's registry (:mod:`mpper.env_ids`)."""
+    return env_id_form(env_id).kind == "factory"
 
 
 def _check_env_late(config: Config, sources: _Sources, env_factory_from_file: bool) -> None:
     # env.id is checked here, not in _build, so that a default id is checked too and the
     # gymnasium import happens only for configs that are otherwise valid
     source = sources("env.id")
-    if not env_factory_from_file and source == sources.file and is_env_factory(config.env.id):
+    if not env_factory_from_file and source == sources.file and env_id_form(config.env.id).imports:
         # Checked before the module is even looked up: finding a submodule imports its package.
+        # "pkg:Env-v0" runs pkg's code as surely as "module:callable" does.
         raise ConfigError(
-            f"{source}: env.id: {_show(config.env.id)} names Python code to import and call; a run directory's "
+            f"{source}: env.id: {_show(config.env.id)} names Python code to import; a run directory's "
             f"config.json may only name a registered gymnasium id. If that code is yours and you trust it, "
             f"name it yourself: --set env.id={config.env.id}"
         )
