@@ -30,6 +30,7 @@ __all__ = [
     "is_bare_name",
     "read_config_file",
     "read_config_json",
+    "resolve_bases",
     "shipped_configs",
 ]
 
@@ -149,23 +150,31 @@ def read_config_file(path: str | Path, label: str | None = None,
     if not isinstance(data, dict):
         return data, {}
     _check_duplicates(data, label)
-    if BASE_KEY not in data:
-        return data, {}
-    if not allow_base:
+    if BASE_KEY in data and not allow_base:
         raise ConfigError(f'{label}: {BASE_KEY}: a run directory\'s config.json is a whole config and names no '
                           f"base; received files name no other file to read")  # fmt: skip
-    chain = [(Path(path).resolve(), label, data)]
-    while BASE_KEY in chain[-1][2]:
-        here, here_label, here_data = chain[-1]
+    return resolve_bases(data, label, Path(path))
+
+
+def resolve_bases(data: dict, label: str = "<config>", path: Path | None = None) -> tuple[dict, dict[str, str]]:
+    """``data`` (a config object) with its ``"base"`` chain resolved, as
+    :func:`read_config_file` returns it. ``path``: the file ``data`` was read from, whose
+    directory a relative base is read from (without it, the current directory)."""
+    if BASE_KEY not in data:
+        return data, {}
+    here = Path(path).resolve() if path is not None else None
+    chain = [(here, (here.parent if here else Path.cwd()), label, data)]  # (file, its directory, label, object)
+    while BASE_KEY in chain[-1][3]:
+        _, directory, here_label, here_data = chain[-1]
         base = here_data[BASE_KEY]
         if not isinstance(base, str) or not base:
             raise ConfigError(f"{here_label}: {BASE_KEY}: expected the name of a shipped config or a path to a JSON "
                               f"file, got {json.dumps(base)}")  # fmt: skip
-        base_path = config_name_path(base, relative_to=here.parent, what=f"{here_label}: {BASE_KEY}:")
+        base_path = config_name_path(base, relative_to=directory, what=f"{here_label}: {BASE_KEY}:")
         resolved = base_path.resolve()
         seen = [c[0] for c in chain]
         if resolved in seen:
-            names = " -> ".join([c[1] for c in chain[seen.index(resolved):]] + [base])
+            names = " -> ".join([c[2] for c in chain[seen.index(resolved):]] + [base])
             raise ConfigError(f"{here_label}: {BASE_KEY}: a cycle of bases ({names})")
         if len(chain) > _MAX_BASE_DEPTH:
             raise ConfigError(f"{label}: {BASE_KEY}: more than {_MAX_BASE_DEPTH} bases in a chain")
@@ -174,10 +183,11 @@ def read_config_file(path: str | Path, label: str | None = None,
         if not isinstance(base_data, dict):
             raise ConfigError(f"{base_label} (the base of {here_label}): expected a JSON object at the top level")
         _check_duplicates(base_data, base_label)
-        chain.append((resolved, base_label, base_data))
+        chain.append((resolved, resolved.parent, base_label, base_data))
     merged: dict = {}
     origins: dict[str, str] = {}  # keys set by a base; the named file's own keys are its label's
-    for _, file_label, file_data in reversed(chain):  # the deepest base first
+    for depth in range(len(chain) - 1, -1, -1):  # the deepest base first, the named object last
+        file_label, file_data = chain[depth][2:]
         for key, value in file_data.items():
             if key == BASE_KEY:
                 continue
@@ -190,7 +200,7 @@ def read_config_file(path: str | Path, label: str | None = None,
                 for dotted in [k for k in origins if k.startswith(key + ".")]:
                     del origins[dotted]
             for dotted in set_here:
-                if file_label == label:
+                if depth == 0:
                     origins.pop(dotted, None)
                 else:
                     origins[dotted] = file_label

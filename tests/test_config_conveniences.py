@@ -14,6 +14,7 @@ import pytest
 from mpper import cli
 from mpper.algos.configs import config_from_dict, load_config, load_run_config
 from mpper.config import ConfigError, config_to_dict
+from mpper.config_files import resolve_bases
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = ROOT / "mpper" / "configs"
@@ -72,6 +73,16 @@ def test_a_relative_base_is_read_beside_the_file_that_names_it_and_chains(tmp_pa
     mine = load_config(Path("cfg/sub/mine.json"))
     assert (mine.algorithm, mine.training.batch_size, mine.training.lr_init) == ("dqn", 8, 0.001)
     assert mine.dqn == load_config(SHIPPED / "cartpole_dqn.json").dqn
+
+
+def test_an_object_from_python_extends_a_base_read_from_the_current_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path / "common.json", {"base": "cartpole", "training": {"batch_size": 16}})
+    data, origins = resolve_bases({"base": "./common.json", "training": {"lr_init": 0.5}}, "<python>")
+    config = config_from_dict(data, "<python>", origins=origins, check_env=False)
+    assert (config.training.batch_size, config.training.lr_init, config.mcts.num_simulations) == (16, 0.5, 25)
+    assert origins["training.batch_size"] == str(tmp_path / "common.json") and "training.lr_init" not in origins
+    assert origins["mcts.num_simulations"] == "cartpole"
 
 
 def test_a_bad_value_names_the_base_file_that_set_it(tmp_path):
