@@ -14,8 +14,9 @@ Three forms, told apart by this rule (checked in this order):
 Forms 2 and 3 run code: a run directory's ``config.json`` may name neither
 (:func:`mpper.config.load_run_config`). Their modules are looked for on ``sys.path`` with
 the current directory added (:func:`search_current_directory`), so that a ``myenv.py``
-beside where mpper runs is found whichever way mpper was started (the ``mpper`` script,
-``python run.py`` or ``python -m mpper.cli``); child processes inherit the same path.
+beside where mpper runs is found whichever way mpper was started (the ``mpper`` script or
+``python run.py``, neither of which puts the current directory on the path); child
+processes inherit the same path.
 """
 
 from __future__ import annotations
