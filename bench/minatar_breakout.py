@@ -39,7 +39,10 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(ROOT))
 import proctree  # noqa: E402
+
+from mpper.config_files import read_config_file  # noqa: E402  (a config may extend a base)
 
 RESULTS = ROOT / "bench" / "results"
 DQN_CONFIG = "configs/minatar_breakout_dqn.json"
@@ -272,7 +275,7 @@ def main() -> int:
         data = json.loads(Path(args.report).read_text())
         report(data["results"], data["random_mean"], args)
         return 0
-    if args.only != "mpper" and json.loads((ROOT / args.config).read_text())["algorithm"] != "dqn":
+    if args.only != "mpper" and read_config_file(ROOT / args.config)[0].get("algorithm") != "dqn":
         raise SystemExit(f"{args.config}: SB3 runs beside DQN configs only; add --only mpper")
     random_mean = float(np.mean(random_returns(args.final_episodes)))
     results, seconds = [], args.minutes * 60

@@ -33,6 +33,7 @@ from pathlib import Path
 from . import __version__
 from .algos.configs import describe_config, load_config
 from .config import MAX_SEED, ConfigError, RuntimeConfig, section_specs
+from .config_files import config_name_path, is_bare_name, shipped_configs
 
 __all__ = ["MODE_FLAGS", "build_parser", "build_sweep_parser", "console", "default_run_dir", "main", "resolve_config",
            "shipped_configs", "sweep_main"]
@@ -84,6 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: runs/<config-name>/<timestamp>/; with --resume: RUN_DIR)")
     p.add_argument("--max-train-steps", type=int, metavar="N",
                    help="stop after N training steps (overrides training.training_steps)")
+    p.add_argument("--env-steps", type=int, metavar="N",
+                   help="stop cleanly once N env steps are stored (overrides training.env_steps)")
     p.add_argument("--time-limit", type=float, metavar="SECONDS",
                    help="stop cleanly after this many seconds (overrides runtime.time_limit_s)")
     p.add_argument("--ray", metavar="ADDRESS", dest="ray_address",
@@ -122,27 +125,18 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-SHIPPED_CONFIGS = Path(__file__).resolve().parent / "configs"
-
-
-def shipped_configs() -> list[str]:
-    """The names of the configs that come with mpper (``mpper/configs/NAME.json``)."""
-    return sorted(p.stem for p in SHIPPED_CONFIGS.glob("*.json"))
-
-
 def resolve_config(name: str) -> Path:
-    """``--config``: a path to a JSON file, or the name of a shipped config (``cartpole``
-    is ``mpper/configs/cartpole.json``, which works after ``pip install`` outside a clone).
-    A path that exists wins; FileNotFoundError, naming both places and the shipped names,
-    when neither does."""
-    path = Path(name)
-    if path.exists() or path.suffix == ".json" or len(path.parts) > 1:
-        return path  # a path the user named: load_config reports it if it is missing
-    shipped = SHIPPED_CONFIGS / f"{name}.json"
-    if shipped.is_file():
-        return shipped
-    raise FileNotFoundError(f"--config {name}: no such file, and mpper ships no config of that name "
-                            f"(shipped: {', '.join(shipped_configs())})")  # fmt: skip
+    """``--config``: the name of a shipped config (``cartpole`` is ``mpper/configs/cartpole.json``,
+    which works after ``pip install`` outside a clone), or a path to a JSON file (``./cartpole``,
+    ``cartpole.json``, anything with a slash). A bare name is always the shipped config, even
+    when a file of that name exists here (a file someone left in a directory never runs as a
+    shipped name); a line on stderr says so when both exist. ConfigError, naming the shipped
+    configs, for a bare name mpper does not ship."""
+    path = config_name_path(name)
+    if is_bare_name(name) and Path(name).exists():
+        print(f"mpper: --config {name}: the shipped config {name!r}, not the file ./{name} in this directory; "
+              f"to use that file, name it as a path: --config ./{name}", file=sys.stderr)  # fmt: skip
+    return path
 
 
 def default_run_dir(config_path: str | Path, now: _dt.datetime | None = None, root: str | Path = "runs") -> Path:
@@ -275,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.config is not None:
         try:
             config_path = str(resolve_config(args.config))
-        except FileNotFoundError as e:
+        except ConfigError as e:
             return _fail(str(e))
     else:
         config_path = str(resume / "config.json")
@@ -287,6 +281,7 @@ def main(argv: list[str] | None = None) -> int:
             device=args.device,
             seed=args.seed,
             training_steps=args.max_train_steps,
+            env_steps=args.env_steps,
             time_limit_s=args.time_limit,
             ray_address=args.ray_address,
             # a run directory's config.json may come from someone else: it names no code to run

@@ -34,12 +34,15 @@ import functools
 import json
 import math
 import re
+import textwrap
 import types
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
+from .config_files import ConfigError, read_config_file
+from .env_ids import env_id_form, module_not_found_text, search_current_directory
 from .extras import MissingExtraError, register_env_family
 from .replay.episode_ring import MAX_CAPACITY
 
@@ -68,14 +71,6 @@ __all__ = [
     "opt",
     "section_specs",
 ]
-
-
-class ConfigError(ValueError):
-    """A mistake in a config file, a ``--set`` override or a flag. ``str(err)`` is one line
-    naming the file (or the override), the dotted key and what is allowed."""
-
-    def __init__(self, message: str):
-        super().__init__(" ".join(str(message).splitlines()))
 
 
 class _Invalid(Exception):
@@ -164,37 +159,36 @@ def _check_initial_priority(value):
 # + a few small terms, which then stays within what torch.manual_seed accepts.
 MAX_SEED = 2**32 - 1
 
-_FACTORY_RE = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
-
-
 def _check_env_id(value: str) -> str:
-    """A registered gymnasium id, or ``module:callable`` whose module can be found (the
-    module is located, not run; no env is created)."""
+    """A registered gymnasium id, ``module:callable`` or gymnasium's ``module:EnvId``
+    (:mod:`mpper.env_ids`) whose module can be found (located, not run; no env is
+    created), the current directory included."""
     import gymnasium
 
     try:
         register_env_family(value)  # MinAtar/..., ALE/...: ids their packages register on request
     except MissingExtraError as exc:
         raise _Invalid(str(exc)) from None
-    registry = gymnasium.envs.registry
-    if value in registry:
-        return value
-    if _FACTORY_RE.match(value):
+    form = env_id_form(value)
+    if form.imports:
         import importlib.util
 
-        module = value.split(":", 1)[0]
+        search_current_directory()
         try:
-            found = importlib.util.find_spec(module) is not None
-        except (ImportError, ValueError):
+            found = importlib.util.find_spec(form.module) is not None
+        except (ImportError, ValueError):  # a parent package that is missing
             found = False
         if not found:
-            raise _Invalid(f'module "{module}" of {_show(value)} cannot be found; expected "module:callable" with an importable module')
+            raise _Invalid(module_not_found_text(form.module, value))
+        return value
+    registry = gymnasium.envs.registry
+    if value in registry:
         return value
     close = difflib.get_close_matches(value, list(registry), n=1, cutoff=0.6)
     hint = f' (did you mean "{close[0]}"?)' if close else ""
     raise _Invalid(
-        f'{_show(value)} is not a registered gymnasium id{hint}; expected a registered id such as "CartPole-v1" '
-        'or "module:callable" returning a gymnasium.Env'
+        f'{_show(value)} is not a registered gymnasium id{hint}; expected a registered id such as "CartPole-v1", '
+        '"module:callable" returning a gymnasium.Env, or "module:EnvId-v0" (importing module registers EnvId-v0)'
     )
 
 
@@ -220,7 +214,7 @@ def _check_resources(value: dict) -> dict:
 WIDTHS = Check("a list of integers >= 1", _check_widths)
 SCHEDULE = Check("a list of [fraction, T] pairs: fractions in [0, 1] increasing from 0, T >= 0", _check_schedule)
 _INITIAL_PRIORITY = Check('"actor", "max" or a number >= 0', _check_initial_priority)
-_ENV_ID = Check('a registered gymnasium id, or "module:callable"', _check_env_id, late=True)
+_ENV_ID = Check('a registered gymnasium id, "module:callable" or "module:EnvId-v0"', _check_env_id, late=True)
 _RAY_ADDRESS = Check('"auto" or "host:port"', _check_ray_address)
 _RESOURCES = Check("an object of resource name -> amount > 0", _check_resources)
 
@@ -232,7 +226,9 @@ _RESOURCES = Check("an object of resource name -> amount > 0", _check_resources)
 class EnvConfig:
     """The environment each self-play worker steps."""
 
-    id: str = opt("CartPole-v1", _ENV_ID, 'gymnasium id, or "module:factory" returning a gymnasium.Env')
+    id: str = opt("CartPole-v1", _ENV_ID, 'a registered gymnasium id; "module:callable" (a Python name after the '
+                  'colon) returning a gymnasium.Env; or gymnasium\'s "module:EnvId-v0" (importing module registers '
+                  "EnvId-v0); modules are found in the current directory too (docs/custom_envs.md)")
     kwargs: dict = opt({}, None, "passed to gymnasium.make / the factory")
     max_episode_steps: int | None = opt(None, ">= 1", "time limit (truncation); null: the env's own")
     preprocessing: str = opt("none", ("none", "channels_first", "atari"), '"channels_first": image observations '
@@ -269,6 +265,9 @@ class TrainingConfig:
     """The learner."""
 
     training_steps: int = opt(10_000, ">= 1", "total learner steps (batches); the run ends there")
+    env_steps: int | None = opt(None, ">= 1", "env (agent) steps stored, over the run's life as training_steps: "
+                                "the run stops cleanly once the buffer has counted this many (SB3's "
+                                "total_timesteps); null: no limit")
     batch_size: int = opt(128, ">= 1", "positions per training batch")
     optimizer: str = opt("adam", ("adam", "sgd"), '"adam" or "sgd"')
     momentum: float = opt(0.9, "[0, 1]", "sgd only")
@@ -544,22 +543,6 @@ def field_specs(algorithms: Mapping[str, AlgorithmConfig]) -> list[FieldSpec]:
 # ---- validation -------------------------------------------------------------------------------
 
 
-class _Obj(dict):
-    """A JSON object that remembers keys it saw twice."""
-
-    duplicates: list
-
-
-def _pairs_hook(pairs):
-    obj = _Obj()
-    obj.duplicates = []
-    for k, v in pairs:
-        if k in obj:
-            obj.duplicates.append(k)
-        obj[k] = v
-    return obj
-
-
 # Keys that had another name or moved to an algorithm's section: an old name is an error
 # that names the new one.
 RENAMED = {
@@ -573,13 +556,72 @@ RENAMED = {
 }  # fmt: skip
 
 
+# Names other libraries give a setting (Stable-Baselines3, CleanRL, LightZero, ...), in any
+# section or at the top level: the mpper keys that mean it (the first one the config's
+# algorithm has is suggested) and what it is in mpper's terms.
+_LR = (("training.lr_init",), "the initial learning rate; training.lr_decay_rate decays it")
+_BUDGET = (("training.env_steps",), "a budget in env steps; training.training_steps counts learner batches")
+_GAMMA = (("dqn.gamma", "mcts.discount"), "the reward discount")
+_CAPACITY = (("replay.capacity",), "steps in the replay buffer")
+_ENVS = (("runtime.envs_per_worker",), "envs each self-play process steps; runtime.workers is the processes")
+_WORKERS = (("runtime.workers",), "self-play processes")
+_WARMUP = (("training.min_buffer_steps",), "env steps stored before learning starts")
+_RATIO = (("training.samples_per_insert",), "training samples per stored env step")
+_TARGET = (("dqn.target_update_interval",), "training steps between target-network updates")
+_CLIP = (("training.grad_clip",), "the largest global gradient norm")
+_EPS_START = (("dqn.epsilon_start",), "the first exploration epsilon")
+_EPS_END = (("dqn.epsilon_end",), "the exploration epsilon it decays to")
+_EPS_DECAY = (("dqn.epsilon_decay",), "the epsilon decay, in each worker's env steps")
+_NSTEP = (("dqn.n_step", "muzero.td_steps"), "the steps of the bootstrapped return")
+_ENV_ID = (("env.id",), "the gymnasium id or module:callable")
+FOREIGN_NAMES: dict[str, tuple[tuple[str, ...], str]] = {
+    **dict.fromkeys(("learning_rate", "lr", "lr_start", "initial_lr"), _LR),
+    **dict.fromkeys(("total_timesteps", "total_steps", "num_timesteps", "max_env_steps", "total_env_steps"), _BUDGET),
+    **dict.fromkeys(("gamma", "discount", "discount_factor"), _GAMMA),
+    **dict.fromkeys(("buffer_size", "replay_size", "replay_buffer_size", "memory_size", "buffer_capacity"), _CAPACITY),
+    **dict.fromkeys(("n_envs", "num_envs", "env_num", "collector_env_num"), _ENVS),
+    **dict.fromkeys(("num_workers", "n_workers", "num_actors", "n_actors"), _WORKERS),
+    **dict.fromkeys(("learning_starts", "warmup_steps", "replay_start_size", "start_steps"), _WARMUP),
+    **dict.fromkeys(("train_freq", "gradient_steps", "replay_ratio", "update_per_collect"), _RATIO),
+    **dict.fromkeys(("target_network_frequency", "target_update_freq", "target_update_frequency"), _TARGET),
+    **dict.fromkeys(("max_grad_norm", "clip_grad_norm", "grad_norm_clip", "max_norm"), _CLIP),
+    **dict.fromkeys(("exploration_initial_eps", "start_e", "eps_start", "epsilon"), _EPS_START),
+    **dict.fromkeys(("exploration_final_eps", "end_e", "eps_end", "final_epsilon"), _EPS_END),
+    **dict.fromkeys(("exploration_fraction", "eps_decay"), _EPS_DECAY),
+    **dict.fromkeys(("n_steps", "multi_step", "n_step", "nstep"), _NSTEP),
+    **dict.fromkeys(("env_id", "env_name", "gym_id"), _ENV_ID),
+    "seed": (("runtime.seed",), "the random seed"),
+    "device": (("runtime.device",), "the learner's device"),
+    "eval_freq": (("runtime.evaluation_interval_s",), "seconds between greedy evaluations"),
+    "n_eval_episodes": (("runtime.evaluation_episodes",), "greedy episodes per evaluation"),
+    "prioritized_replay_alpha": (("replay.alpha",), "the priority exponent"),
+    "prioritized_replay_beta0": (("replay.beta",), "the initial importance-sampling exponent"),
+    "net_arch": (("network.hidden", "dqn.hidden"), "the hidden layer widths"),
+}  # fmt: skip
+
+
+def _foreign_hint(key: str, schema: _Schema) -> str | None:
+    """``did you mean training.lr_init? mpper's name for the initial learning rate ...`` for
+    a name another library uses, or None (also when the config's algorithm has no such key)."""
+    found = FOREIGN_NAMES.get(key.lower())
+    if found is None:
+        return None
+    candidates, meaning = found
+    own = [k for k in candidates if k.split(".")[0] in schema.sections]
+    return f"did you mean {own[0]}? mpper's name for {meaning}" if own else None
+
+
 def _unknown_key(source: str, key: str, section: str | None, known: Iterable[str], schema: _Schema) -> ConfigError:
-    """``unknown key`` with a did-you-mean from the same section, else from any section;
-    a section of another algorithm says whose it is."""
+    """``unknown key`` with a did-you-mean: a renamed key; another library's name for a
+    key (``learning_rate``: ``training.lr_init``); a close match in the same section,
+    else in any section; a section of another algorithm says whose it is."""
     dotted = f"{section}.{key}" if section else key
     if dotted in RENAMED:
         new, note = RENAMED[dotted]
         return ConfigError(f"{source}: {dotted}: renamed to {new} ({note})")
+    foreign = _foreign_hint(key, schema)
+    if foreign is not None:
+        return ConfigError(f"{source}: {dotted}: unknown key ({foreign})")
     if section is None and key in schema.owner:
         return ConfigError(f'{source}: {key}: a section of algorithm "{schema.owner[key]}", not of '
                            f'"{schema.algorithm}" (whose sections are '
@@ -799,6 +841,11 @@ def _check_cross(config: Config, sources: _Sources, schema: _Schema) -> None:
     if config.runtime.ray_address is not None and config.runtime.workers == 0:
         raise ConfigError(f"{sources('runtime.ray_address', 'runtime.workers')}: runtime.ray_address: Ray actors "
                           "need runtime.workers >= 1 (one actor per worker); got runtime.workers 0")  # fmt: skip
+    budget = config.training.env_steps
+    if budget is not None and budget < config.training.min_buffer_steps:
+        raise ConfigError(f"{sources('training.env_steps', 'training.min_buffer_steps')}: training.env_steps: "
+                          f"must be >= training.min_buffer_steps ({config.training.min_buffer_steps}), got {budget}: "
+                          "the run would stop before learning starts")  # fmt: skip
     for a, op, b in CROSS_RULES:
         va, vb = _get(config, a), _get(config, b)
         assert op == "<="
@@ -831,6 +878,7 @@ def config_from_dict(
     check_env: bool = True,
     check_device: bool = True,
     env_factory_from_file: bool = True,
+    origins: Mapping[str, str] | None = None,
 ) -> Config:
     """Validate a parsed JSON object into a :class:`Config`.
 
@@ -843,9 +891,11 @@ def config_from_dict(
 
     ``env_factory_from_file=False``: ``data`` did not come from the user (a run
     directory's ``config.json``), so an ``env.id`` of the form ``module:callable`` is
-    refused unless an override or flag set it; see :func:`load_run_config`.
+    refused unless an override or flag set it; see :func:`load_run_config`. ``origins``:
+    ``{dotted key: label}`` of the keys a base file set (:func:`mpper.config_files.read_config_file`).
     """
     sources = _Sources(source)
+    sources.by_key.update(origins or {})
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: expected a JSON object at the top level, got {_json_kind(data)}")
     changes = [(*_parse_set(text), f"--set {text}") for text in overrides]
@@ -875,20 +925,19 @@ def default_config(algorithm: str, algorithms: Mapping[str, AlgorithmConfig]) ->
 
 def is_env_factory(env_id: str) -> bool:
     """Whether ``env_id`` names a ``module:callable`` factory (code to import and call)
-    rather than an id in gymnasium's registry."""
-    import gymnasium
-
-    return ":" in env_id and env_id not in gymnasium.envs.registry
+    rather than an id in gymnasium's registry (:mod:`mpper.env_ids`)."""
+    return env_id_form(env_id).kind == "factory"
 
 
 def _check_env_late(config: Config, sources: _Sources, env_factory_from_file: bool) -> None:
     # env.id is checked here, not in _build, so that a default id is checked too and the
     # gymnasium import happens only for configs that are otherwise valid
     source = sources("env.id")
-    if not env_factory_from_file and source == sources.file and is_env_factory(config.env.id):
+    if not env_factory_from_file and source == sources.file and env_id_form(config.env.id).imports:
         # Checked before the module is even looked up: finding a submodule imports its package.
+        # "pkg:Env-v0" runs pkg's code as surely as "module:callable" does.
         raise ConfigError(
-            f"{source}: env.id: {_show(config.env.id)} names Python code to import and call; a run directory's "
+            f"{source}: env.id: {_show(config.env.id)} names Python code to import; a run directory's "
             f"config.json may only name a registered gymnasium id. If that code is yours and you trust it, "
             f"name it yourself: --set env.id={config.env.id}"
         )
@@ -904,6 +953,7 @@ def load_config(
     device: str | None = None,
     seed: int | None = None,
     training_steps: int | None = None,
+    env_steps: int | None = None,
     time_limit_s: float | None = None,
     ray_address: str | None = None,
     algorithms: Mapping[str, AlgorithmConfig],
@@ -914,30 +964,14 @@ def load_config(
     """Read a JSON config file and validate it (see :func:`config_from_dict`).
 
     ``overrides``: ``--set section.key=value`` strings. ``workers``, ``device``, ``seed``,
-    ``training_steps``, ``time_limit_s`` and ``ray_address`` (the ``--workers``, ``--device``,
-    ``--seed``, ``--max-train-steps``, ``--time-limit`` and ``--ray`` flags) override their
-    keys when not None.
+    ``training_steps``, ``env_steps``, ``time_limit_s`` and ``ray_address`` (the ``--workers``,
+    ``--device``, ``--seed``, ``--max-train-steps``, ``--env-steps``, ``--time-limit`` and ``--ray``
+    flags) override their keys when not None. The file may extend another (``"base"``:
+    :mod:`mpper.config_files`); an error names the file that set the bad value.
     """
     label = str(path)
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"{label}: no such file") from None
-    except IsADirectoryError:
-        raise ConfigError(f"{label}: is a directory, expected a JSON file") from None
-    except PermissionError:
-        raise ConfigError(f"{label}: permission denied") from None
-    except UnicodeDecodeError as e:
-        raise ConfigError(f"{label}: not UTF-8 text (byte {e.start})") from None
-    except OSError as e:
-        raise ConfigError(f"{label}: cannot read ({e.strerror or e})") from None
-    if not text.strip():
-        raise ConfigError(f"{label}: the file is empty, expected a JSON object")
-    try:
-        data = json.loads(text, object_pairs_hook=_pairs_hook)
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{label}: invalid JSON at line {e.lineno}, column {e.colno}: {e.msg}") from None
+    # a run directory's config.json (env_factory_from_file=False) is a whole config: it names no other file
+    data, origins = read_config_file(path, label, allow_base=env_factory_from_file)
     flags = [
         (flag, key, value)
         for flag, key, value in (
@@ -945,13 +979,15 @@ def load_config(
             ("--device", "runtime.device", device),
             ("--seed", "runtime.seed", seed),
             ("--max-train-steps", "training.training_steps", training_steps),
+            ("--env-steps", "training.env_steps", env_steps),
             ("--time-limit", "runtime.time_limit_s", time_limit_s),
             ("--ray", "runtime.ray_address", ray_address),
         )
         if value is not None
     ]
     return config_from_dict(data, label, overrides, algorithms=algorithms, flags=flags, check_env=check_env,
-                            check_device=check_device, env_factory_from_file=env_factory_from_file)  # fmt: skip
+                            check_device=check_device, env_factory_from_file=env_factory_from_file,
+                            origins=origins)  # fmt: skip
 
 
 def load_run_config(run_dir: str | Path, overrides: Iterable[str] = (), **flags) -> Config:
@@ -983,6 +1019,8 @@ def config_to_dict(config: Config) -> dict:
 
 # ---- documentation ----------------------------------------------------------------------------
 
+HELP_WIDTH = 100  # --help-config's columns at most: a common terminal
+
 
 def _default_text(v: Any) -> str:
     return json.dumps(v)
@@ -1007,18 +1045,17 @@ def describe_config(algorithms: Mapping[str, AlgorithmConfig], markdown: bool = 
         lines.append("")
         lines.append("Rules between keys: " + "; ".join(f"`{r}`" for r in rules) + ".")
         return "\n".join(lines)
-    head = ("key", "type", "default", "allowed", "description")
-    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(4)]
-
-    def fmt(row) -> str:
-        return "  ".join(c.ljust(w) for c, w in zip(row[:4], widths)) + "  " + row[4]
+    def wrapped(text: str, indent: str = "") -> list[str]:
+        return textwrap.wrap(text, HELP_WIDTH, initial_indent=indent, subsequent_indent=indent or "    ",
+                             break_on_hyphens=False)  # fmt: skip
 
     lines = [
         "Config keys (JSON: top-level keys, then one object per section). Missing keys take the default.",
         "env, replay, training and runtime are shared; the other sections belong to one algorithm each.",
         "Override any key with --set section.key=value (value parsed as JSON, else as a string).",
+        'A config may extend another: "base": "cartpole" (a shipped name) or "base": "./other.json".',
+        "Each key: its name, type, default and allowed values, then what it means.",
         "",
-        fmt(head),
     ]
     section = None
     for spec, row in zip(specs, rows):
@@ -1027,8 +1064,10 @@ def describe_config(algorithms: Mapping[str, AlgorithmConfig], markdown: bool = 
             section = sec
             lines.append("")
             whose = f" (algorithm {owner[sec]})" if sec in owner else ""
-            lines.append(f"[{sec}]{whose} {docs[sec].__doc__.strip()}")
-        lines.append(fmt(row))
+            lines.extend(wrapped(f"[{sec}]{whose} {docs[sec].__doc__.strip()}"))
+        key, type_name, default, allowed, doc = row
+        lines.extend(wrapped(f"{key}  {type_name}  default {default}  allowed {allowed}"))
+        lines.extend(wrapped(doc, "      "))
     lines.append("")
-    lines.append("Rules between keys: " + "; ".join(rules) + ".")
+    lines.extend(wrapped("Rules between keys: " + "; ".join(rules) + "."))
     return "\n".join(lines)

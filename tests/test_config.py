@@ -14,6 +14,7 @@ from mpper.algos.configs import ALGORITHM_CONFIGS, config_from_dict, describe_co
 from mpper.algos.dqn.config import DQNConfig
 from mpper.algos.muzero.config import MCTSConfig, MuZeroConfig, NetworkConfig, ReanalyseConfig
 from mpper.config import SHARED_SECTIONS, Config, ConfigError, config_to_dict
+from mpper.config_files import read_config_file
 
 ROOT = Path(__file__).resolve().parents[1]
 CARTPOLE = ROOT / "configs" / "cartpole.json"
@@ -81,9 +82,27 @@ def test_cartpole_json_sets_every_key_explicitly_and_is_valid():
 
 @pytest.mark.parametrize("path", sorted((ROOT / "mpper" / "configs").glob("*.json")), ids=lambda p: p.stem)
 def test_every_shipped_config_sets_every_key_of_its_algorithm_and_loads(path):
-    raw = json.loads(path.read_text())
-    assert keys_of(path) == keys_for(raw["algorithm"])
+    """A shipped config is whole, or a short diff of a whole one ("base"): resolved, it
+    sets every key of its algorithm, and what loads is exactly what it says."""
+    raw, _ = read_config_file(path)
+    keys = {k for k, v in raw.items() if not isinstance(v, dict)}
+    keys |= {f"{s}.{k}" for s, sec in raw.items() if isinstance(sec, dict) for k in sec}
+    assert keys == keys_for(raw["algorithm"])
     assert config_to_dict(load_config(path)) == raw
+    if "base" in json.loads(path.read_text()):
+        assert len(path.read_text().splitlines()) < 50  # a diff, not a copy
+
+
+WHOLE = json.loads((ROOT / "tests" / "data" / "shipped_configs_whole.json").read_text())
+
+
+@pytest.mark.parametrize("name", sorted(WHOLE))
+def test_a_shipped_variant_resolves_to_the_whole_config_it_replaced(name):
+    """tests/data/shipped_configs_whole.json: the variants as whole files, before they
+    became diffs of their base; each resolves to exactly that config."""
+    path = ROOT / "mpper" / "configs" / f"{name}.json"
+    assert "base" in json.loads(path.read_text())
+    assert load_config(path, check_env=False) == config_from_dict(WHOLE[name], check_env=False)
 
 
 def test_a_dqn_config_holds_every_dqn_key_and_no_muzero_key():
@@ -299,7 +318,7 @@ def test_cuda_check_uses_torch():
         ({"trainig": {}}, "x.json: trainig: unknown section (did you mean training?)"),
         ({"mcts": {"td_steps": 5}}, "x.json: mcts.td_steps: unknown key (did you mean muzero.td_steps?)"),
         ({"batch_size": 5}, "x.json: batch_size: unknown key (did you mean training.batch_size?)"),
-        ({"runtime": {"num_workers": 2}}, "x.json: runtime.num_workers: unknown key (did you mean runtime.workers?)"),
+        ({"runtime": {"num_workers": 2}}, "x.json: runtime.num_workers: unknown key (did you mean runtime.workers? "),
         ({"algorithm": "muzer"}, 'x.json: algorithm: expected one of "muzero", "dqn", got "muzer" (did you mean "muzero"?)'),
         ({"training": {"optimizer": "Adam"}}, 'did you mean "adam"?'),
     ],
@@ -418,16 +437,24 @@ def test_string_values_with_newlines_stay_on_one_line():
 # ---- documentation -------------------------------------------------------------------------------------
 
 
-def test_describe_config_covers_every_field():
+def test_describe_config_covers_every_field_within_100_columns():
     text = describe_config()
     lines = text.splitlines()
+    assert max(len(ln) for ln in lines) <= 100
+    starts = [i for i, ln in enumerate(lines) if ln and not ln.startswith((" ", "["))]
+    blocks = {}  # key -> its lines joined (a key's line, then its indented, wrapped description)
+    for i in starts:
+        end = i + 1
+        while end < len(lines) and lines[end].startswith(" "):
+            end += 1
+        blocks[lines[i].split(" ", 1)[0]] = " ".join(ln.strip() for ln in lines[i:end])
     for spec in field_specs():
-        row = [ln for ln in lines if ln.split(" ", 1)[0] == spec.key]
-        assert len(row) == 1, spec.key
-        assert json.dumps(spec.default) in row[0] and spec.allowed_text in row[0] and spec.doc in row[0]
-        assert spec.type_name in row[0]
+        block = blocks[spec.key]
+        assert block.startswith(f"{spec.key}  {spec.type_name}  default {json.dumps(spec.default)}  allowed ")
+        assert spec.allowed_text in block and " ".join(spec.doc.split()) in block, spec.key
+    flat = " ".join(ln.strip() for ln in lines)
     for a, op, b in cfg.CROSS_RULES:
-        assert f"{a} {op} {b}" in text
+        assert f"{a} {op} {b}" in flat
 
 
 def test_describe_config_markdown_table_has_one_row_per_field():

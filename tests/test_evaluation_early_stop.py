@@ -128,7 +128,7 @@ def test_a_stopped_evaluation_neither_stops_the_run_nor_replaces_best(tmp_path):
     assert not (tmp_path / "best.pt").exists() and best.best == -np.inf
     run = Run(config, tmp_path)
     run.evaluated(stopped)
-    assert run.stop_reason() is None
+    assert run.stop_reason(env_steps=0) is None
     assert eval_status(stopped) == "eval <90.0"
 
 

@@ -3,10 +3,11 @@
 
 Layers, lowest first (a module may import its own layer and the ones below):
 
-0. ``mpper.shm``, ``mpper.atomic``, ``mpper.extras``: shared memory, atomic writes,
-   optional dependencies;
+0. ``mpper.shm``, ``mpper.atomic``, ``mpper.extras``, ``mpper.env_ids``: shared memory, atomic writes,
+   optional dependencies, what an env.id names;
 1. ``mpper.replay``: the replay core (knows no algorithm, env or process);
-2. ``mpper.config``: the config sections and their checks;
+2. ``mpper.config``, ``mpper.config_files``: the config sections and their checks; reading
+   config files (shipped names, ``"base"``);
 3. ``mpper.envs``, ``mpper.checkpoint``;
 4. ``mpper.algos``: each algorithm's folder imports ``mpper.algos.base`` and itself,
    never another algorithm; only ``mpper.algos.registry`` (the algorithms) and
@@ -26,9 +27,9 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "mpper"
 
 LAYERS = [
-    ("mpper.shm", "mpper.atomic", "mpper.extras"),
+    ("mpper.shm", "mpper.atomic", "mpper.extras", "mpper.env_ids"),
     ("mpper.replay",),
-    ("mpper.config",),
+    ("mpper.config", "mpper.config_files"),
     ("mpper.envs", "mpper.checkpoint"),
     ("mpper.algos",),
     ("mpper.runtime",),

@@ -34,7 +34,7 @@ def network_where(condition, episodes: int = 10):
 def stops(config, evaluation: dict, tmp_path) -> bool:
     run = Run(config, tmp_path)
     run.evaluated({"training_step": 1, **evaluation})
-    return run.stop_reason() is not None
+    return run.stop_reason(env_steps=0) is not None
 
 
 def test_a_crossing_that_the_confirmation_does_not_back_does_not_stop_the_run(tmp_path):
@@ -83,8 +83,8 @@ def test_a_passing_evaluation_stops_the_run_though_a_failing_one_arrives_before_
     the run, whatever came after it."""
     run = Run(dqn_config(475.0, confirm=0), tmp_path)
     run.evaluated({"training_step": 900, "mean_return": 120.0, "returns": [120.0] * 4})
-    assert run.stop_reason() is None
+    assert run.stop_reason(env_steps=0) is None
     run.evaluated({"training_step": 5360, "mean_return": 500.0, "returns": [500.0] * 4})
     run.evaluated({"training_step": 5770, "mean_return": 9.0, "returns": [9.0] * 4})
-    assert run.stop_reason() == "solved: mean greedy return 500.0 >= 475 at training step 5360"
+    assert run.stop_reason(env_steps=0) == "solved: mean greedy return 500.0 >= 475 at training step 5360"
     assert run.evaluation["training_step"] == 5770  # the records still show the latest

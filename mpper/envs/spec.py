@@ -9,12 +9,14 @@ from dataclasses import dataclass
 import gymnasium as gym
 import numpy as np
 
-from ..config import Config, ConfigError, EnvConfig, is_env_factory
+from ..config import Config, ConfigError, EnvConfig
+from ..env_ids import env_id_form, search_current_directory
 from ..extras import register_env_family
 from .symmetry import env_symmetries
 from .two_player import check_two_player_env, is_two_player
 
-__all__ = ["ChannelsFirst", "EnvSpec", "config_symmetries", "env_spec", "make_env", "make_env_checked"]
+__all__ = ["SUPPORTED_SPACES", "ChannelsFirst", "EnvSpec", "check_spaces", "config_symmetries", "env_spec", "make_env",
+           "make_env_checked"]
 
 
 class ChannelsFirst(gym.ObservationWrapper):
@@ -34,8 +36,8 @@ class ChannelsFirst(gym.ObservationWrapper):
 
 
 def make_env(config: EnvConfig) -> gym.Env:
-    """A gymnasium env from a registered id or a ``"module:factory"`` callable, with the
-    ``env.preprocessing`` wrappers.
+    """A gymnasium env from a registered id, a ``"module:callable"`` factory or gymnasium's
+    ``"module:EnvId-v0"`` (:mod:`mpper.env_ids`), with the ``env.preprocessing`` wrappers.
 
     ``max_episode_steps`` wraps it in a TimeLimit (a truncation, not a termination).
     ``MinAtar/...`` and ``ALE/...`` ids are registered first (their packages register
@@ -45,9 +47,16 @@ def make_env(config: EnvConfig) -> gym.Env:
     them in ``env.preprocessing_kwargs``), then adds the channel axis: (1, 84, 84) uint8.
     """
     register_env_family(config.id)
-    if is_env_factory(config.id):
-        module, _, name = config.id.partition(":")
-        env = getattr(importlib.import_module(module), name)(**config.kwargs)
+    form = env_id_form(config.id)
+    if form.imports:
+        search_current_directory()  # a module beside where mpper runs (mpper.env_ids)
+    if form.kind == "factory":
+        factory = importlib.import_module(form.module)
+        for part in form.name.split("."):
+            factory = getattr(factory, part)
+        env = factory(**config.kwargs)
+        if not isinstance(env, gym.Env):
+            raise TypeError(f"{config.id} returned {type(env).__name__}, expected a gymnasium.Env")
         if config.max_episode_steps is not None:
             env = gym.wrappers.TimeLimit(env, config.max_episode_steps)
     elif config.preprocessing == "atari":
@@ -73,6 +82,40 @@ def make_env_checked(config: EnvConfig) -> gym.Env:
                           f"made ({type(exc).__name__}: {detail})") from exc  # fmt: skip
 
 
+SUPPORTED_SPACES = ("mpper supports a Discrete(n) action space starting at 0 and a Box observation space of at "
+                    "least one element with a bool, integer or float dtype")
+
+
+def check_spaces(observation_space, action_space, what: str) -> None:
+    """ValueError, one line naming ``what``, the space and what mpper supports, unless the
+    spaces are ones mpper trains on: actions ``Discrete(n)`` numbered from 0 (the networks'
+    outputs are actions 0..n-1), observations a numeric ``Box`` with at least one element
+    (stored as one array per step; any shape: flattened by the "fc" networks, (C, H, W) for
+    the convolutional ones)."""
+    hint = ""
+    if not isinstance(action_space, gym.spaces.Discrete):
+        if isinstance(action_space, gym.spaces.Box):
+            hint = "; continuous actions: discretise them in a wrapper (gymnasium.ActionWrapper)"
+        problem = f"its action space {action_space} is not Discrete{hint}"
+    elif int(action_space.start) != 0:
+        problem = (f"its action space {action_space} starts at {int(action_space.start)}; wrap the env so that "
+                   "actions are numbered from 0")  # fmt: skip
+    elif not isinstance(observation_space, gym.spaces.Box):
+        flat = (gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary, gym.spaces.Dict, gym.spaces.Tuple)
+        if isinstance(observation_space, flat):
+            hint = "; gymnasium.wrappers.FlattenObservation turns it into a Box"
+        problem = f"its observation space {observation_space} is not a Box{hint}"
+    elif observation_space.dtype is None or observation_space.dtype.kind not in "biuf":
+        problem = f"its observation space {observation_space} has dtype {observation_space.dtype}"
+    elif len(observation_space.shape) == 0:
+        problem = f"its observation space {observation_space} is a scalar (shape ()); give it shape (1,)"
+    elif int(np.prod(observation_space.shape)) == 0:
+        problem = f"its observation space {observation_space} has shape {observation_space.shape}, no element"
+    else:
+        return
+    raise ValueError(f"{what}: {problem}; {SUPPORTED_SPACES}")
+
+
 @dataclass(frozen=True)
 class EnvSpec:
     observation_shape: tuple[int, ...]
@@ -91,10 +134,7 @@ def env_spec(config: EnvConfig) -> EnvSpec:
     env = make_env_checked(config)
     try:
         space = env.observation_space
-        if not isinstance(env.action_space, gym.spaces.Discrete):
-            raise ValueError(f"env {config.id!r}: mpper needs a Discrete action space, got {env.action_space}")
-        if not isinstance(space, gym.spaces.Box):
-            raise ValueError(f"env {config.id!r}: mpper needs a Box observation space, got {space}")
+        check_spaces(space, env.action_space, f"env {config.id!r}")
         if is_two_player(env):
             check_two_player_env(env, config.id)
         dtype = np.dtype(np.float32) if space.dtype.kind == "f" else space.dtype

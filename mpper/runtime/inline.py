@@ -137,7 +137,7 @@ def _train(cfg: Config, run: Run, resume: Path | None, spec, signals: StopReques
                     record("evaluation")
                 if run.progress_due():
                     record("progress")
-                reason = run.stop_reason() or ""
+                reason = run.stop_reason(buf.counters["steps"]) or ""
                 if reason:
                     break
                 bar.n = trainer.training_step

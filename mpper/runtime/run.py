@@ -11,8 +11,9 @@ in-process scheduler (``--workers 0``).
 - ``episodes.jsonl``: one line per self-play episode.
 - ``buffer/``: the snapshot (:meth:`Run.snapshot`), ``best.pt``: the weights of the best
   evaluation so far (:class:`BestCheckpoint`).
-- Stop rules (:meth:`Run.stop_reason`): ``runtime.time_limit_s``, ``runtime.max_episodes``,
-  ``runtime.solve_return``; the training-step budget is the learner's.
+- Stop rules (:meth:`Run.stop_reason`): ``runtime.time_limit_s``, ``training.env_steps``
+  (the buffer's env-step counter), ``runtime.max_episodes``, ``runtime.solve_return``; the
+  training-step budget is the learner's.
 - Seeds (:class:`Seeds`): which stream each worker, restart and evaluation round uses.
 """
 
@@ -208,13 +209,16 @@ class Run:
             self._tensorboard.close()
 
     # ---- stop rules -------------------------------------------------------------------
-    def stop_reason(self) -> str | None:
-        """Why the run should stop now (time limit, ``max_episodes`` self-play games
-        ended (:meth:`episode` calls), an evaluation reached ``solve_return``),
-        or None."""
+    def stop_reason(self, env_steps: int) -> str | None:
+        """Why the run should stop now (time limit, ``training.env_steps`` reached by
+        ``env_steps``, the buffer's env-step counter, ``max_episodes`` self-play games
+        ended (:meth:`episode` calls), an evaluation reached ``solve_return``), or None."""
         rt = self.config.runtime
         if rt.time_limit_s is not None and self.elapsed() >= rt.time_limit_s:
             return f"time limit of {rt.time_limit_s:g} s reached"
+        budget = self.config.training.env_steps
+        if budget is not None and env_steps >= budget:
+            return f"env-step budget reached: {env_steps} env steps stored (training.env_steps {budget})"
         if rt.max_episodes is not None and self.games >= rt.max_episodes:
             return f"{self.games} self-play episodes played (max_episodes)"
         if self.solving is not None:

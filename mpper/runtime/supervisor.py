@@ -264,7 +264,7 @@ class Supervisor:
                         self.run_files.snapshot(self.buffer)
                     except Exception as exc:  # disk full...: training goes on, the previous snapshot stays
                         print(f"mpper: {_snapshot_failed(self.run_dir / 'buffer', exc)}", file=sys.stderr)
-                reason = self.run_files.stop_reason()
+                reason = self.run_files.stop_reason(self.buffer.counters["steps"])
                 if reason is not None:
                     self.finished_reason = reason
                     return 0
