@@ -156,8 +156,8 @@ def _fail(message: str) -> int:
 
 
 # The flags (argparse dests) each mode takes; any other flag the user gave is refused.
-TRAINING_FLAGS = frozenset({"config", "workers", "device", "seed", "run_dir", "max_train_steps", "time_limit",
-                            "ray_address", "overrides"})  # fmt: skip
+TRAINING_FLAGS = frozenset({"config", "workers", "device", "seed", "run_dir", "max_train_steps", "env_steps",
+                            "time_limit", "ray_address", "overrides"})  # fmt: skip
 MODE_FLAGS = {
     "training runs": TRAINING_FLAGS,
     "--resume": TRAINING_FLAGS | {"resume"},
@@ -370,6 +370,7 @@ def build_sweep_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, metavar="N", help="self-play processes of each run")
     p.add_argument("--device", choices=devices, help="learner device of each run")
     p.add_argument("--max-train-steps", type=int, metavar="N", help="stop each run after N training steps")
+    p.add_argument("--env-steps", type=int, metavar="N", help="stop each run once N env steps are stored")
     p.add_argument("--time-limit", type=float, metavar="SECONDS", help="stop each run after this many seconds")
     p.add_argument("--ray", metavar="ADDRESS", dest="ray_address", help="each run's workers as Ray actors")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", dest="overrides",
@@ -403,8 +404,8 @@ def sweep_main(argv: list[str]) -> int:
     try:
         config_path = resolve_config(args.config)
         config = load_config(config_path, args.overrides, workers=args.workers, device=args.device,
-                             training_steps=args.max_train_steps, time_limit_s=args.time_limit,
-                             ray_address=args.ray_address)  # fmt: skip
+                             training_steps=args.max_train_steps, env_steps=args.env_steps,
+                             time_limit_s=args.time_limit, ray_address=args.ray_address)  # fmt: skip
     except (FileNotFoundError, ConfigError) as e:
         return _fail(str(e))
     seeds = list(range(args.first_seed, args.first_seed + args.seeds))
@@ -419,7 +420,7 @@ def sweep_main(argv: list[str]) -> int:
             return _fail(f"--sweep-dir {sweep_dir}: holds {taken[0]} from an earlier sweep; choose another directory")
     run_args = []
     passed = {"--workers": args.workers, "--device": args.device, "--max-train-steps": args.max_train_steps,
-              "--time-limit": args.time_limit, "--ray": args.ray_address}  # fmt: skip
+              "--env-steps": args.env_steps, "--time-limit": args.time_limit, "--ray": args.ray_address}  # fmt: skip
     for flag, value in passed.items():
         if value is not None:
             run_args += [flag, str(value)]

@@ -161,7 +161,7 @@ def test_sweep_mistakes_are_one_line_and_start_nothing(extra, fragment, capsys, 
 def test_sweep_refuses_a_config_mistake_and_a_used_sweep_dir(capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     rc, _, err = run_main(["sweep", "--config", "no_such_config"], capsys)
-    assert rc == 2 and "no_such_config: no such file" in err
+    assert rc == 2 and "--config no_such_config: mpper ships no config of that name" in err
     (tmp_path / "old" / "seed-1").mkdir(parents=True)
     rc, out, err = run_main(["sweep", "--config", "cartpole", "--sweep-dir", "old", "--seeds", "2"], capsys)
     assert rc == 2 and out == "" and err == "error: --sweep-dir old: holds seed-1 from an earlier sweep; choose " \
