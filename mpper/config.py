@@ -115,10 +115,15 @@ def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
+MAX_WIDTH, MAX_LAYERS = 65536, 64
+
+
 def _check_widths(value: list) -> list:
+    if len(value) > MAX_LAYERS:
+        raise _Invalid(f"expected at most {MAX_LAYERS} widths, got {len(value)}")
     for i, w in enumerate(value):
-        if not (isinstance(w, int) and not isinstance(w, bool)) or w < 1:
-            raise _Invalid(f"expected an integer >= 1, got {_show(w)}", f"[{i}]")
+        if not (isinstance(w, int) and not isinstance(w, bool)) or not 1 <= w <= MAX_WIDTH:
+            raise _Invalid(f"expected an integer in [1, {MAX_WIDTH}], got {_show(w)}", f"[{i}]")
     return list(value)
 
 
@@ -211,7 +216,7 @@ def _check_resources(value: dict) -> dict:
     return {str(k): float(v) for k, v in value.items()}
 
 
-WIDTHS = Check("a list of integers >= 1", _check_widths)
+WIDTHS = Check(f"a list of at most {MAX_LAYERS} integers in [1, {MAX_WIDTH}]", _check_widths)
 SCHEDULE = Check("a list of [fraction, T] pairs: fractions in [0, 1] increasing from 0, T >= 0", _check_schedule)
 _INITIAL_PRIORITY = Check('"actor", "max" or a number >= 0', _check_initial_priority)
 _ENV_ID = Check('a registered gymnasium id, "module:callable" or "module:EnvId-v0"', _check_env_id, late=True)
@@ -230,7 +235,7 @@ class EnvConfig:
                   'colon) returning a gymnasium.Env; or gymnasium\'s "module:EnvId-v0" (importing module registers '
                   "EnvId-v0); modules are found in the current directory too (docs/custom_envs.md)")
     kwargs: dict = opt({}, None, "passed to gymnasium.make / the factory")
-    max_episode_steps: int | None = opt(None, ">= 1", "time limit (truncation); null: the env's own")
+    max_episode_steps: int | None = opt(None, "[1, 1e15]", "time limit (truncation); null: the env's own")
     preprocessing: str = opt("none", ("none", "channels_first", "atari"), '"channels_first": image observations '
                              '(H, W, C) -> (C, H, W) (MinAtar); "atari": gymnasium\'s AtariPreprocessing (no-op reset, '
                              "frame skip 4 with max-pooling, grayscale, 84 x 84) on an env made with frameskip 1, "
@@ -250,7 +255,7 @@ class ReplayConfig:
     initial_priority: str | float = opt("actor", _INITIAL_PRIORITY, 'raw priority of new steps: "actor" (the actor\'s '
                                         "own error estimate: MuZero |root value - n-step target| as muzero-general, "
                                         'DQN |TD| as Ape-X), "max" (largest so far) or a number')
-    beta_anneal_steps: int | None = opt(None, ">= 1", "training steps over which beta reaches 1; null: training_steps")
+    beta_anneal_steps: int | None = opt(None, "[1, 1e15]", "training steps over which beta reaches 1; null: training_steps")
     snapshot_interval_s: float = opt(300.0, ">= 0", "periodic buffer snapshot; 0: only at the end")
 
     @property
@@ -264,23 +269,25 @@ class ReplayConfig:
 class TrainingConfig:
     """The learner."""
 
-    training_steps: int = opt(10_000, ">= 1", "total learner steps (batches); the run ends there")
-    env_steps: int | None = opt(None, ">= 1", "env (agent) steps stored, over the run's life as training_steps: "
+    # Step and episode counts are at most 1e15: far beyond any run, and far below the
+    # counters' int64 (snapshots refuse 2^62), so that no sum of a count and a step overflows.
+    training_steps: int = opt(10_000, "[1, 1e15]", "total learner steps (batches); the run ends there")
+    env_steps: int | None = opt(None, "[1, 1e15]", "env (agent) steps stored, over the run's life as training_steps: "
                                 "the run stops cleanly once the buffer has counted this many (SB3's "
                                 "total_timesteps); null: no limit")
-    batch_size: int = opt(128, ">= 1", "positions per training batch")
+    batch_size: int = opt(128, "[1, 65536]", "positions per training batch")
     optimizer: str = opt("adam", ("adam", "sgd"), '"adam" or "sgd"')
     momentum: float = opt(0.9, "[0, 1]", "sgd only")
     lr_init: float = opt(0.02, "> 0", "initial learning rate")
     lr_decay_rate: float = opt(0.8, "(0, 1]", "exponential: lr = lr_init * rate ** (step / lr_decay_steps); 1: constant")
-    lr_decay_steps: int = opt(1000, ">= 1", "training steps per factor lr_decay_rate")
+    lr_decay_steps: int = opt(1000, "[1, 1e15]", "training steps per factor lr_decay_rate")
     weight_decay: float = opt(1e-4, ">= 0", "L2 weight regularisation")
     grad_clip: float | None = opt(None, "> 0", "max global gradient norm; null: off")
-    publish_interval: int = opt(10, ">= 1", "publish the weights to self-play, the evaluator and the reanalyser "
+    publish_interval: int = opt(10, "[1, 1e15]", "publish the weights to self-play, the evaluator and the reanalyser "
                                  "every N training steps (checkpoint.pt: runtime.checkpoint_interval_s)")
     samples_per_insert: float | None = opt(None, "> 0", "training samples per stored step; null: off")
     samples_per_insert_tolerance: float = opt(0.2, ">= 0", "relative slack before a side waits")
-    min_buffer_steps: int = opt(500, ">= 1", "env steps stored (since the run began) before learning starts")
+    min_buffer_steps: int = opt(500, "[1, 1e15]", "env steps stored (since the run began) before learning starts")
     ema_decay: float | None = opt(None, "(0, 1)", "act, evaluate and checkpoint with an exponential moving average "
                                    "of the trained weights, this decay per training step; null: the weights as trained")
 
@@ -289,17 +296,17 @@ class TrainingConfig:
 class RuntimeConfig:
     """Processes, devices, evaluation and stopping."""
 
-    workers: int = opt(8, ">= 0", "self-play processes; 0: everything in one process, in turns")
-    envs_per_worker: int = opt(8, ">= 1", "K environments searched together by each worker")
+    workers: int = opt(8, "[0, 4096]", "self-play processes; 0: everything in one process, in turns")
+    envs_per_worker: int = opt(8, "[1, 65536]", "K environments searched together by each worker")
     device: str = opt("auto", ("auto", "cpu", "cuda"), 'learner device: "auto" (cuda when available), "cpu", "cuda"')
     seed: int = opt(0, f"[0, {MAX_SEED}]", "seed for numpy, torch and the envs; each process derives its own")
     evaluation_interval_s: float = opt(10.0, "> 0", "seconds between greedy evaluations")
-    evaluation_episodes: int = opt(10, ">= 1", "greedy episodes whose mean return is reported; two-player envs: "
+    evaluation_episodes: int = opt(10, "[1, 1000000]", "greedy episodes whose mean return is reported; two-player envs: "
                                     "games against each opponent of the env, half as first player, half as second")
     solve_return: float | None = opt(None, None, "stop when the mean greedy return reaches this (two-player envs: "
                                       "the mean score against the last, strongest opponent, win +1 / draw 0 / "
                                       "loss -1); null: never")
-    solve_confirm_episodes: int = opt(0, ">= 0", "one-player envs: when an evaluation reaches solve_return, play "
+    solve_confirm_episodes: int = opt(0, "[0, 1000000]", "one-player envs: when an evaluation reaches solve_return, play "
                                        "this many more greedy episodes with the same weights; the evaluation's mean "
                                        "is then over all its episodes, so a lucky few do not stop the run; 0: off")
     max_episode_return: float | None = opt(None, None, "one-player envs: the most one episode can return "
@@ -308,12 +315,12 @@ class RuntimeConfig:
                                            "that failing weights cost less evaluation time; null: every "
                                            "evaluation plays all its episodes to the end")
     checkpoint_interval_s: float = opt(60.0, "> 0", "seconds between checkpoint.pt writes")
-    max_worker_restarts: int = opt(3, ">= 0", "restarts of a failing worker before the run stops")
+    max_worker_restarts: int = opt(3, "[0, 1000000]", "restarts of a failing worker before the run stops")
     time_limit_s: float | None = opt(None, "> 0", "stop cleanly after this many seconds; null: no limit")
-    max_episodes: int | None = opt(None, ">= 1", "stop cleanly once this many self-play games have ended in this run "
+    max_episodes: int | None = opt(None, "[1, 1e15]", "stop cleanly once this many self-play games have ended in this run "
                                    "(counted from its start, as time_limit_s); null: no limit")
     log_interval_s: float = opt(5.0, "> 0", "compact progress line when stdout is not a terminal")
-    torch_threads: int = opt(1, ">= 1", "torch threads per child process")
+    torch_threads: int = opt(1, "[1, 1024]", "torch threads per child process")
     selfplay_niceness: int = opt(0, "[0, 19]", "local self-play workers raise their niceness by this much, so "
                                  "that where processes outnumber cores the learner, the reanalyser and the "
                                  "evaluator get the CPU first (samples_per_insert still paces self-play); 0: off")
@@ -739,16 +746,22 @@ def _json_kind(v: Any) -> str:
     return "a number"
 
 
+def _show_set(text: str, limit: int = 80) -> str:
+    """An override as an error names it: cut to ``limit`` characters, so that one line
+    stays readable whatever was given."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"
+
+
 def _parse_set(text: str) -> tuple[str, Any]:
     """``section.key=value`` -> (dotted key, value): the value is JSON when it parses, else a
     plain string (so ``env.id=CartPole-v1`` and ``runtime.device=cpu`` need no quotes)."""
     key, sep, raw = text.partition("=")
     key = key.strip()
     if not sep or not key:
-        raise ConfigError(f"--set {text}: expected section.key=value, e.g. --set training.batch_size=64")
+        raise ConfigError(f"--set {_show_set(text)}: expected section.key=value, e.g. --set training.batch_size=64")
     try:
         value = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, too many digits, nested too deeply: a plain string
         value = raw
     return key, value
 
@@ -898,7 +911,7 @@ def config_from_dict(
     sources.by_key.update(origins or {})
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: expected a JSON object at the top level, got {_json_kind(data)}")
-    changes = [(*_parse_set(text), f"--set {text}") for text in overrides]
+    changes = [(*_parse_set(text), f"--set {_show_set(text)}") for text in overrides]
     changes += [(key, value, label) for label, key, value in flags]
     schema = _Schema(algorithms, _algorithm_of(data, changes, source, algorithms))
     _check_structure(data, source, schema)

@@ -19,6 +19,7 @@ top-level keys likewise. A base may have a base; a cycle or a missing base is a
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -122,6 +123,9 @@ def read_config_json(path: str | Path, label: str | None = None) -> dict:
         raise ConfigError(f"{label}: invalid JSON at line {e.lineno}, column {e.colno}: {e.msg}") from None
     except RecursionError:
         raise ConfigError(f"{label}: invalid JSON: nested too deeply") from None
+    except ValueError:  # an integer of more digits than Python converts (sys.get_int_max_str_digits)
+        raise ConfigError(f"{label}: invalid JSON: a number of more than {sys.get_int_max_str_digits():,} "
+                          f"digits") from None  # fmt: skip
     return data
 
 

@@ -145,7 +145,7 @@ SWEEP_MISTAKES = [
     (["--plot", "RUN"], "error: --plot does not apply to mpper sweep (it applies to --plot)"),
     (["--bogus"], "error: sweep: unrecognized arguments: --bogus"),
     (["--set", "training.batchsize=64"], "did you mean training.batch_size?"),
-    (["--workers", "-1"], "--workers: runtime.workers: expected an integer >= 0, got -1"),
+    (["--workers", "-1"], "--workers: runtime.workers: expected an integer in [0, 4096], got -1"),
 ]
 
 

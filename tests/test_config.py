@@ -190,9 +190,9 @@ def test_resolved_config_round_trips_through_json(tmp_path):
 @pytest.mark.parametrize(
     "section,key,value,fragment",
     [
-        ("training", "batch_size", "128", 'expected an integer >= 1, got "128"'),
-        ("training", "batch_size", 12.0, "expected an integer >= 1, got 12.0"),
-        ("runtime", "workers", True, "expected an integer >= 0, got true"),
+        ("training", "batch_size", "128", 'expected an integer in [1, 65536], got "128"'),
+        ("training", "batch_size", 12.0, "expected an integer in [1, 65536], got 12.0"),
+        ("runtime", "workers", True, "expected an integer in [0, 4096], got true"),
         ("mcts", "discount", True, "expected a number in (0, 1], got true"),
         ("mcts", "discount", 0, "expected a number in (0, 1], got 0"),
         ("mcts", "discount", 1.0001, "in (0, 1]"),
@@ -271,7 +271,7 @@ def test_temperature_schedule_accepts_ints_and_stores_floats():
 
 
 def test_hidden_widths_name_the_bad_element():
-    assert error_of({"network": {"hidden": [16, 0]}}) == "x.json: network.hidden[1]: expected an integer >= 1, got 0"
+    assert error_of({"network": {"hidden": [16, 0]}}) == "x.json: network.hidden[1]: expected an integer in [1, 65536], got 0"
 
 
 # ---- env id and device --------------------------------------------------------------------------
@@ -381,8 +381,8 @@ def test_set_merges_into_the_file_and_later_wins(tmp_path):
 @pytest.mark.parametrize(
     "text,expected",
     [
-        ("training.batch_size=abc", '--set training.batch_size=abc: training.batch_size: expected an integer >= 1, got "abc"'),
-        ("training.batch_size=0", "--set training.batch_size=0: training.batch_size: expected an integer >= 1, got 0"),
+        ("training.batch_size=abc", '--set training.batch_size=abc: training.batch_size: expected an integer in [1, 65536], got "abc"'),
+        ("training.batch_size=0", "--set training.batch_size=0: training.batch_size: expected an integer in [1, 65536], got 0"),
         ("training.batch_sise=3", "--set training.batch_sise=3: training.batch_sise: unknown key (did you mean training.batch_size?)"),
         ("trainng.batch_size=3", "--set trainng.batch_size=3: trainng: unknown section (did you mean training?)"),
         ("batch_size=3", "--set batch_size=3: batch_size: unknown key (did you mean training.batch_size?)"),
@@ -403,7 +403,7 @@ def test_set_errors_name_the_override(text, expected):
 
 def test_flag_errors_name_the_flag():
     msg = error_of({}, flags=[("--workers", "runtime.workers", -1)])
-    assert msg == "--workers: runtime.workers: expected an integer >= 0, got -1"
+    assert msg == "--workers: runtime.workers: expected an integer in [0, 4096], got -1"
 
 
 # ---- the file itself --------------------------------------------------------------------------------
@@ -468,10 +468,10 @@ def test_describe_config_markdown_table_has_one_row_per_field():
 def test_ranges_come_from_the_field_metadata():
     spec = {s.key: s for s in field_specs()}
     assert spec["mcts.discount"].allowed_text == "in (0, 1]"
-    assert spec["training.batch_size"].expected() == "an integer >= 1"
+    assert spec["training.batch_size"].expected() == "an integer in [1, 65536]"
     assert spec["training.grad_clip"].expected() == "a number > 0 or null"
     f = {f.name: f for f in dataclasses.fields(cfg.TrainingConfig)}["batch_size"]
-    assert f.metadata["allowed"] == ">= 1" and f.metadata["doc"]
+    assert f.metadata["allowed"] == "[1, 65536]" and f.metadata["doc"]
 
 
 def test_a_renamed_key_names_its_new_name(tmp_path):

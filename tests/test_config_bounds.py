@@ -39,9 +39,37 @@ def test_a_td_steps_that_overflowed_the_target_kernel_is_one_line_and_exit_2(tmp
     assert not (tmp_path / "run").exists()
 
 
-def test_every_integer_key_of_the_algorithms_has_an_upper_bound():
+def test_every_integer_key_has_an_upper_bound():
     unbounded = [spec.key for spec in field_specs(ALGORITHM_CONFIGS)
-                 if int in spec.types and float not in spec.types and spec.key.split(".")[0] in
-                 {s for a in ALGORITHM_CONFIGS.values() for s in a.sections}
+                 if int in spec.types and float not in spec.types
                  and not (isinstance(spec.allowed, _Range) and spec.allowed.hi is not None)]  # fmt: skip
     assert unbounded == []
+
+
+@pytest.mark.parametrize("widths, message", [
+    ([16, 2**40], r"network.hidden\[1\]: expected an integer in \[1, 65536\], got 1099511627776"),
+    ([8] * 65, r"network.hidden: expected at most 64 widths, got 65"),
+])  # fmt: skip
+def test_layer_widths_are_bounded(widths, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(CARTPOLE, [f"network.hidden={widths}"])
+
+
+@pytest.mark.parametrize("text, message", [
+    ("{\"training\": {\"batch_size\": " + "9" * 5000 + "}}", r"invalid JSON: a number of more than 4,300 digits$"),
+    ("{\"training\": " + "[" * 100_000 + "]" * 100_000 + "}", r"invalid JSON: nested too deeply$"),
+    ("{\"runtime\": {\"time_limit_s\": NaN}}", r"runtime.time_limit_s: expected a number > 0 or null, got NaN$"),
+    ("{\"runtime\": {\"time_limit_s\": -Infinity}}", r"runtime.time_limit_s: .* got -Infinity$"),
+])  # fmt: skip
+def test_numbers_json_cannot_hold_are_one_line(tmp_path, text, message):
+    path = tmp_path / "bad.json"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=message) as info:
+        load_config(path)
+    assert "\n" not in str(info.value)
+
+
+def test_an_override_too_long_to_read_is_named_in_short():
+    with pytest.raises(ConfigError, match=r"^--set training.batch_size=9{60}\.\.\. \(5,020 characters\): ") as info:
+        load_config(CARTPOLE, ["training.batch_size=" + "9" * 5000])
+    assert len(str(info.value)) < 400

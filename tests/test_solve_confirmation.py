@@ -73,7 +73,7 @@ def test_no_confirmation_below_the_solve_return_or_without_one(tmp_path):
 def test_the_key_is_checked():
     from mpper.config import ConfigError
 
-    with pytest.raises(ConfigError, match=r"runtime\.solve_confirm_episodes: expected an integer >= 0, got -1"):
+    with pytest.raises(ConfigError, match=r"runtime\.solve_confirm_episodes: expected an integer in \[0, 1000000\], got -1"):
         dqn_config(475.0, confirm=-1)
 
 
