@@ -6,13 +6,17 @@ in-process scheduler (``--workers 0``).
   with Ray, ``ray_actors.json`` (where each self-play actor runs).
 - ``metrics.jsonl``: one JSON record per line, ``event`` one of ``"progress"`` (every
   ``runtime.log_interval_s``), ``"evaluation"`` (each evaluation) and ``"end"``; every
-  record has the same keys (:meth:`Run.record`). TensorBoard gets the same numbers when
-  the ``tensorboard`` package is installed.
+  record has the same keys (:meth:`Run.record`). ``metrics.csv``: the same records in
+  the fixed columns of :data:`CSV_COLUMNS` (``runtime/logs.py``). TensorBoard
+  (``tensorboard/``, when its package is installed) and Weights & Biases (with
+  ``runtime.wandb_project``) get the same numbers and the whole config; the evaluation's
+  figures go to the CSV, TensorBoard and wandb once per evaluation, with its record.
 - ``episodes.jsonl``: one line per self-play episode.
 - ``buffer/``: the snapshot (:meth:`Run.snapshot`), ``best.pt``: the weights of the best
   evaluation so far (:class:`BestCheckpoint`).
 - Stop rules (:meth:`Run.stop_reason`): ``runtime.time_limit_s``, ``runtime.max_episodes``,
-  ``runtime.solve_return``; the training-step budget is the learner's.
+  ``runtime.solve_return``; the training-step budget is the learner's. :meth:`Run.budgets`
+  lists the ones with a (done, total) for the progress line's time left.
 - Seeds (:class:`Seeds`): which stream each worker, restart and evaluation round uses.
 """
 
@@ -34,8 +38,10 @@ from ..atomic import write_json_atomic
 from ..checkpoint import save_network_checkpoint
 from ..config import Config, config_to_dict
 from ..replay.buffer import ReplayBuffer
+from .logs import CSV_COLUMNS, MetricsCsv, open_tensorboard, open_wandb
+from .progress import Budget
 
-__all__ = ["BestCheckpoint", "Run", "Seeds", "create_buffer", "eval_status", "solved_text"]
+__all__ = ["CSV_COLUMNS", "BestCheckpoint", "Run", "Seeds", "create_buffer", "eval_status", "solved_text"]
 
 
 @dataclass(frozen=True)
@@ -114,16 +120,21 @@ class Run:
         self.evaluation: dict = {}
         self.solving: dict | None = None  # the first evaluation at runtime.solve_return
         self._last_progress = self.started
-        self._metrics = self._episodes = self._tensorboard = None
+        self._metrics = self._episodes = self._tensorboard = self._csv = self._wandb = None
 
     # ---- files ------------------------------------------------------------------------
     def start(self) -> None:
-        """Write ``config.json``; open ``metrics.jsonl``, ``episodes.jsonl`` and TensorBoard."""
+        """Write ``config.json``; open ``metrics.jsonl``, ``metrics.csv``, ``episodes.jsonl``,
+        TensorBoard (one line on stderr when its package is missing) and wandb (with
+        ``runtime.wandb_project``; MissingExtraError when wandb is not installed)."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(self.run_dir / "config.json", config_to_dict(self.config), indent=2)
+        config = config_to_dict(self.config)
+        write_json_atomic(self.run_dir / "config.json", config, indent=2)
+        self._wandb = open_wandb(self.config.runtime.wandb_project, self.run_dir, config)
         self._metrics = open(self.run_dir / "metrics.jsonl", "a")
+        self._csv = MetricsCsv(self.run_dir / "metrics.csv")
         self._episodes = open(self.run_dir / "episodes.jsonl", "a", buffering=1)
-        self._tensorboard = _tensorboard_writer(self.run_dir / "tensorboard")
+        self._tensorboard = open_tensorboard(self.run_dir / "tensorboard", config)
 
     def write_processes(self, pids: dict[str, int]) -> None:
         """``processes.json``: the supervisor's pid and each child's, by role."""
@@ -170,8 +181,11 @@ class Run:
         }
         self._metrics.write(json.dumps(record) + "\n")
         self._metrics.flush()
+        self._csv.write(record)
         if self._tensorboard is not None:
-            _log_scalars(self._tensorboard, record)
+            self._tensorboard.write(record)
+        if self._wandb is not None:
+            self._wandb.write(record)
 
     def evaluated(self, evaluation: dict) -> None:
         """The latest evaluation (``training_step``, ``mean_return``, ...), for the
@@ -201,13 +215,19 @@ class Run:
         print(f"mpper: buffer snapshot written in {time.monotonic() - t0:.1f} s", file=sys.stderr)
 
     def finish(self) -> None:
-        for f in (self._metrics, self._episodes):
+        for f in (self._metrics, self._episodes, self._csv, self._tensorboard, self._wandb):
             if f is not None:
                 f.close()
-        if self._tensorboard is not None:
-            self._tensorboard.close()
 
     # ---- stop rules -------------------------------------------------------------------
+    def budgets(self, training_step: int, env_steps: int) -> list[Budget]:
+        """The stops that count toward a total, for the progress line's time left: the time
+        limit and the training steps (one :class:`~mpper.runtime.progress.Budget` per rule)."""
+        budgets = [Budget("training steps", training_step, self.config.training.training_steps, "training_steps")]
+        if self.config.runtime.time_limit_s is not None:
+            budgets.append(Budget("time limit", self.elapsed(), self.config.runtime.time_limit_s, "seconds"))
+        return budgets
+
     def stop_reason(self) -> str | None:
         """Why the run should stop now (time limit, ``max_episodes`` self-play games
         ended (:meth:`episode` calls), an evaluation reached ``solve_return``),
@@ -246,33 +266,3 @@ def eval_status(evaluation: dict) -> str:
         w, d, l = (r["first"][k] + r["second"][k] for k in ("wins", "draws", "losses"))
         parts.append(f"{name} {w}/{d}/{l}")
     return "eval W/D/L " + " ".join(parts)
-
-
-def _tensorboard_writer(path: Path):
-    """A TensorBoard writer when the ``tensorboard`` package is installed, else None."""
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError:  # tensorboard is optional: metrics.jsonl has everything
-        return None
-    return SummaryWriter(str(path))
-
-
-def _log_scalars(writer, record: dict) -> None:
-    """The numbers of one metrics.jsonl record, against env steps."""
-    step = record["env_steps"]
-    for group in ("learner", "evaluation", "reanalyse"):
-        for key, value in _numbers(record.get(group, {})):
-            writer.add_scalar(f"{group}/{key}", value, step)
-    if record.get("mean_selfplay_return") is not None:
-        writer.add_scalar("selfplay/mean_return", record["mean_selfplay_return"], step)
-    writer.add_scalar("buffer/positions", record["buffer_positions"], step)
-
-
-def _numbers(group: dict, prefix: str = ""):
-    """(key, number) pairs of a metrics group, nested dicts as ``a/b/c`` (the per-opponent
-    results of a two-player evaluation)."""
-    for key, value in group.items():
-        if isinstance(value, dict):
-            yield from _numbers(value, f"{prefix}{key}/")
-        elif isinstance(value, (int, float)) and not isinstance(value, bool):
-            yield f"{prefix}{key}", value
