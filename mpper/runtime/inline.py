@@ -88,7 +88,7 @@ def _train(cfg: Config, run: Run, resume: Path | None, spec, signals: StopReques
         reanalyser = algorithm.make_reanalyser(cfg, buf, store) if reanalyse else None
         targets = algorithm.make_targets(cfg, spec.num_actions)
         rng = np.random.default_rng([cfg.runtime.seed, 0x1EA2])
-        progress = ProgressLine()  # stderr: rewritten on a terminal, a plain line per log interval otherwise
+        status = ProgressLine()  # stderr: rewritten on a terminal, a plain line per log interval otherwise
         last_eval, evaluations = time.monotonic(), 0
         best = BestCheckpoint(run_dir)
         video = PeriodicVideo(cfg, run_dir)
@@ -141,7 +141,7 @@ def _train(cfg: Config, run: Run, resume: Path | None, spec, signals: StopReques
                 if log:
                     record("progress")
                 c = buf.counters
-                progress.update(ProgressFigures(
+                status.update(ProgressFigures(
                     elapsed_s=run.elapsed(), training_step=trainer.training_step, env_steps=c["steps"],
                     buffer_fill=len(buf) / buf.capacity, evaluation=run.evaluation, loss=losses.get("total_loss"),
                     learner_state="training" if losses else "waiting_for_data",
@@ -156,7 +156,7 @@ def _train(cfg: Config, run: Run, resume: Path | None, spec, signals: StopReques
             code, reason = 143, f"terminated (exit {exc.code})"
         finally:
             signals.begin_shutdown()  # further Ctrl-Cs are acknowledged; the next one forces
-            progress.clear()
+            status.clear()
             try:
                 with signals.obeying():  # atomic writes: cut midway, the previous files stay whole
                     save_checkpoint(run_dir / "checkpoint.pt", trainer, extra={"config": config_to_dict(cfg)})

@@ -5,7 +5,7 @@ it is a plain line every ``runtime.log_interval_s``, so the log reads top to bot
 Example (fields drop from the right-hand priority list, never ``eval``, when the line
 would pass :data:`LINE_WIDTH` columns)::
 
-    0:02:41 step 1060 | eval 500.0 | loss 0.412 | train 8.4/s | env 2.1k/s | buf 12% | left 0:08:17
+    2:41 step 1060 | eval 500.0 | loss 0.412 | train 8.40/s | env 2.10k/s | buf 12% | left 8:17
 
 - ``step``: the learner's training step; ``eval``: the latest greedy evaluation (the mean
   return; two-player envs: the mean score and W/D/L against the strongest opponent);
@@ -101,29 +101,32 @@ class _Rate:
 
 
 def format_number(x: float | None) -> str:
-    """A number in at most 7 characters: ``500.0``, ``-21.0``, ``9.5``, ``0.412``, ``12.3k``,
+    """A number in at most 7 characters: ``500.0``, ``-21.0``, ``9.50``, ``0.412``, ``12.3k``,
     ``-4.56M``; ``-`` for None."""
     if x is None or not math.isfinite(x):
         return "-" if x is None else str(x)
     a = abs(x)
-    if a >= 9999.95:
+    if a >= 999.95:
         for unit, scale in (("k", 1e3), ("M", 1e6), ("G", 1e9), ("T", 1e12)):
-            if a / scale < 999.5:
-                return f"{x / scale:.3g}{unit}"
+            v = x / scale
+            if abs(v) < 999.5:
+                return f"{v:.{2 if abs(v) < 9.995 else 1 if abs(v) < 99.95 else 0}f}{unit}"
         return f"{x:.0e}"
     if a >= 10 or a == 0:
         return f"{x:.1f}"
     if a >= 0.001:
-        return f"{x:.3g}"
+        return f"{x:#.3g}"
     return f"{x:.0e}"
 
 
 def format_duration(seconds: float) -> str:
-    """``h:mm:ss`` (``123h`` from 100 hours)."""
-    s = max(0, int(seconds))
+    """``m:ss`` under an hour, then ``h:mm:ss`` (``123h`` from 100 hours, at most ``99999h+``)."""
+    s = max(0, int(min(seconds, 1e12)))
     h, rest = divmod(s, 3600)
     if h >= 100:
-        return f"{h}h"
+        return f"{h}h" if h < 100_000 else "99999h+"
+    if h == 0:
+        return f"{rest // 60}:{rest % 60:02d}"
     return f"{h}:{rest // 60:02d}:{rest % 60:02d}"
 
 
@@ -148,7 +151,7 @@ def eval_text(evaluation: dict) -> str:
     if opponents:
         name, r = list(opponents.items())[-1]
         w, d, l = (r["first"][k] + r["second"][k] for k in ("wins", "draws", "losses"))
-        return f"eval {evaluation.get('mean_return', float('nan')):+.2f} vs {name[:10]} {w}/{d}/{l}"
+        return f"eval {evaluation.get('mean_return', float('nan')):+.2f} {name[:10]} {w}/{d}/{l}"
     return f"eval {format_number(evaluation.get('mean_return'))}"
 
 
