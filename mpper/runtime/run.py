@@ -41,7 +41,7 @@ from ..replay.buffer import ReplayBuffer
 from .logs import CSV_COLUMNS, MetricsCsv, open_tensorboard, open_wandb
 from .progress import Budget
 
-__all__ = ["CSV_COLUMNS", "BestCheckpoint", "Run", "Seeds", "create_buffer", "eval_status", "solved_text"]
+__all__ = ["CSV_COLUMNS", "BestCheckpoint", "Run", "Seeds", "create_buffer", "solved_text"]
 
 
 @dataclass(frozen=True)
@@ -251,18 +251,3 @@ def solved_text(evaluation: dict) -> str:
     if "confirmation" in evaluation:
         return f"mean greedy return {evaluation['mean_return']:.1f} over {len(evaluation['returns'])} episodes"
     return f"mean greedy return {evaluation['mean_return']:.1f}"
-
-
-def eval_status(evaluation: dict) -> str:
-    """The progress bar's evaluation: the mean return, or per opponent of a two-player
-    env wins/draws/losses (first and second player together)."""
-    opponents = evaluation.get("opponents")
-    if evaluation.get("stopped_early"):
-        return f"eval <{evaluation['mean_return_at_most']:.1f}"
-    if not opponents:
-        return f"eval {evaluation.get('mean_return', float('nan')):.1f}"
-    parts = []
-    for name, r in opponents.items():
-        w, d, l = (r["first"][k] + r["second"][k] for k in ("wins", "draws", "losses"))
-        parts.append(f"{name} {w}/{d}/{l}")
-    return "eval W/D/L " + " ".join(parts)
