@@ -242,8 +242,6 @@ def main(argv: list[str] | None = None) -> int:
     if config.runtime.video_every_evaluations is not None and not installed("imageio_ffmpeg"):
         return _fail("runtime.video_every_evaluations needs imageio-ffmpeg, which is not installed; install it with: "
                      "pip install -e .[video]")  # fmt: skip
-    print(startup_line(run_dir, installed("tensorboard")), file=sys.stderr, flush=True)
-
     refuse = _fail
     if config.runtime.workers > 0:
         # Children will be forked from a server: boot it now, so that its imports run beside
@@ -277,6 +275,8 @@ def main(argv: list[str] | None = None) -> int:
     except RunDirError as e:
         return refuse(str(e))
     with lock:
+        # every check passed: say where the run goes before its processes start
+        print(startup_line(run_dir, installed("tensorboard")), file=sys.stderr, flush=True)
         from .checkpoint import CheckpointError
         from .extras import MissingExtraError
         from .replay.snapshot import SnapshotError
@@ -294,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def startup_line(run_dir: Path, tensorboard: bool) -> str:
-    """The run's first line, printed before torch is imported and the processes start:
+    """The run's first line, printed once every check has passed, before the processes start:
     where its files go and, with TensorBoard installed, the command to watch it."""
     line = f"mpper: run directory {run_dir}"
     if tensorboard:

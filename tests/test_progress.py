@@ -9,8 +9,16 @@ import io
 import pytest
 
 from mpper.algos.configs import load_config
-from mpper.runtime.progress import (LINE_WIDTH, STALLED_AFTER_S, Budget, ProgressFigures, ProgressLine,
-                                    format_number, progress_text, seconds_left)  # fmt: skip
+from mpper.runtime.progress import (
+    LINE_WIDTH,
+    STALLED_AFTER_S,
+    Budget,
+    ProgressFigures,
+    ProgressLine,
+    format_number,
+    progress_text,
+    seconds_left,
+)
 from mpper.runtime.run import Run
 
 # The evaluation records each algorithm's evaluator produces, at their widest: returns

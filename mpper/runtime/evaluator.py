@@ -18,8 +18,8 @@ from ..algos.registry import algorithm_of
 from ..config import Config
 from ..envs import make_env
 from ..envs.render import RenderError, open_render_env
-from ..extras import MissingExtraError
 from ..envs.two_player import evaluation_opponents, is_two_player
+from ..extras import MissingExtraError
 from .actor import LatestWeights, labelled_envs
 from .procs import child_process
 from .run import BestCheckpoint, Seeds

@@ -39,8 +39,8 @@ def scalars(record: dict) -> dict[str, float]:
     """The numbers of one metrics record, flat: ``env_steps``, ``learner/total_loss``,
     ``evaluation/mean_return``, ``evaluation/opponents/perfect/first/wins``, ... The
     ``evaluation/*`` ones only in an ``"evaluation"`` record."""
-    flat = {key: record[key] for key in ("time_s", "unix_time", "env_steps", "games", "buffer_positions",
-                                         "mean_selfplay_return", "weights_version") if _is_number(record.get(key))}  # fmt: skip
+    own = ("time_s", "unix_time", "env_steps", "games", "buffer_positions", "mean_selfplay_return", "weights_version")
+    flat = {key: record[key] for key in own if _is_number(record.get(key))}
     groups = ("learner", "reanalyse", "evaluation") if record.get("event") == "evaluation" else ("learner", "reanalyse")
     for group in groups:
         flat.update(_numbers(record.get(group) or {}, f"{group}/"))

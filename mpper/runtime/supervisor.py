@@ -45,9 +45,9 @@ from .evaluator import run_evaluator
 from .inline import train_inline
 from .learner import run_learner
 from .procs import ForcedStop, StopRequests, StopSignal, forkserver_pid, process_context
+from .progress import ProgressFigures, ProgressLine
 from .rate import RateLimiter
 from .reanalyser import run_reanalyser
-from .progress import ProgressFigures, ProgressLine
 from .run import Run, create_buffer
 from .weights import WeightStore
 

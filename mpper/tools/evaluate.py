@@ -26,7 +26,7 @@ from ..algos.configs import load_run_config
 from ..algos.registry import algorithm_of
 from ..atomic import write_atomic, write_json_atomic
 from ..checkpoint import CheckpointError, load_checkpoint, load_network_weights
-from ..config import ConfigError, EnvConfig
+from ..config import ConfigError
 from ..envs.render import RenderError, open_render_env
 from ..envs.spec import env_spec, make_env
 from ..envs.two_player import evaluation_opponents
@@ -38,7 +38,8 @@ __all__ = ["RenderError", "evaluate_main", "evaluate_run", "open_render_env", "w
 
 
 def evaluate_run(run_dir: Path, episodes: int = 10, checkpoint: Path | None = None, seed: int = 0,
-                 render: Path | None = None, overrides: Sequence[str] = (), render_format: str = "gif") -> dict:  # fmt: skip
+                 render: Path | None = None, overrides: Sequence[str] = (),
+                 render_format: str = "gif") -> dict:  # fmt: skip
     """Play ``episodes`` greedy episodes with the run's checkpoint; returns the statistics
     (also written to ``run_dir/evaluation.json``).
 
