@@ -275,8 +275,6 @@ def main(argv: list[str] | None = None) -> int:
     except RunDirError as e:
         return refuse(str(e))
     with lock:
-        # every check passed: say where the run goes before its processes start
-        print(startup_line(run_dir, installed("tensorboard")), file=sys.stderr, flush=True)
         from .checkpoint import CheckpointError
         from .extras import MissingExtraError
         from .replay.snapshot import SnapshotError
@@ -291,15 +289,6 @@ def main(argv: list[str] | None = None) -> int:
             # ray extra, or a cluster that cannot be reached: runtime.remote.ClusterError)
             return refuse(str(e))
     return rc if isinstance(rc, int) else 0
-
-
-def startup_line(run_dir: Path, tensorboard: bool) -> str:
-    """The run's first line, printed once every check has passed, before the processes start:
-    where its files go and, with TensorBoard installed, the command to watch it."""
-    line = f"mpper: run directory {run_dir}"
-    if tensorboard:
-        line += f"; watch it with: tensorboard --logdir {run_dir / 'tensorboard'}"
-    return line
 
 
 def _check_resume(run_dir: Path, config, spec) -> str | None:

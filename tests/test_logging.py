@@ -20,9 +20,9 @@ import pytest
 from test_train_e2e import ROOT, run_args
 
 from mpper.algos.configs import load_config
-from mpper.cli import main, startup_line
+from mpper.cli import main
 from mpper.runtime.logs import CSV_COLUMNS
-from mpper.runtime.progress import LINE_WIDTH
+from mpper.runtime.progress import LINE_WIDTH, startup_line
 from mpper.runtime.run import Run
 
 pytestmark = pytest.mark.timeout(300)
@@ -55,7 +55,9 @@ def evaluations(records: list[dict]) -> list[dict]:
 def test_the_start_up_line_comes_first_and_piped_progress_is_plain_lines(logged_run):
     run_dir, stderr, records = logged_run
     lines = stderr.split("\n")
-    assert lines[0] == f"mpper: run directory {run_dir}; watch it with: tensorboard --logdir {run_dir}/tensorboard"
+    first = f"mpper: run directory {run_dir}; watch it with: tensorboard --logdir {run_dir}/tensorboard"
+    assert lines.count(first) == 1
+    assert not any(PROGRESS.match(line) for line in lines[: lines.index(first)])  # before the progress
     assert "\r" not in stderr and "\x1b" not in stderr  # no terminal control codes in a file
     progress = [line for line in lines if PROGRESS.match(line)]
     assert len(progress) >= 2, stderr

@@ -82,6 +82,7 @@ def _train(cfg: Config, run: Run, resume: Path | None, spec, signals: StopReques
             store.publish(flat, trainer.training_step)
 
         publish()
+        run.announce()
         envs = [make_env(cfg.env) for _ in range(cfg.runtime.envs_per_worker)]
         player = algorithm.make_player(cfg, envs, acting, explore=True, seed=run.seeds.worker(0))
         reanalyse = algorithm.make_reanalyser is not None and algorithm.reanalyses(cfg)

@@ -23,13 +23,14 @@ Only the standard library: the command line imports this before torch.
 from __future__ import annotations
 
 import math
+import os
 import shutil
 import sys
 import time
 from collections import deque
 from dataclasses import dataclass, field
 
-__all__ = ["LINE_WIDTH", "RATE_WINDOW_S", "STALLED_AFTER_S", "Budget", "ProgressFigures", "ProgressLine",
+__all__ = ["startup_line", "LINE_WIDTH", "RATE_WINDOW_S", "STALLED_AFTER_S", "Budget", "ProgressFigures", "ProgressLine",
            "format_duration", "format_number", "progress_text", "seconds_left"]  # fmt: skip
 
 LINE_WIDTH = 100  # columns: the line never passes it (nor the terminal's width, when narrower)
@@ -182,6 +183,15 @@ def progress_text(f: ProgressFigures, train_rate: float | None, env_rate: float 
         if len(line) <= width or len(fields) <= 2:
             return line[:width]
         fields.remove(max(fields, key=lambda pt: pt[0]))
+
+
+def startup_line(run_dir, tensorboard: bool) -> str:
+    """The run's first line, printed once the run is set up, before its processes start:
+    where its files go and, with TensorBoard on, the command to watch it."""
+    line = f"mpper: run directory {run_dir}"
+    if tensorboard:
+        line += f"; watch it with: tensorboard --logdir {os.path.join(run_dir, 'tensorboard')}"
+    return line
 
 
 class ProgressLine:

@@ -39,7 +39,7 @@ from ..checkpoint import save_network_checkpoint
 from ..config import Config, config_to_dict
 from ..replay.buffer import ReplayBuffer
 from .logs import CSV_COLUMNS, MetricsCsv, open_tensorboard, open_wandb
-from .progress import Budget
+from .progress import Budget, startup_line
 
 __all__ = ["CSV_COLUMNS", "BestCheckpoint", "Run", "Seeds", "create_buffer", "solved_text"]
 
@@ -135,6 +135,11 @@ class Run:
         self._csv = MetricsCsv(self.run_dir / "metrics.csv")
         self._episodes = open(self.run_dir / "episodes.jsonl", "a", buffering=1)
         self._tensorboard = open_tensorboard(self.run_dir / "tensorboard", config)
+
+    def announce(self) -> None:
+        """The start-up line on stderr: the run directory and, with TensorBoard on, the
+        command to watch it (once the run is set up: a refusal before it stays one line)."""
+        print(startup_line(self.run_dir, self._tensorboard is not None), file=sys.stderr, flush=True)
 
     def write_processes(self, pids: dict[str, int]) -> None:
         """``processes.json``: the supervisor's pid and each child's, by role."""

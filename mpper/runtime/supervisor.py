@@ -186,6 +186,7 @@ class Supervisor:
         self.stop = StopSignal(self.ctx)
         self.reports = self.ctx.Queue()
         self.rate = self._rate_limiter()
+        self.run_files.announce()
         self._spawn_all()
         if cfg.runtime.ray_address is not None:
             from .remote import RaySelfPlay
