@@ -15,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import gymnasium as gym
 import numpy as np
 import pytest
 from test_train_e2e import ROOT, run_args
@@ -23,7 +24,7 @@ from mpper.algos.configs import load_config
 from mpper.cli import main
 from mpper.runtime.logs import CSV_COLUMNS
 from mpper.runtime.progress import LINE_WIDTH, startup_line
-from mpper.runtime.run import Run
+from mpper.runtime.run import Run, Seeds
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -167,8 +168,18 @@ def test_periodic_videos_are_written_during_the_run(logged_run):
     assert videos and {int(v.stem) for v in videos} <= steps and all(v.suffix == ".mp4" for v in videos)
     reader = imageio_ffmpeg.read_frames(str(videos[0]))
     meta = reader.__next__()
-    frames = [np.frombuffer(f, np.uint8) for f in reader]
+    frames = [np.frombuffer(f, np.uint8).reshape(400, 600, 3) for f in reader]
     assert meta["size"] == (600, 400) and len(frames) >= 2  # CartPole's 600x400 frames, the reset and a move
+    # its first frame is the reset of an evaluation round's seed (a later evaluation at the
+    # same training step replaces the file, so which round is not known)
+    seeds = Seeds(2)  # the run's --seed
+    resets = []
+    env = gym.make("CartPole-v1", render_mode="rgb_array")
+    for round_ in range(len(evaluations(records)) + 1):
+        env.reset(seed=seeds.evaluation(round_))
+        resets.append(np.abs(frames[0].astype(int) - env.render()).mean())
+    env.close()
+    assert min(resets) < 2.0, resets  # H.264 is lossy: near, not equal
 
 
 def test_a_missing_tensorboard_package_is_one_line_and_no_event_file(tmp_path, monkeypatch, capsys):

@@ -141,6 +141,11 @@ def test_a_learner_without_a_new_step_is_shown_as_stalled_not_at_its_last_rate()
     assert "stalled" not in line.text(figures(11))  # a new step ends it
     clock.now += 100
     assert "stalled" not in line.text(figures(11, "done"))  # the learner finished: not stalled
+    resumed = ProgressLine(io.StringIO(), clock)  # a resumed run's learner waits for data at its old step
+    clock.now += 100
+    assert "train wait" in resumed.text(figures(11, "waiting_for_data"))
+    clock.now += 100
+    assert "train wait" in resumed.text(figures(11, "waiting_for_data"))
 
 
 class Terminal(io.StringIO):

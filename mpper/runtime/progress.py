@@ -11,8 +11,8 @@ would pass :data:`LINE_WIDTH` columns)::
   return; two-player envs: the mean score and W/D/L against the strongest opponent);
 - ``train``: training steps per second over the last :data:`RATE_WINDOW_S` seconds (the
   one training-speed figure), or ``stalled 1m05s`` when the learner has not made a
-  training step for :data:`STALLED_AFTER_S` seconds (``train wait`` before its first
-  step, while it waits for ``training.min_buffer_steps``);
+  training step for :data:`STALLED_AFTER_S` seconds (``train wait`` while it waits for
+  ``training.min_buffer_steps``, before its first step);
 - ``env``: env steps per second, same window; ``buf``: how full the replay buffer is;
 - ``left``: the time to the run's nearest stop (:func:`seconds_left` over the run's
   budgets: the time limit, the training steps, and any other (done, total) budget).
@@ -164,7 +164,7 @@ def progress_text(f: ProgressFigures, train_rate: float | None, env_rate: float 
     ``loss``, ``left``, ``train``; ``eval`` stays."""
     if stalled_s is not None:
         train = f"stalled {_short_duration(stalled_s)}"
-    elif f.training_step == 0 and f.learner_state in ("", "waiting_for_data"):
+    elif f.learner_state == "waiting_for_data" or (f.training_step == 0 and not f.learner_state):
         train = "train wait"
     else:
         train = f"train {format_number(train_rate)}/s"
@@ -222,7 +222,7 @@ class ProgressLine:
             self._last_step, self._step_changed = f.training_step, now
         self._train.add(now, f.training_step)
         self._env.add(now, f.env_steps)
-        waiting = f.training_step == 0 and f.learner_state in ("", "waiting_for_data")
+        waiting = f.learner_state == "waiting_for_data" or (f.training_step == 0 and not f.learner_state)
         stalled = None if waiting or f.learner_state == "done" else self.stalled_s(now)
         width = LINE_WIDTH
         if self.tty:
