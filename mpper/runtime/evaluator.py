@@ -185,10 +185,11 @@ class PeriodicVideo:
     step>.mp4``. An env that cannot draw turns it off with one line on stderr."""
 
     def __init__(self, config: Config, run_dir: str | Path | None) -> None:
-        every = config.runtime.video_every_evaluations
-        two_player = algorithm_of(config).two_player and is_two_player_config(config)
+        every = config.runtime.video_every_evaluations if run_dir is not None else None
+        if every is not None and algorithm_of(config).two_player and is_two_player_config(config):
+            every = None  # a two-player evaluation plays opponents: no one episode to film
         self.config = config
-        self.every = every if every is not None and run_dir is not None and not two_player else None
+        self.every = every
         self.folder = Path(run_dir) / "videos" if run_dir is not None else None
         self.evaluations = 0
 

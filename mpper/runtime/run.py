@@ -7,7 +7,7 @@ in-process scheduler (``--workers 0``).
 - ``metrics.jsonl``: one JSON record per line, ``event`` one of ``"progress"`` (every
   ``runtime.log_interval_s``), ``"evaluation"`` (each evaluation) and ``"end"``; every
   record has the same keys (:meth:`Run.record`). ``metrics.csv``: the same records in
-  the fixed columns of :data:`CSV_COLUMNS` (``runtime/logs.py``). TensorBoard
+  the fixed columns of ``runtime/logs.py``'s ``CSV_COLUMNS``. TensorBoard
   (``tensorboard/``, when its package is installed) and Weights & Biases (with
   ``runtime.wandb_project``) get the same numbers and the whole config; the evaluation's
   figures go to the CSV, TensorBoard and wandb once per evaluation, with its record.
@@ -38,10 +38,10 @@ from ..atomic import write_json_atomic
 from ..checkpoint import save_network_checkpoint
 from ..config import Config, config_to_dict
 from ..replay.buffer import ReplayBuffer
-from .logs import CSV_COLUMNS, MetricsCsv, open_tensorboard, open_wandb
+from .logs import MetricsCsv, open_tensorboard, open_wandb
 from .progress import Budget, startup_line
 
-__all__ = ["CSV_COLUMNS", "BestCheckpoint", "Run", "Seeds", "create_buffer", "solved_text"]
+__all__ = ["BestCheckpoint", "Run", "Seeds", "create_buffer", "solved_text"]
 
 
 @dataclass(frozen=True)
@@ -221,13 +221,18 @@ class Run:
 
     def finish(self) -> None:
         for f in (self._metrics, self._episodes, self._csv, self._tensorboard, self._wandb):
-            if f is not None:
+            if f is None:
+                continue
+            try:  # each one closed, whatever the one before did
                 f.close()
+            except Exception as exc:
+                print(f"mpper: closing {type(f).__name__}: {type(exc).__name__}: {exc}", file=sys.stderr)
 
     # ---- stop rules -------------------------------------------------------------------
     def budgets(self, training_step: int, env_steps: int) -> list[Budget]:
         """The stops that count toward a total, for the progress line's time left: the time
-        limit and the training steps (one :class:`~mpper.runtime.progress.Budget` per rule)."""
+        limit and the training steps (one :class:`~mpper.runtime.progress.Budget` per rule;
+        ``env_steps``, the env steps stored so far, is for a rule counted in env steps)."""
         budgets = [Budget("training steps", training_step, self.config.training.training_steps, "training_steps")]
         if self.config.runtime.time_limit_s is not None:
             budgets.append(Budget("time limit", self.elapsed(), self.config.runtime.time_limit_s, "seconds"))
