@@ -209,3 +209,21 @@ def test_a_missing_wandb_or_video_package_is_one_line_before_the_run(tmp_path, m
     assert out == "" and len(err.splitlines()) == 1 and err.startswith(f"error: {key.split('=')[0]} needs")
     assert f"pip install -e .[{extra}]" in err
     assert not run_dir.exists()
+
+
+@pytest.mark.slow
+def test_an_in_process_run_logs_one_evaluation_point_per_evaluation_too(trained_run):
+    """``--workers 0`` (the shared session run): the same CSV and TensorBoard rules."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    records = [json.loads(line) for line in (trained_run / "metrics.jsonl").read_text().splitlines()]
+    evaluated = evaluations(records)
+    assert len(evaluated) >= 2 and len(records) > len(evaluated)
+    with open(trained_run / "metrics.csv", newline="") as f:
+        table = list(csv.DictReader(f))
+    assert [row["event"] for row in table] == [r["event"] for r in records]
+    assert [row["event"] for row in table if row["evaluation/mean_return"]] == ["evaluation"] * len(evaluated)
+    (events,) = sorted((trained_run / "tensorboard").glob("events.out.tfevents.*"))
+    acc = EventAccumulator(str(events), size_guidance={"scalars": 0})
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("evaluation/mean_return")] == [r["env_steps"] for r in evaluated]
