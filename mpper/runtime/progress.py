@@ -30,8 +30,8 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-__all__ = ["startup_line", "LINE_WIDTH", "RATE_WINDOW_S", "STALLED_AFTER_S", "Budget", "ProgressFigures", "ProgressLine",
-           "format_duration", "format_number", "progress_text", "seconds_left"]  # fmt: skip
+__all__ = ["LINE_WIDTH", "RATE_WINDOW_S", "STALLED_AFTER_S", "Budget", "ProgressFigures", "ProgressLine",
+           "eval_text", "format_duration", "format_number", "progress_text", "seconds_left", "startup_line"]  # fmt: skip
 
 LINE_WIDTH = 100  # columns: the line never passes it (nor the terminal's width, when narrower)
 STALLED_AFTER_S = 30.0  # a learner without a new training step this long is shown as stalled
@@ -218,11 +218,11 @@ class ProgressLine:
     def text(self, f: ProgressFigures, now: float | None = None) -> str:
         """Take in ``f`` and return its line (fitted to the terminal on a terminal)."""
         now = self.clock() if now is None else now
-        if f.training_step != self._last_step:
+        waiting = f.learner_state == "waiting_for_data" or (f.training_step == 0 and not f.learner_state)
+        if f.training_step != self._last_step or waiting:  # a wait for data is no stall: the clock starts after it
             self._last_step, self._step_changed = f.training_step, now
         self._train.add(now, f.training_step)
         self._env.add(now, f.env_steps)
-        waiting = f.learner_state == "waiting_for_data" or (f.training_step == 0 and not f.learner_state)
         stalled = None if waiting or f.learner_state == "done" else self.stalled_s(now)
         width = LINE_WIDTH
         if self.tty:
