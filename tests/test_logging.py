@@ -227,3 +227,22 @@ def test_an_in_process_run_logs_one_evaluation_point_per_evaluation_too(trained_
     acc = EventAccumulator(str(events), size_guidance={"scalars": 0})
     acc.Reload()
     assert [e.step for e in acc.Scalars("evaluation/mean_return")] == [r["env_steps"] for r in evaluated]
+
+
+def test_an_env_that_cannot_draw_turns_the_videos_off_with_one_line(tmp_path, capsys):
+    from mpper.algos.registry import algorithm_of
+    from mpper.envs import env_spec
+    from mpper.runtime.evaluator import PeriodicVideo
+
+    # faulty_env:raising makes a walk that draws no frames (and takes no render_mode)
+    config = load_config("configs/cartpole_dqn.json", ["env.id=faulty_env:raising",
+                                                       "runtime.video_every_evaluations=1"])  # fmt: skip
+    spec = env_spec(config.env)
+    network = algorithm_of(config).make_network(config, spec.observation_shape, spec.num_actions)
+    video = PeriodicVideo(config, tmp_path)
+    video.after_evaluation(network, 5, seed=0)
+    video.after_evaluation(network, 6, seed=0)  # off after the first: no second line
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and err.startswith("mpper: videos off (runtime.video_every_evaluations): "), err
+    assert "render_mode" in err
+    assert not (tmp_path / "videos").exists()

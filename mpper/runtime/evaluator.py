@@ -161,8 +161,12 @@ def record_greedy_episode(config: Config, network, seed: int, path: Path, stop=N
     "frames", "return"}``. RenderError or MissingExtraError when the env cannot draw or
     the ``video`` extra is missing; no file then, nor when ``stop`` is set first (``{}``)."""
     require_video("runtime.video_every_evaluations")
-    path.parent.mkdir(parents=True, exist_ok=True)
     env = open_render_env(config.env)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        env.close()
+        raise
     writer = Mp4Writer(path, float(env.metadata.get("render_fps") or 30))
     recorder = EpisodeRecorder(env, writer)
     try:
@@ -203,7 +207,8 @@ class PeriodicVideo:
             record_greedy_episode(self.config, network, seed, self.folder / f"{training_step}.mp4", stop)
         except (RenderError, MissingExtraError, OSError) as exc:
             self.every = None
-            print(f"mpper: videos off: {' '.join(str(exc).splitlines())}", file=sys.stderr)
+            why = " ".join(str(exc).removeprefix("--render: ").splitlines())
+            print(f"mpper: videos off (runtime.video_every_evaluations): {why}", file=sys.stderr)
 
 
 def is_two_player_config(config: Config) -> bool:
