@@ -286,7 +286,8 @@ def main(argv: list[str] | None = None) -> int:
         except (SharedMemoryRoomError, SnapshotError, CheckpointError, MissingExtraError, ConnectionError) as e:
             # raised while the run sets up, before any child starts (/dev/shm too small for
             # the buffer; a resumed snapshot whose checksums do not match; --ray without the
-            # ray extra, or a cluster that cannot be reached: runtime.remote.ClusterError)
+            # ray extra, or a cluster that cannot be reached: runtime.remote.ClusterError; wandb that
+            # cannot start a run: runtime.logs.WandbLog)
             return refuse(str(e))
     return rc if isinstance(rc, int) else 0
 

@@ -246,3 +246,18 @@ def test_an_env_that_cannot_draw_turns_the_videos_off_with_one_line(tmp_path, ca
     assert len(err.splitlines()) == 1 and err.startswith("mpper: videos off (runtime.video_every_evaluations): "), err
     assert "render_mode" in err
     assert not (tmp_path / "videos").exists()
+
+
+def test_wandb_that_cannot_start_a_run_is_one_line(tmp_path, monkeypatch):
+    from mpper.runtime.logs import open_wandb
+
+    # online, with no API key anywhere: wandb refuses before any network call
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
+    monkeypatch.setenv("WANDB_MODE", "online")
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    with pytest.raises(ConnectionError) as caught:
+        open_wandb("mpper-tests", tmp_path / "run", {"training": {}})
+    message = str(caught.value)
+    assert "\n" not in message and message.startswith("runtime.wandb_project 'mpper-tests': wandb could not start")
+    assert "WANDB_MODE=offline" in message

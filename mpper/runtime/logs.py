@@ -103,8 +103,13 @@ class WandbLog:
         wandb = require("wandb", "wandb", "wandb", "runtime.wandb_project")
         # console="off": wandb would otherwise wrap stdout and stderr, the progress line's terminal
         settings = wandb.Settings(console="off", silent=True)
-        self.run = wandb.init(project=project, dir=str(run_dir), name=f"{run_dir.parent.name}/{run_dir.name}",
-                              config=config, settings=settings)  # fmt: skip
+        try:
+            self.run = wandb.init(project=project, dir=str(run_dir), name=f"{run_dir.parent.name}/{run_dir.name}",
+                                  config=config, settings=settings)  # fmt: skip
+        except Exception as exc:  # no API key, no network...: one line, before anything starts
+            what = " ".join(f"{type(exc).__name__}: {exc}".split())
+            raise ConnectionError(f"runtime.wandb_project {project!r}: wandb could not start a run ({what}); "
+                                  "WANDB_MODE=offline logs to the run directory without an account") from None
 
     def write(self, record: dict) -> None:
         self.run.log({_tag(k): v for k, v in scalars(record).items()})
@@ -129,7 +134,7 @@ def open_tensorboard(path: Path, config: dict) -> TensorBoardLog | None:
 
 def open_wandb(project: str | None, run_dir: Path, config: dict) -> WandbLog | None:
     """A :class:`WandbLog` in ``project``; None when ``project`` is None. MissingExtraError
-    when wandb is not installed."""
+    when wandb is not installed, ConnectionError when it cannot start a run."""
     if project is None:
         return None
     os.makedirs(run_dir, exist_ok=True)
