@@ -108,7 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --evaluate: checkpoint to load (default RUN_DIR/checkpoint.pt)")
     p.add_argument("--render", nargs=2, metavar=("FORMAT", "PATH"),
                    help="with --evaluate: also record the first greedy episode from the env's rgb_array frames "
-                        "and write it to PATH; FORMAT: gif (needs the render extra: pip install -e .[render])")
+                        "and write it to PATH; FORMAT: gif (needs the render extra: pip install -e .[render]) or mp4 "
+                        "(also the video extra: pip install -e .[video])")
     p.add_argument("--on-snapshot", metavar="SNAPSHOT_DIR",
                    help="with --evaluate: instead of playing, run the checkpoint over every stored position of a "
                         "buffer snapshot, print its errors against the stored targets and write "
@@ -245,11 +246,12 @@ def main(argv: list[str] | None = None) -> int:
         render = None
         if args.render is not None:
             fmt, render = args.render
-            if fmt != "gif":
-                return _fail(f"--render {fmt} {render}: unknown format {fmt!r}; expected: gif")
+            if fmt not in ("gif", "mp4"):
+                return _fail(f"--render {fmt} {render}: unknown format {fmt!r}; expected: gif or mp4")
         from .tools.evaluate import evaluate_main
 
-        return evaluate_main(args.evaluate, args.episodes, args.checkpoint, args.seed or 0, render, args.overrides)
+        return evaluate_main(args.evaluate, args.episodes, args.checkpoint, args.seed or 0, render, args.overrides,
+                             args.render[0] if args.render is not None else "gif")  # fmt: skip
     if args.plot is not None:
         from .tools.plot import plot_main
 
@@ -303,6 +305,14 @@ def main(argv: list[str] | None = None) -> int:
     except RunDirError as e:
         return _fail(str(e))
 
+    from .extras import installed
+
+    if config.runtime.wandb_project is not None and not installed("wandb"):
+        return _fail("runtime.wandb_project needs wandb, which is not installed; install it with: "
+                     "pip install -e .[wandb]")  # fmt: skip
+    if config.runtime.video_every_evaluations is not None and not installed("imageio_ffmpeg"):
+        return _fail("runtime.video_every_evaluations needs imageio-ffmpeg, which is not installed; install it with: "
+                     "pip install -e .[video]")  # fmt: skip
     refuse = _fail
     if config.runtime.workers > 0:
         # Children will be forked from a server: boot it now, so that its imports run beside
@@ -347,7 +357,8 @@ def main(argv: list[str] | None = None) -> int:
         except (SharedMemoryRoomError, SnapshotError, CheckpointError, MissingExtraError, ConnectionError) as e:
             # raised while the run sets up, before any child starts (/dev/shm too small for
             # the buffer; a resumed snapshot whose checksums do not match; --ray without the
-            # ray extra, or a cluster that cannot be reached: runtime.remote.ClusterError)
+            # ray extra, or a cluster that cannot be reached: runtime.remote.ClusterError; wandb that
+            # cannot start a run: runtime.logs.WandbLog)
             return refuse(str(e))
     return rc if isinstance(rc, int) else 0
 

@@ -319,7 +319,14 @@ class RuntimeConfig:
     time_limit_s: float | None = opt(None, "> 0", "stop cleanly after this many seconds; null: no limit")
     max_episodes: int | None = opt(None, "[1, 1e15]", "stop cleanly once this many self-play games have ended in this run "
                                    "(counted from its start, as time_limit_s); null: no limit")
-    log_interval_s: float = opt(5.0, "> 0", "compact progress line when stdout is not a terminal")
+    log_interval_s: float = opt(5.0, "> 0", "seconds between metrics.jsonl / metrics.csv progress records, and "
+                                "between progress lines when stderr is not a terminal")
+    wandb_project: str | None = opt(None, None, "also log the metrics and the config to this Weights & Biases "
+                                    "project (pip install -e .[wandb]; WANDB_MODE=offline keeps the run local); "
+                                    "null: off")
+    video_every_evaluations: int | None = opt(None, "[1, 1000000]", "one-player envs: every Nth evaluation also records "
+                                              "its first greedy episode to run_dir/videos/<training step>.mp4 "
+                                              "(pip install -e .[video]); null: off")
     torch_threads: int = opt(1, "[1, 1024]", "torch threads per child process")
     selfplay_niceness: int = opt(0, "[0, 19]", "local self-play workers raise their niceness by this much, so "
                                  "that where processes outnumber cores the learner, the reanalyser and the "

@@ -12,9 +12,10 @@ Env families whose packages register their gymnasium ids only on request (MinAta
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from types import ModuleType
 
-__all__ = ["ENV_FAMILIES", "MissingExtraError", "register_env_family", "require"]
+__all__ = ["ENV_FAMILIES", "MissingExtraError", "installed", "register_env_family", "require"]
 
 
 class MissingExtraError(ImportError):
@@ -32,6 +33,19 @@ def require(module: str, package: str, extra: str, purpose: str) -> ModuleType:
         raise MissingExtraError(
             f"{purpose} needs {package}, which is not installed ({exc}); install it with: pip install -e .[{extra}]"
         ) from None
+
+
+def installed(module: str) -> bool:
+    """Whether ``module`` can be imported, found without importing it (TensorBoard, wandb:
+    their imports take seconds). A module set to None in ``sys.modules`` counts as missing."""
+    import sys
+
+    if module in sys.modules:
+        return sys.modules[module] is not None
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 # namespace -> (module, package, extra, how the module registers its ids)

@@ -22,7 +22,8 @@ import torch
 from mpper.algos.configs import config_from_dict
 from mpper.algos.dqn.dqn import QNetwork
 from mpper.runtime.evaluator import evaluate, evaluation_bar, greedy_returns
-from mpper.runtime.run import BestCheckpoint, Run, eval_status
+from mpper.runtime.progress import eval_text
+from mpper.runtime.run import BestCheckpoint, Run
 
 SEED = 300  # episode i starts from a reset with SEED + i
 MAX_RETURN = 500.0  # CartPole-v1
@@ -129,7 +130,7 @@ def test_a_stopped_evaluation_neither_stops_the_run_nor_replaces_best(tmp_path):
     run = Run(config, tmp_path)
     run.evaluated(stopped)
     assert run.stop_reason(env_steps=0) is None
-    assert eval_status(stopped) == "eval <90.0"
+    assert eval_text(stopped) == "eval <90.0"
 
 
 def test_the_key_is_checked():

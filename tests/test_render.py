@@ -1,5 +1,5 @@
-"""`python run.py --evaluate RUN_DIR --render gif PATH` on a real run: the GIF holds the
-first greedy episode, frame by frame; missing packages are one clear line."""
+"""`python run.py --evaluate RUN_DIR --render gif|mp4 PATH` on a real run: the GIF or MP4
+holds the first greedy episode, frame by frame; missing packages are one clear line."""
 
 from __future__ import annotations
 
@@ -60,6 +60,47 @@ def test_render_writes_the_first_greedy_episode_as_a_looping_gif(run, tmp_path, 
     assert [p.name for p in gif.parent.iterdir()] == ["episode.gif"]  # no temp file left
 
 
+def mp4_frames(path) -> tuple[list[np.ndarray], dict]:
+    """Every frame of an MP4 as (H, W, 3) uint8, decoded by ffmpeg, and its metadata."""
+    import imageio_ffmpeg
+
+    reader = imageio_ffmpeg.read_frames(str(path))
+    meta = next(reader)
+    w, h = meta["size"]
+    return [np.frombuffer(f, np.uint8).reshape(h, w, 3) for f in reader], meta
+
+
+def test_render_mp4_writes_the_first_greedy_episode_as_a_video(run, tmp_path, capsys):
+    mp4 = tmp_path / "out" / "episode.mp4"
+    mp4.parent.mkdir()
+    assert main(["--evaluate", str(run), "--episodes", "2", "--seed", "5", "--render", "mp4", str(mp4)]) == 0
+    assert f"-> {mp4}" in capsys.readouterr().out
+    evaluation = json.loads((run / "evaluation.json").read_text())
+    moves = int(evaluation["returns"][0])  # CartPole: reward 1 per move, so return = length
+    assert evaluation["render"]["frames"] == moves + 1  # the reset, then one frame per move
+    frames, meta = mp4_frames(mp4)
+    assert len(frames) == moves + 1 and meta["fps"] == 50  # CartPole's render_fps
+    assert frames[0].shape == (400, 600, 3)
+    env = gym.make("CartPole-v1", render_mode="rgb_array")
+    env.reset(seed=5)  # the seed of the first episode
+    expected = env.render()
+    env.close()
+    # H.264 is lossy: the first frame is the reset's frame up to small coding errors
+    assert np.abs(frames[0].astype(int) - expected).mean() < 2.0
+    assert np.abs(frames[-1].astype(int) - expected).mean() > 2 * np.abs(frames[0].astype(int) - expected).mean()
+    assert [p.name for p in mp4.parent.iterdir()] == ["episode.mp4"]  # no temp file left
+
+
+def test_render_mp4_without_imageio_ffmpeg_is_one_line_naming_the_extra(run, tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "imageio_ffmpeg", None)
+    mp4 = tmp_path / "episode.mp4"
+    assert main(["--evaluate", str(run), "--episodes", "1", "--render", "mp4", str(mp4)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.splitlines()) == 1 and err.startswith("error: --render mp4"), err
+    assert "imageio-ffmpeg" in err and "pip install -e .[video]" in err
+    assert not mp4.exists() and not (run / "evaluation.json").exists()
+
+
 @pytest.mark.parametrize("missing,package", [("PIL", "Pillow"), ("pygame", "pygame")])
 def test_a_missing_render_package_is_one_line_naming_the_extra(run, tmp_path, capsys, monkeypatch, missing,
                                                                 package):  # fmt: skip
@@ -80,7 +121,7 @@ def test_a_missing_render_package_is_one_line_naming_the_extra(run, tmp_path, ca
 def test_render_format_and_flag_mistakes(run, tmp_path, capsys):
     gif = tmp_path / "x.gif"
     cases = [
-        (["--evaluate", str(run), "--render", "mp4", str(gif)], "--render mp4"),
+        (["--evaluate", str(run), "--render", "avi", str(gif)], "unknown format 'avi'; expected: gif or mp4"),
         (["--render", "gif", str(gif)], "--render does not apply to training runs (it applies to --evaluate)"),
         (["--evaluate", str(run), "--render", "gif"], "--render: expected 2 arguments"),
         (["--evaluate", str(run), "--render", "gif", str(tmp_path / "no" / "x.gif")], "does not exist"),

@@ -147,7 +147,8 @@ def test_two_workers_train_and_everything_is_saved(tmp_path, capsys, trained_run
     trained = [(r["env_steps"], r["learner"]["total_loss"]) for r in records if "total_loss" in r["learner"]]
     assert trained and scalars["learner/training_step"][-1] == (records[-1]["env_steps"], 60.0)
     assert_same_series(scalars["learner/total_loss"], trained)
-    evaluated = [(r["env_steps"], r["evaluation"]["mean_return"]) for r in records if "mean_return" in r["evaluation"]]
+    # one point per evaluation (every record repeats the latest evaluation; only its own record logs it)
+    evaluated = [(r["env_steps"], r["evaluation"]["mean_return"]) for r in records if r["event"] == "evaluation"]
     assert evaluated
     assert_same_series(scalars["evaluation/mean_return"], evaluated)
 
@@ -189,42 +190,34 @@ def assert_same_series(got: list[tuple[int, float]], expected: list[tuple[int, f
 
 
 def test_tensorboard_scalars_of_a_record_nested_groups_as_paths(tmp_path):
-    """The supervisor's writer logs a metrics record's numbers against env steps: nested
+    """The run's TensorBoard log puts a metrics record's numbers against env steps: nested
     groups (a two-player evaluation's per-opponent results) as a/b/c tags; strings,
-    lists, booleans and a missing self-play return are left out."""
-    from mpper.runtime.run import _log_scalars, _tensorboard_writer
+    lists, booleans and a missing self-play return are left out; the evaluation's
+    figures only from an "evaluation" record."""
+    from mpper.runtime.logs import TensorBoardLog
 
-    writer = _tensorboard_writer(tmp_path / "tb")
+    log = TensorBoardLog(tmp_path / "tb", {"training": {"batch_size": 32}})
     record = {
-        "env_steps": 120, "buffer_positions": 100, "mean_selfplay_return": None,
+        "event": "evaluation", "env_steps": 120, "buffer_positions": 100, "mean_selfplay_return": None,
         "learner": {"total_loss": 1.5, "training_step": 7, "device": "cpu", "state": "training"},
         "evaluation": {"mean_return": -0.25, "returns": [0, 1], "against": "perfect",
                        "opponents": {"random": {"first": {"wins": 3, "draws": 1}}, "perfect": {"games": 4}}},
         "reanalyse": {"episodes": 2, "busy": True},
     }  # fmt: skip
-    _log_scalars(writer, record)
-    _log_scalars(writer, {**record, "env_steps": 150, "buffer_positions": 130, "mean_selfplay_return": 9.5})
-    writer.close()
+    log.write(record)
+    log.write({**record, "event": "progress", "env_steps": 150, "buffer_positions": 130, "mean_selfplay_return": 9.5})
+    log.close()
     assert tensorboard_scalars(tmp_path / "tb") == {
         "buffer/positions": [(120, 100.0), (150, 130.0)],
         "selfplay/mean_return": [(150, 9.5)],
         "learner/total_loss": [(120, 1.5), (150, 1.5)],
         "learner/training_step": [(120, 7.0), (150, 7.0)],
-        "evaluation/mean_return": [(120, -0.25), (150, -0.25)],
-        "evaluation/opponents/random/first/wins": [(120, 3.0), (150, 3.0)],
-        "evaluation/opponents/random/first/draws": [(120, 1.0), (150, 1.0)],
-        "evaluation/opponents/perfect/games": [(120, 4.0), (150, 4.0)],
+        "evaluation/mean_return": [(120, -0.25)],
+        "evaluation/opponents/random/first/wins": [(120, 3.0)],
+        "evaluation/opponents/random/first/draws": [(120, 1.0)],
+        "evaluation/opponents/perfect/games": [(120, 4.0)],
         "reanalyse/episodes": [(120, 2.0), (150, 2.0)],
     }
-
-
-def test_without_tensorboard_there_is_no_writer(tmp_path, monkeypatch):
-    """tensorboard is optional: where it cannot be imported the run writes no event files."""
-    from mpper.runtime.run import _tensorboard_writer
-
-    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # import raises ImportError
-    assert _tensorboard_writer(tmp_path / "tb") is None
-    assert not (tmp_path / "tb").exists()
 
 
 def tensorboard_scalars(logdir: Path) -> dict[str, list[tuple[int, float]]]:

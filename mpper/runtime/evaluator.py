@@ -7,7 +7,9 @@
 
 from __future__ import annotations
 
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -15,12 +17,16 @@ from ..algos.muzero.player import Episode
 from ..algos.registry import algorithm_of
 from ..config import Config
 from ..envs import make_env
+from ..envs.render import RenderError, open_render_env
 from ..envs.two_player import evaluation_opponents, is_two_player
+from ..extras import MissingExtraError
 from .actor import LatestWeights, labelled_envs
 from .procs import child_process
 from .run import BestCheckpoint, Seeds
+from .video import EpisodeRecorder, Mp4Writer, require_video
 
-__all__ = ["best_possible_mean", "evaluate", "evaluation_bar", "greedy_returns", "play_greedy", "run_evaluator"]
+__all__ = ["PeriodicVideo", "best_possible_mean", "evaluate", "evaluation_bar", "greedy_returns", "play_greedy",
+           "record_greedy_episode", "run_evaluator"]  # fmt: skip
 
 
 def play_greedy(config: Config, envs: list, network, seed: int, stop=None, on_episode=None,
@@ -149,6 +155,71 @@ def greedy_returns(config: Config, envs: list, network, seed: int, count: int, s
     return returns
 
 
+def record_greedy_episode(config: Config, network, seed: int, path: Path, stop=None) -> dict:
+    """Play one greedy episode from a reset with ``seed`` (the first episode of the
+    evaluation with that seed) and write it to ``path`` as MP4; returns ``{"path",
+    "frames", "return"}``. RenderError or MissingExtraError when the env cannot draw or
+    the ``video`` extra is missing; no file then, nor when ``stop`` is set first (``{}``)."""
+    require_video("runtime.video_every_evaluations")
+    env = open_render_env(config.env)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        env.close()
+        raise
+    writer = Mp4Writer(path, float(env.metadata.get("render_fps") or 30))
+    recorder = EpisodeRecorder(env, writer)
+    try:
+        episodes = play_greedy(config, [recorder], network, seed, stop)
+        if episodes is None:
+            writer.discard()
+            return {}
+        writer.close()
+    except BaseException:
+        writer.discard()
+        raise
+    finally:
+        recorder.close()
+    return {"path": str(path), "frames": writer.frames, "return": float(episodes[0].game_return)}
+
+
+class PeriodicVideo:
+    """``runtime.video_every_evaluations``: after every Nth evaluation (the first
+    included) of a one-player env, one greedy episode to ``run_dir/videos/<training
+    step>.mp4``. An env that cannot draw turns it off with one line on stderr."""
+
+    def __init__(self, config: Config, run_dir: str | Path | None) -> None:
+        every = config.runtime.video_every_evaluations if run_dir is not None else None
+        if every is not None and algorithm_of(config).two_player and is_two_player_config(config):
+            every = None  # a two-player evaluation plays opponents: no one episode to film
+        self.config = config
+        self.every = every
+        self.folder = Path(run_dir) / "videos" if run_dir is not None else None
+        self.evaluations = 0
+
+    def after_evaluation(self, network, training_step: int, seed: int, stop=None) -> None:
+        if self.every is None:
+            return
+        self.evaluations += 1
+        if (self.evaluations - 1) % self.every:
+            return
+        try:
+            record_greedy_episode(self.config, network, seed, self.folder / f"{training_step}.mp4", stop)
+        except (RenderError, MissingExtraError, OSError) as exc:
+            self.every = None
+            why = " ".join(str(exc).removeprefix("--render: ").splitlines())
+            print(f"mpper: videos off (runtime.video_every_evaluations): {why}", file=sys.stderr)
+
+
+def is_two_player_config(config: Config) -> bool:
+    """Whether the config's env is two-player (made once to ask it)."""
+    env = make_env(config.env)
+    try:
+        return is_two_player(env)
+    finally:
+        env.close()
+
+
 def run_evaluator(config: Config, weight_handle, observation_shape, num_actions: int, stop, reports,
                   run_dir: str | None = None) -> None:  # fmt: skip
     """Evaluator process: every ``evaluation_interval_s``, run :func:`evaluate` with the
@@ -167,6 +238,7 @@ def run_evaluator(config: Config, weight_handle, observation_shape, num_actions:
             return
         envs = labelled_envs(config, name, config.runtime.evaluation_episodes)
         round_, best = 0, BestCheckpoint(run_dir)
+        video = PeriodicVideo(config, run_dir)
         while not stop.is_set():
             started = time.monotonic()
             weights.refresh()
@@ -176,5 +248,6 @@ def run_evaluator(config: Config, weight_handle, observation_shape, num_actions:
                 best.offer(weights.network, weights.training_step, evaluation)
                 reports.put(("eval", name, {"training_step": weights.training_step, **evaluation,
                                             "best_mean_return": best.best, "weights_version": weights.version}))  # fmt: skip
+                video.after_evaluation(weights.network, weights.training_step, seeds.evaluation(round_), stop)
             round_ += 1
             stop.wait(max(0.0, config.runtime.evaluation_interval_s - (time.monotonic() - started)))

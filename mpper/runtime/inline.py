@@ -15,22 +15,21 @@ the scheduling differs:
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from ..algos.registry import algorithm_of, run_env_spec
 from ..checkpoint import load_checkpoint, save_checkpoint
 from ..config import Config, config_to_dict
 from ..envs import make_env
 from ..replay.buffer import ReplayBuffer
-from .evaluator import evaluate, evaluation_bar
+from .evaluator import PeriodicVideo, evaluate, evaluation_bar
 from .learner import beta_schedule, pick_device
 from .procs import ForcedStop, StopRequests
+from .progress import ProgressFigures, ProgressLine
 from .rate import can_sample
 from .run import BestCheckpoint, Run, create_buffer
 from .weights import WeightStore
@@ -83,15 +82,17 @@ def _train(cfg: Config, run: Run, resume: Path | None, spec, signals: StopReques
             store.publish(flat, trainer.training_step)
 
         publish()
+        run.announce()
         envs = [make_env(cfg.env) for _ in range(cfg.runtime.envs_per_worker)]
         player = algorithm.make_player(cfg, envs, acting, explore=True, seed=run.seeds.worker(0))
         reanalyse = algorithm.make_reanalyser is not None and algorithm.reanalyses(cfg)
         reanalyser = algorithm.make_reanalyser(cfg, buf, store) if reanalyse else None
         targets = algorithm.make_targets(cfg, spec.num_actions)
         rng = np.random.default_rng([cfg.runtime.seed, 0x1EA2])
-        bar = tqdm(total=t.training_steps, desc="train (in-process)", unit="step", disable=not sys.stdout.isatty())
+        status = ProgressLine()  # stderr: rewritten on a terminal, a plain line per log interval otherwise
         last_eval, evaluations = time.monotonic(), 0
         best = BestCheckpoint(run_dir)
+        video = PeriodicVideo(cfg, run_dir)
         losses: dict = {}
 
         def record(event: str) -> None:
@@ -131,17 +132,24 @@ def _train(cfg: Config, run: Run, resume: Path | None, spec, signals: StopReques
                     with signals.obeying():  # the longest call of a turn; its own envs, nothing shared
                         evaluation = {"training_step": trainer.training_step,
                                       **evaluate(cfg, acting, run.seeds.evaluation(evaluations), must_reach=must_reach)}  # fmt: skip
-                    evaluations += 1
                     best.offer(acting, trainer.training_step, evaluation)
                     run.evaluated({**evaluation, "best_mean_return": best.best, "weights_version": store.version})
                     record("evaluation")
-                if run.progress_due():
+                    with signals.obeying():
+                        video.after_evaluation(acting, trainer.training_step, run.seeds.evaluation(evaluations))
+                    evaluations += 1
+                log = run.progress_due()
+                if log:
                     record("progress")
-                reason = run.stop_reason(buf.counters["steps"]) or ""
+                c = buf.counters
+                status.update(ProgressFigures(
+                    elapsed_s=run.elapsed(), training_step=trainer.training_step, env_steps=c["steps"],
+                    buffer_fill=len(buf) / buf.capacity, evaluation=run.evaluation, loss=losses.get("total_loss"),
+                    learner_state="training" if losses else "waiting_for_data",
+                    budgets=run.budgets(trainer.training_step, c["steps"])), log=log)  # fmt: skip
+                reason = run.stop_reason(c["steps"]) or ""
                 if reason:
                     break
-                bar.n = trainer.training_step
-                bar.refresh()
             reason = reason or f"training finished ({t.training_steps} steps)"
         except (KeyboardInterrupt, ForcedStop):  # ForcedStop: three Ctrl-Cs within one turn
             code, reason = 130, "interrupted (Ctrl-C)"
@@ -149,7 +157,7 @@ def _train(cfg: Config, run: Run, resume: Path | None, spec, signals: StopReques
             code, reason = 143, f"terminated (exit {exc.code})"
         finally:
             signals.begin_shutdown()  # further Ctrl-Cs are acknowledged; the next one forces
-            bar.close()
+            status.clear()
             try:
                 with signals.obeying():  # atomic writes: cut midway, the previous files stay whole
                     save_checkpoint(run_dir / "checkpoint.pt", trainer, extra={"config": config_to_dict(cfg)})

@@ -6,14 +6,18 @@ in-process scheduler (``--workers 0``).
   with Ray, ``ray_actors.json`` (where each self-play actor runs).
 - ``metrics.jsonl``: one JSON record per line, ``event`` one of ``"progress"`` (every
   ``runtime.log_interval_s``), ``"evaluation"`` (each evaluation) and ``"end"``; every
-  record has the same keys (:meth:`Run.record`). TensorBoard gets the same numbers when
-  the ``tensorboard`` package is installed.
+  record has the same keys (:meth:`Run.record`). ``metrics.csv``: the same records in
+  the fixed columns of ``runtime/logs.py``'s ``CSV_COLUMNS``. TensorBoard
+  (``tensorboard/``, when its package is installed) and Weights & Biases (with
+  ``runtime.wandb_project``) get the same numbers and the whole config; the evaluation's
+  figures go to the CSV, TensorBoard and wandb once per evaluation, with its record.
 - ``episodes.jsonl``: one line per self-play episode.
 - ``buffer/``: the snapshot (:meth:`Run.snapshot`), ``best.pt``: the weights of the best
   evaluation so far (:class:`BestCheckpoint`).
 - Stop rules (:meth:`Run.stop_reason`): ``runtime.time_limit_s``, ``training.env_steps``
   (the buffer's env-step counter), ``runtime.max_episodes``, ``runtime.solve_return``; the
-  training-step budget is the learner's.
+  training-step budget is the learner's. :meth:`Run.budgets` lists the ones with a (done,
+  total) for the progress line's time left.
 - Seeds (:class:`Seeds`): which stream each worker, restart and evaluation round uses.
 """
 
@@ -35,8 +39,10 @@ from ..atomic import write_json_atomic
 from ..checkpoint import save_network_checkpoint
 from ..config import Config, config_to_dict
 from ..replay.buffer import ReplayBuffer
+from .logs import MetricsCsv, open_tensorboard, open_wandb
+from .progress import Budget, startup_line
 
-__all__ = ["BestCheckpoint", "Run", "Seeds", "create_buffer", "eval_status", "solved_text"]
+__all__ = ["BestCheckpoint", "Run", "Seeds", "create_buffer", "solved_text"]
 
 
 @dataclass(frozen=True)
@@ -115,16 +121,26 @@ class Run:
         self.evaluation: dict = {}
         self.solving: dict | None = None  # the first evaluation at runtime.solve_return
         self._last_progress = self.started
-        self._metrics = self._episodes = self._tensorboard = None
+        self._metrics = self._episodes = self._tensorboard = self._csv = self._wandb = None
 
     # ---- files ------------------------------------------------------------------------
     def start(self) -> None:
-        """Write ``config.json``; open ``metrics.jsonl``, ``episodes.jsonl`` and TensorBoard."""
+        """Write ``config.json``; open ``metrics.jsonl``, ``metrics.csv``, ``episodes.jsonl``,
+        TensorBoard (one line on stderr when its package is missing) and wandb (with
+        ``runtime.wandb_project``; MissingExtraError when wandb is not installed)."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(self.run_dir / "config.json", config_to_dict(self.config), indent=2)
+        config = config_to_dict(self.config)
+        write_json_atomic(self.run_dir / "config.json", config, indent=2)
+        self._wandb = open_wandb(self.config.runtime.wandb_project, self.run_dir, config)
         self._metrics = open(self.run_dir / "metrics.jsonl", "a")
+        self._csv = MetricsCsv(self.run_dir / "metrics.csv")
         self._episodes = open(self.run_dir / "episodes.jsonl", "a", buffering=1)
-        self._tensorboard = _tensorboard_writer(self.run_dir / "tensorboard")
+        self._tensorboard = open_tensorboard(self.run_dir / "tensorboard", config)
+
+    def announce(self) -> None:
+        """The start-up line on stderr: the run directory and, with TensorBoard on, the
+        command to watch it (once the run is set up: a refusal before it stays one line)."""
+        print(startup_line(self.run_dir, self._tensorboard is not None), file=sys.stderr, flush=True)
 
     def write_processes(self, pids: dict[str, int]) -> None:
         """``processes.json``: the supervisor's pid and each child's, by role."""
@@ -171,8 +187,11 @@ class Run:
         }
         self._metrics.write(json.dumps(record) + "\n")
         self._metrics.flush()
+        self._csv.write(record)
         if self._tensorboard is not None:
-            _log_scalars(self._tensorboard, record)
+            self._tensorboard.write(record)
+        if self._wandb is not None:
+            self._wandb.write(record)
 
     def evaluated(self, evaluation: dict) -> None:
         """The latest evaluation (``training_step``, ``mean_return``, ...), for the
@@ -202,13 +221,26 @@ class Run:
         print(f"mpper: buffer snapshot written in {time.monotonic() - t0:.1f} s", file=sys.stderr)
 
     def finish(self) -> None:
-        for f in (self._metrics, self._episodes):
-            if f is not None:
+        for f in (self._metrics, self._episodes, self._csv, self._tensorboard, self._wandb):
+            if f is None:
+                continue
+            try:  # each one closed, whatever the one before did
                 f.close()
-        if self._tensorboard is not None:
-            self._tensorboard.close()
+            except Exception as exc:
+                print(f"mpper: closing {type(f).__name__}: {type(exc).__name__}: {exc}", file=sys.stderr)
 
     # ---- stop rules -------------------------------------------------------------------
+    def budgets(self, training_step: int, env_steps: int) -> list[Budget]:
+        """The stops that count toward a total, for the progress line's time left: the
+        training steps, ``training.env_steps`` (``env_steps``: the env steps stored so far)
+        and the time limit (one :class:`~mpper.runtime.progress.Budget` per rule)."""
+        budgets = [Budget("training steps", training_step, self.config.training.training_steps, "training_steps")]
+        if self.config.training.env_steps is not None:
+            budgets.append(Budget("env steps", env_steps, self.config.training.env_steps, "env_steps"))
+        if self.config.runtime.time_limit_s is not None:
+            budgets.append(Budget("time limit", self.elapsed(), self.config.runtime.time_limit_s, "seconds"))
+        return budgets
+
     def stop_reason(self, env_steps: int) -> str | None:
         """Why the run should stop now (time limit, ``training.env_steps`` reached by
         ``env_steps``, the buffer's env-step counter, ``max_episodes`` self-play games
@@ -235,48 +267,3 @@ def solved_text(evaluation: dict) -> str:
     if "confirmation" in evaluation:
         return f"mean greedy return {evaluation['mean_return']:.1f} over {len(evaluation['returns'])} episodes"
     return f"mean greedy return {evaluation['mean_return']:.1f}"
-
-
-def eval_status(evaluation: dict) -> str:
-    """The progress bar's evaluation: the mean return, or per opponent of a two-player
-    env wins/draws/losses (first and second player together)."""
-    opponents = evaluation.get("opponents")
-    if evaluation.get("stopped_early"):
-        return f"eval <{evaluation['mean_return_at_most']:.1f}"
-    if not opponents:
-        return f"eval {evaluation.get('mean_return', float('nan')):.1f}"
-    parts = []
-    for name, r in opponents.items():
-        w, d, l = (r["first"][k] + r["second"][k] for k in ("wins", "draws", "losses"))
-        parts.append(f"{name} {w}/{d}/{l}")
-    return "eval W/D/L " + " ".join(parts)
-
-
-def _tensorboard_writer(path: Path):
-    """A TensorBoard writer when the ``tensorboard`` package is installed, else None."""
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError:  # tensorboard is optional: metrics.jsonl has everything
-        return None
-    return SummaryWriter(str(path))
-
-
-def _log_scalars(writer, record: dict) -> None:
-    """The numbers of one metrics.jsonl record, against env steps."""
-    step = record["env_steps"]
-    for group in ("learner", "evaluation", "reanalyse"):
-        for key, value in _numbers(record.get(group, {})):
-            writer.add_scalar(f"{group}/{key}", value, step)
-    if record.get("mean_selfplay_return") is not None:
-        writer.add_scalar("selfplay/mean_return", record["mean_selfplay_return"], step)
-    writer.add_scalar("buffer/positions", record["buffer_positions"], step)
-
-
-def _numbers(group: dict, prefix: str = ""):
-    """(key, number) pairs of a metrics group, nested dicts as ``a/b/c`` (the per-opponent
-    results of a two-player evaluation)."""
-    for key, value in group.items():
-        if isinstance(value, dict):
-            yield from _numbers(value, f"{prefix}{key}/")
-        elif isinstance(value, (int, float)) and not isinstance(value, bool):
-            yield f"{prefix}{key}", value

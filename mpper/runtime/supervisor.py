@@ -34,7 +34,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
 from .. import shm
 from ..algos.registry import algorithm_of, run_env_spec
@@ -46,9 +45,10 @@ from .evaluator import run_evaluator
 from .inline import train_inline
 from .learner import run_learner
 from .procs import ForcedStop, StopRequests, StopSignal, forkserver_pid, process_context
+from .progress import ProgressFigures, ProgressLine
 from .rate import RateLimiter
 from .reanalyser import run_reanalyser
-from .run import Run, create_buffer, eval_status
+from .run import Run, create_buffer
 from .weights import WeightStore
 
 __all__ = ["train", "Supervisor"]
@@ -109,7 +109,7 @@ class Supervisor:
         self.run_files = Run(config, run_dir)
         self.error: str | None = None
         self.finished_reason = ""
-        # latest figures, for the progress bar and metrics.jsonl
+        # latest figures, for the progress line and metrics.jsonl
         self.learner: dict = {}
         self.reanalyse: dict = {}
         self.worker_weights: dict[str, int] = {}  # weight version each worker last played with
@@ -186,6 +186,7 @@ class Supervisor:
         self.stop = StopSignal(self.ctx)
         self.reports = self.ctx.Queue()
         self.rate = self._rate_limiter()
+        self.run_files.announce()
         self._spawn_all()
         if cfg.runtime.ray_address is not None:
             from .remote import RaySelfPlay
@@ -233,9 +234,7 @@ class Supervisor:
 
     # ---- supervision ----------------------------------------------------------------
     def _supervise(self) -> int:
-        total = self.config.training.training_steps
-        tty = sys.stdout.isatty()
-        bar = tqdm(total=total, desc="train", unit="step", disable=not tty, dynamic_ncols=True)
+        progress = ProgressLine()  # stderr: rewritten on a terminal, a plain line per log interval otherwise
         last_snapshot = time.monotonic()
         try:
             while True:
@@ -248,18 +247,15 @@ class Supervisor:
                     exit_code = self._check_remote()
                 if exit_code is not None:
                     return exit_code
-                step = int(self.learner.get("training_step", 0))
-                bar.n = min(step, total)
-                bar.set_postfix_str(self._status(), refresh=False)
-                bar.refresh()
                 now = time.monotonic()
-                if self.run_files.progress_due():
+                log = self.run_files.progress_due()
+                progress.update(self._figures(), log=log)
+                if log:
                     self._write_metrics()
-                    if not tty:
-                        print(f"[{self.run_files.elapsed():7.1f}s] step {step}/{total} {self._status()}", flush=True)
                 interval = self.config.replay.snapshot_interval_s
                 if interval and now - last_snapshot >= interval:
                     last_snapshot = now
+                    progress.clear()  # the snapshot's line goes below the progress line, not into it
                     try:
                         self.run_files.snapshot(self.buffer)
                     except Exception as exc:  # disk full...: training goes on, the previous snapshot stays
@@ -270,7 +266,7 @@ class Supervisor:
                     return 0
         finally:
             self._write_metrics()
-            bar.close()
+            progress.clear()
 
     def _drain_reports(self) -> None:
         deadline = time.monotonic() + 0.2
@@ -370,20 +366,16 @@ class Supervisor:
             self._launch(child)
         return None
 
-    def _status(self) -> str:
+    def _figures(self) -> ProgressFigures:
+        """The progress line's figures now."""
         c = self.buffer.counters
-        elapsed = max(self.run_files.elapsed(), 1e-9)
-        parts = [
-            f"games {c['games']}",
-            f"env {c['steps'] / elapsed:.0f}/s",
-            f"train {self.learner.get('steps_per_s', 0.0):.1f}/s",
-            f"buffer {len(self.buffer) / self.buffer.capacity:.0%}",
-            eval_status(self.run_files.evaluation),
-            f"loss {self.learner.get('total_loss', float('nan')):.3f}",
-        ]
-        if self.algorithm.make_reanalyser is not None:
-            parts.append(f"reanalysed {c['reanalysed_episodes']}")
-        return " | ".join(parts)
+        step = int(self.learner.get("training_step", 0))
+        return ProgressFigures(
+            elapsed_s=self.run_files.elapsed(), training_step=step, env_steps=c["steps"],
+            buffer_fill=len(self.buffer) / self.buffer.capacity, evaluation=self.run_files.evaluation,
+            loss=self.learner.get("total_loss"), learner_state=self.learner.get("state", ""),
+            budgets=self.run_files.budgets(step, c["steps"]),
+        )  # fmt: skip
 
     def _write_metrics(self, event: str = "progress") -> None:
         if self.buffer is None or self.store is None:

@@ -1,5 +1,5 @@
 """Judge a saved agent: ``python run.py --evaluate RUN_DIR [--episodes N] [--checkpoint FILE] [--seed S]
-[--render gif PATH]``.
+[--render gif|mp4 PATH]``.
 
 Loads the run's ``config.json`` and checkpoint (``torch.load(weights_only=True)``),
 plays N greedy episodes (search without noise, most visited action; all N envs searched
@@ -7,16 +7,14 @@ together) with a progress bar, prints mean, std, min and max of return and lengt
 writes ``evaluation.json`` into the run directory. With ``--render gif PATH``, the first
 of those episodes is also recorded from the env's ``rgb_array`` frames and written to
 PATH as an animated GIF (needs the ``render`` extra: Pillow, and pygame for gymnasium's
-classic-control envs).
+classic-control envs); ``--render mp4 PATH`` writes it as an H.264 MP4 (the ``video``
+extra: imageio and imageio-ffmpeg).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import os
 import sys
 import time
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -28,26 +26,26 @@ from ..algos.configs import load_run_config
 from ..algos.registry import algorithm_of
 from ..atomic import write_atomic, write_json_atomic
 from ..checkpoint import CheckpointError, load_checkpoint, load_network_weights
-from ..config import ConfigError, EnvConfig
+from ..config import ConfigError
+from ..envs.render import RenderError, open_render_env
 from ..envs.spec import env_spec, make_env
 from ..envs.two_player import evaluation_opponents
 from ..extras import MissingExtraError, require
 from ..runtime.evaluator import play_greedy
+from ..runtime.video import EpisodeRecorder, Mp4Writer, require_video
 
 __all__ = ["RenderError", "evaluate_main", "evaluate_run", "open_render_env", "write_gif"]
 
 
-class RenderError(ValueError):
-    """The run's env cannot produce ``rgb_array`` frames, or the GIF cannot go where asked."""
-
-
 def evaluate_run(run_dir: Path, episodes: int = 10, checkpoint: Path | None = None, seed: int = 0,
-                 render: Path | None = None, overrides: Sequence[str] = ()) -> dict:  # fmt: skip
+                 render: Path | None = None, overrides: Sequence[str] = (),
+                 render_format: str = "gif") -> dict:  # fmt: skip
     """Play ``episodes`` greedy episodes with the run's checkpoint; returns the statistics
     (also written to ``run_dir/evaluation.json``).
 
-    ``render``: also write the first episode, as the env draws it, to this GIF. Every
-    check (Pillow installed, the env renders ``rgb_array``, the directory exists) runs
+    ``render``: also write the first episode, as the env draws it, to this file, a GIF
+    or (``render_format="mp4"``) an MP4. Every check (Pillow or imageio-ffmpeg installed,
+    the env renders ``rgb_array``, the directory exists) runs
     before the first move, so a failed check writes nothing. ``overrides``: ``--set``
     strings applied to the run's config (:func:`mpper.algos.configs.load_run_config`: the only
     way a ``module:callable`` env of a run directory gets imported).
@@ -65,15 +63,27 @@ def evaluate_run(run_dir: Path, episodes: int = 10, checkpoint: Path | None = No
     envs = []
     recorder = None
     try:
-        if render is not None:
+        if render is not None and render_format == "mp4":
+            require_video("--render mp4")
+            _check_output_path(render, render_format)
+            env = open_render_env(config.env)
+            recorder = EpisodeRecorder(env, Mp4Writer(render, float(env.metadata.get("render_fps") or 30)))
+            envs.append(recorder)
+        elif render is not None:
             image = require("PIL.Image", "Pillow", "render", "--render gif")
-            _check_output_path(render)
+            _check_output_path(render, render_format)
             recorder = _FirstEpisodeFrames(open_render_env(config.env), image)
             envs.append(recorder)
         envs += [make_env(config.env) for _ in range(episodes - len(envs))]
         started = time.monotonic()
         with tqdm(total=episodes, desc="evaluate", unit="episode", disable=not sys.stderr.isatty()) as bar:
             played = play_greedy(config, envs, network, seed, on_episode=lambda ep: bar.update(1))
+        if isinstance(recorder, EpisodeRecorder):
+            recorder.writer.close()
+    except BaseException:
+        if isinstance(recorder, EpisodeRecorder):
+            recorder.writer.discard()
+        raise
     finally:
         for env in envs:
             env.close()
@@ -89,7 +99,10 @@ def evaluate_run(run_dir: Path, episodes: int = 10, checkpoint: Path | None = No
         "length": _describe(lengths),
         "returns": returns.tolist(),
     }
-    if recorder is not None:
+    if isinstance(recorder, EpisodeRecorder):
+        stats["render"] = {"path": str(render), "frames": recorder.writer.frames, "fps": recorder.writer.fps,
+                           "episode_return": float(returns[0])}  # fmt: skip
+    elif recorder is not None:
         duration_ms = write_gif(render, recorder.frames, recorder.fps)
         stats["render"] = {"path": str(render), "frames": len(recorder.frames), "frame_ms": duration_ms,
                            "episode_return": float(returns[0])}  # fmt: skip
@@ -115,57 +128,11 @@ def _evaluate_two_player(run_dir: Path, config, network, games: int, checkpoint:
 
 
 # ---- rendering ---------------------------------------------------------------------------
-def open_render_env(config: EnvConfig) -> gym.Env:
-    """The run's env made with ``render_mode="rgb_array"``, checked by one reset and one
-    render; raises RenderError (cannot render rgb_array) or MissingExtraError (a
-    renderer's package, such as pygame, is not installed)."""
-    # pygame (gymnasium's classic-control renderer) greets on stdout and SDL complains
-    # on stderr about a missing display; off-screen frames need neither
-    os.environ.setdefault("PYGAME_HIDE_SUPPORT_PROMPT", "1")
-    os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
-    os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
-    name = repr(config.id)
-    # render_mode goes through the kwargs that make_env hands to gym.make or the factory
-    with_mode = dataclasses.replace(config, kwargs={**config.kwargs, "render_mode": "rgb_array"})
-    try:
-        with warnings.catch_warnings():  # gymnasium warns about an unknown mode; we say it ourselves
-            warnings.simplefilter("ignore")
-            env = make_env(with_mode)
-    except TypeError as exc:  # a factory without a render_mode parameter
-        raise RenderError(f"--render: env {name} cannot be made with render_mode='rgb_array' ({exc})") from None
-    try:
-        modes = list(env.metadata.get("render_modes") or [])
-        if "rgb_array" not in modes or env.render_mode != "rgb_array":
-            raise RenderError(f"--render: env {name} cannot render rgb_array frames (its render_modes: {modes})")
-        env.reset(seed=0)
-        frame = env.render()
-    except gym.error.DependencyNotInstalled as exc:
-        env.close()
-        detail = " ".join(str(exc).split())
-        raise MissingExtraError(f"--render: env {name} needs a package that is not installed to draw frames "
-                                f"({detail}); install it with: pip install -e .[render]") from None  # fmt: skip
-    except NotImplementedError:
-        env.close()
-        raise RenderError(f"--render: env {name} cannot render rgb_array frames (no render())") from None
-    except BaseException:
-        env.close()
-        raise
-    if not _is_rgb_frame(frame):
-        env.close()
-        what = f"{type(frame).__name__} {getattr(frame, 'shape', '')} {getattr(frame, 'dtype', '')}".strip()
-        raise RenderError(f"--render: env {name} returned {what} from render(), not an rgb_array frame (H, W, 3) uint8")
-    return env
-
-
-def _is_rgb_frame(frame) -> bool:
-    return isinstance(frame, np.ndarray) and frame.ndim == 3 and frame.shape[2] in (3, 4) and frame.dtype == np.uint8
-
-
-def _check_output_path(path: Path) -> None:
+def _check_output_path(path: Path, fmt: str) -> None:
     if path.is_dir():
-        raise RenderError(f"--render gif {path}: is a directory; expected a file name")
+        raise RenderError(f"--render {fmt} {path}: is a directory; expected a file name")
     if not path.parent.is_dir():
-        raise RenderError(f"--render gif {path}: directory {path.parent} does not exist")
+        raise RenderError(f"--render {fmt} {path}: directory {path.parent} does not exist")
 
 
 class _FirstEpisodeFrames(gym.Wrapper):
@@ -215,7 +182,7 @@ def _describe(x: np.ndarray) -> dict:
 
 
 def evaluate_main(run_dir: str, episodes: int, checkpoint: str | None, seed: int, render: str | None = None,
-                  overrides: Sequence[str] = ()) -> int:  # fmt: skip
+                  overrides: Sequence[str] = (), render_format: str = "gif") -> int:  # fmt: skip
     """``--evaluate``: clear one-line errors (exit code 2) for a missing or broken run."""
     path = Path(run_dir)
     if not (path / "config.json").is_file():
@@ -223,7 +190,7 @@ def evaluate_main(run_dir: str, episodes: int, checkpoint: str | None, seed: int
         return 2
     try:
         stats = evaluate_run(path, episodes, None if checkpoint is None else Path(checkpoint), seed,
-                             None if render is None else Path(render), overrides)  # fmt: skip
+                             None if render is None else Path(render), overrides, render_format)  # fmt: skip
     except (ConfigError, CheckpointError, FileNotFoundError, RenderError, MissingExtraError) as exc:
         print(f"error: {' '.join(str(exc).splitlines())}", file=sys.stderr)
         return 2
