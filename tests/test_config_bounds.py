@@ -4,6 +4,7 @@ by the config check, in one line naming the key, before anything starts."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -73,3 +74,35 @@ def test_an_override_too_long_to_read_is_named_in_short():
     with pytest.raises(ConfigError, match=r"^--set training.batch_size=9{60}\.\.\. \(5,020 characters\): ") as info:
         load_config(CARTPOLE, ["training.batch_size=" + "9" * 5000])
     assert len(str(info.value)) < 400
+
+
+def test_an_episode_longer_than_the_ring_is_refused_before_the_run_starts():
+    """CartPole-v1 episodes last up to 500 moves (501 rows): a ring of 100 rows could never
+    store one. Refused up front, naming both figures; MuZero's game segments, stored in
+    pieces, fit; so does a time limit that the ring holds."""
+    from mpper.algos.registry import run_env_spec
+    from mpper.runtime.resources import check_fits
+
+    small = ["replay.capacity=100", "training.min_buffer_steps=50", "training.batch_size=16"]
+    config = load_config(CARTPOLE, small)
+    with pytest.raises(ConfigError, match=r"can last 500 moves, stored as 501 rows, but replay.capacity is 100"):
+        check_fits(config, run_env_spec(config))
+    for fits in (["muzero.game_segment_length=50"], ["env.max_episode_steps=99"]):
+        config = load_config(CARTPOLE, small + fits)
+        check_fits(config, run_env_spec(config))
+    dqn = load_config(ROOT / "mpper" / "configs" / "cartpole_dqn.json", small)
+    with pytest.raises(ConfigError, match=r"stored as 501 rows, but replay.capacity is 100"):
+        check_fits(dqn, run_env_spec(dqn))
+
+
+@pytest.mark.parametrize("size", [100_000, [84, 0], "84", [84, 84, 84]])
+def test_an_atari_screen_size_is_checked_before_frames_of_that_size_are_allocated(size):
+    """gymnasium's AtariPreprocessing allocates its frame buffers at the screen size as it
+    is built (100,000: 9.3 GiB); the side is checked first."""
+    from mpper.algos.registry import run_env_spec
+
+    config = load_config(ROOT / "mpper" / "configs" / "atari_pong.json",
+                         [f"env.preprocessing_kwargs={{\"screen_size\": {json.dumps(size)}}}"])  # fmt: skip
+    with pytest.raises(ConfigError, match=r"env.preprocessing_kwargs.screen_size: expected an integer or a "
+                                          r"\[width, height\] pair in \[1, 1024\]"):  # fmt: skip
+        run_env_spec(config)

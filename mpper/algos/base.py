@@ -160,6 +160,10 @@ class Algorithm:
     play_against: Callable[..., dict | None] | None = None
     # The cap on raw priorities, new and updated alike (DQN's dqn.priority_clip): config -> cap or None
     priority_clip: Callable[[Config], float | None] = lambda config: None
+    # (config, moves) -> the most moves one stored piece of an episode of that many moves
+    # holds (MuZero's game segments store long games in pieces); a piece of T moves takes
+    # T + 1 rows of the buffer
+    stored_moves: Callable[[Config, int], int] = lambda config, moves: moves
     description: str = ""
 
     @property

@@ -64,10 +64,27 @@ def make_env(config: EnvConfig) -> gym.Env:
     else:
         env = gym.make(config.id, max_episode_steps=config.max_episode_steps, **config.kwargs)
     if config.preprocessing == "atari":
+        _check_screen_size(config.preprocessing_kwargs.get("screen_size", 84))
         env = gym.wrappers.AtariPreprocessing(env, **{"grayscale_newaxis": True, **config.preprocessing_kwargs})
     if config.preprocessing in ("atari", "channels_first"):
         env = ChannelsFirst(env)
     return env
+
+
+# AtariPreprocessing allocates its frame buffers at the screen size as it is built: a side
+# this large is far past the emulator's 210 x 160 and any network's input.
+MAX_SCREEN_SIDE = 1024
+
+
+def _check_screen_size(size) -> None:
+    """ValueError unless ``env.preprocessing_kwargs.screen_size`` (an int, or a
+    (width, height) pair) is a side in [1, MAX_SCREEN_SIDE]: checked before anything is
+    allocated at that size."""
+    sides = size if isinstance(size, (list, tuple)) else [size]
+    if not (1 <= len(sides) <= 2 and all(isinstance(v, int) and not isinstance(v, bool) for v in sides)
+            and all(1 <= v <= MAX_SCREEN_SIDE for v in sides)):  # fmt: skip
+        raise ValueError(f"env.preprocessing_kwargs.screen_size: expected an integer or a [width, height] pair in "
+                         f"[1, {MAX_SCREEN_SIDE}], got {json.dumps(size)}")  # fmt: skip
 
 
 def make_env_checked(config: EnvConfig) -> gym.Env:
@@ -122,6 +139,9 @@ class EnvSpec:
     observation_dtype: np.dtype
     num_actions: int
     two_player: bool = False  # env.unwrapped.two_player (checked against the contract)
+    # the most moves an episode can last (env.max_episode_steps, or the id's registered
+    # limit); None when unknown: no limit, or one counted in frames under frame skipping
+    max_episode_steps: int | None = None
 
 
 def env_spec(config: EnvConfig) -> EnvSpec:
@@ -138,9 +158,21 @@ def env_spec(config: EnvConfig) -> EnvSpec:
         if is_two_player(env):
             check_two_player_env(env, config.id)
         dtype = np.dtype(np.float32) if space.dtype.kind == "f" else space.dtype
-        return EnvSpec(tuple(space.shape), dtype, int(env.action_space.n), is_two_player(env))
+        return EnvSpec(tuple(space.shape), dtype, int(env.action_space.n), is_two_player(env), _move_limit(env, config))
     finally:
         env.close()
+
+
+def _move_limit(env: gym.Env, config: EnvConfig) -> int | None:
+    """The most moves an episode of ``env`` lasts: ``env.max_episode_steps``, else the limit
+    its gymnasium id registers; None when it has none, and under ``"atari"`` preprocessing,
+    whose time limit counts emulator frames, not the agent's moves."""
+    if config.preprocessing == "atari":
+        return None
+    if config.max_episode_steps is not None:
+        return config.max_episode_steps
+    limit = env.spec.max_episode_steps if env.spec is not None else None
+    return int(limit) if limit is not None else None
 
 
 def config_symmetries(config: Config) -> np.ndarray:

@@ -100,8 +100,16 @@ def run_size(config: Config, spec: EnvSpec) -> RunSize:
 
 
 def check_fits(config: Config, spec: EnvSpec) -> None:
-    """ConfigError (one line, with the figures) unless the run fits: the replay buffer
-    in /dev/shm's free space (``shm.check_room``'s message), and everything in memory."""
+    """ConfigError (one line, with the figures) unless the run fits: the longest episode
+    the env can play in the ring (``spec.max_episode_steps``, as the algorithm stores it),
+    the replay buffer in /dev/shm's free space (``shm.check_room``'s message), and
+    everything in memory."""
+    if spec.max_episode_steps is not None:
+        moves = algorithm_of(config).stored_moves(config, spec.max_episode_steps)
+        if moves + 1 > config.replay.capacity:
+            raise ConfigError(f"an episode of env.id {config.env.id!r} can last {spec.max_episode_steps:,} moves, "
+                              f"stored as {moves + 1:,} rows, but replay.capacity is {config.replay.capacity:,}: "
+                              f"raise replay.capacity, or lower env.max_episode_steps")  # fmt: skip
     size = run_size(config, spec)
     try:
         shm.check_room(size.buffer, f"a replay buffer of {config.replay.capacity} steps")

@@ -80,5 +80,6 @@ ALGORITHM = Algorithm(
     augments_symmetries=lambda config: config.muzero.symmetry_augmentation,
     player_bytes=search_tree_bytes,
     play_against=evaluate_against_opponents,
+    stored_moves=lambda config, moves: min(moves, config.muzero.game_segment_length or moves),
     description="MuZero: learned model, batched MCTS, reanalyse",
 )
