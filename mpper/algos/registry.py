@@ -8,13 +8,18 @@ its config sections in its ``config`` module), one line here and one in
 
 from __future__ import annotations
 
+import os
+
+import torch
+
+from ..checkpoint import checkpoint_budget, load_checkpoint
 from ..config import Config, ConfigError
 from ..envs import EnvSpec, config_symmetries, env_spec
 from .base import Algorithm
 from .dqn.algorithm import ALGORITHM as DQN
 from .muzero.algorithm import ALGORITHM as MUZERO
 
-__all__ = ["ALGORITHMS", "algorithm_of", "get_algorithm", "run_env_spec"]
+__all__ = ["ALGORITHMS", "algorithm_of", "get_algorithm", "load_run_checkpoint", "run_env_spec"]
 
 ALGORITHMS: dict[str, Algorithm] = {a.name: a for a in (MUZERO, DQN)}
 
@@ -54,3 +59,12 @@ def run_env_spec(config: Config) -> EnvSpec:
         config_symmetries(config)
     return spec
 
+
+
+def load_run_checkpoint(path: str | os.PathLike, config: Config, spec: EnvSpec) -> dict:
+    """``load_checkpoint(path)``, refused (CheckpointError) before it is read when the file
+    holds more than a checkpoint of ``config``'s network can (``checkpoint_budget``: the
+    network is sized on the meta device, without allocating its weights)."""
+    with torch.device("meta"):
+        network = algorithm_of(config).make_network(config, spec.observation_shape, spec.num_actions)
+    return load_checkpoint(path, max_bytes=checkpoint_budget(network))

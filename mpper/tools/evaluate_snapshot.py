@@ -27,9 +27,9 @@ from tqdm import tqdm
 
 from ..algos.base import SnapshotRun
 from ..algos.configs import load_run_config
-from ..algos.registry import algorithm_of
+from ..algos.registry import algorithm_of, load_run_checkpoint
 from ..atomic import write_json_atomic
-from ..checkpoint import CheckpointError, load_checkpoint
+from ..checkpoint import CheckpointError
 from ..config import ConfigError
 from ..envs import env_spec
 from ..replay.buffer import load_snapshot
@@ -90,8 +90,8 @@ def evaluate_on_snapshot(run_dir: Path, snapshot_dir: Path, checkpoint: Path | N
     config = load_run_config(run_dir, overrides)  # names no code to import unless an override does
     algorithm = algorithm_of(config)
     checkpoint = Path(checkpoint) if checkpoint is not None else run_dir / "checkpoint.pt"
-    state = load_checkpoint(checkpoint)
     spec = env_spec(config.env)
+    state = load_run_checkpoint(checkpoint, config, spec)
     started = time.monotonic()
     with load_snapshot(snapshot_dir) as buf:
         expected = algorithm.schema(spec.observation_shape, spec.num_actions, spec.observation_dtype)

@@ -35,7 +35,7 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 
-from ...checkpoint import load_checkpoint, load_network_weights
+from ...checkpoint import checkpoint_budget, load_checkpoint, load_network_weights
 from ...config import Config, load_run_config
 from ...envs.spec import env_spec, make_env
 from ...envs.two_player import AgentFn
@@ -318,10 +318,11 @@ def load_mcts_agent(run_dir: str | Path, checkpoint: str | Path | None = None, s
     :func:`mpper.config.load_run_config` as a MuZero config, ``overrides`` applied); returns (agent, config)."""
     run_dir = Path(run_dir)
     config = load_run_config(run_dir, overrides, algorithms={"muzero": CONFIG})
-    state = load_checkpoint(Path(checkpoint) if checkpoint is not None else run_dir / "checkpoint.pt")
     spec = env_spec(config.env)
     network = make_network(config.network, spec.observation_shape, spec.num_actions,
                            config.muzero.stacked_observations)  # fmt: skip
+    state = load_checkpoint(Path(checkpoint) if checkpoint is not None else run_dir / "checkpoint.pt",
+                            max_bytes=checkpoint_budget(network))  # fmt: skip
     load_network_weights(network, state["network"], checkpoint if checkpoint is not None else run_dir / "checkpoint.pt")
     return mcts_agent(config, network, seed, tie_break), config
 
