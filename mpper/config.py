@@ -42,6 +42,7 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from .extras import MissingExtraError, register_env_family
 from .replay.episode_ring import MAX_CAPACITY
+from .safe_files import ReceivedFileError, read_received
 
 __all__ = [
     "CROSS_RULES",
@@ -163,6 +164,8 @@ def _check_initial_priority(value):
 # Seeds are 32-bit (numpy's legacy range); each process derives its own as seed * 1_000_003
 # + a few small terms, which then stays within what torch.manual_seed accepts.
 MAX_SEED = 2**32 - 1
+
+MAX_CONFIG_BYTES = 16 << 20  # far above any config (a run's resolved config.json is a few KiB)
 
 _FACTORY_RE = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 
@@ -921,7 +924,11 @@ def load_config(
     label = str(path)
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        # a file the user named may be a link of theirs; a run directory's (env_factory_from_file
+        # false: received) may not, and neither may be a FIFO or device (whose reads never end)
+        text = read_received(p, MAX_CONFIG_BYTES, follow_links=env_factory_from_file).decode("utf-8")
+    except ReceivedFileError as e:
+        raise ConfigError(str(e)) from None
     except FileNotFoundError:
         raise ConfigError(f"{label}: no such file") from None
     except IsADirectoryError:

@@ -3,8 +3,8 @@
 
 Layers, lowest first (a module may import its own layer and the ones below):
 
-0. ``mpper.shm``, ``mpper.atomic``, ``mpper.extras``: shared memory, atomic writes,
-   optional dependencies;
+0. ``mpper.shm``, ``mpper.atomic``, ``mpper.safe_files``, ``mpper.extras``: shared memory,
+   atomic writes, received files read and appended safely, optional dependencies;
 1. ``mpper.replay``: the replay core (knows no algorithm, env or process);
 2. ``mpper.config``: the config sections and their checks;
 3. ``mpper.envs``, ``mpper.checkpoint``;
@@ -26,7 +26,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "mpper"
 
 LAYERS = [
-    ("mpper.shm", "mpper.atomic", "mpper.extras"),
+    ("mpper.shm", "mpper.atomic", "mpper.safe_files", "mpper.extras"),
     ("mpper.replay",),
     ("mpper.config",),
     ("mpper.envs", "mpper.checkpoint"),

@@ -31,9 +31,10 @@ import torch
 
 from ..algos.registry import algorithm_of
 from ..atomic import write_json_atomic
-from ..checkpoint import save_network_checkpoint
+from ..checkpoint import load_checkpoint, save_network_checkpoint
 from ..config import Config, config_to_dict
 from ..replay.buffer import ReplayBuffer
+from ..safe_files import open_append, refuse_link
 
 __all__ = ["BestCheckpoint", "Run", "Seeds", "create_buffer", "eval_status", "solved_text"]
 
@@ -76,10 +77,10 @@ class BestCheckpoint:
         self.best = self._stored()
 
     def _stored(self) -> float:
-        if self.path is None or not self.path.is_file():
+        if self.path is None or not os.path.lexists(self.path):
             return -np.inf
-        try:
-            return float(torch.load(self.path, map_location="cpu", weights_only=True)["extra"]["mean_return"])
+        try:  # a regular file of the run directory only (load_checkpoint): no link, FIFO or device
+            return float(load_checkpoint(self.path)["extra"]["mean_return"])
         except Exception:  # unreadable: the next evaluation replaces it
             return -np.inf
 
@@ -121,8 +122,9 @@ class Run:
         """Write ``config.json``; open ``metrics.jsonl``, ``episodes.jsonl`` and TensorBoard."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
         write_json_atomic(self.run_dir / "config.json", config_to_dict(self.config), indent=2)
-        self._metrics = open(self.run_dir / "metrics.jsonl", "a")
-        self._episodes = open(self.run_dir / "episodes.jsonl", "a", buffering=1)
+        # appended to, never through a link (ReceivedFileError): the directory may have been received
+        self._metrics = open_append(self.run_dir / "metrics.jsonl")
+        self._episodes = open_append(self.run_dir / "episodes.jsonl", line_buffered=True)
         self._tensorboard = _tensorboard_writer(self.run_dir / "tensorboard")
 
     def write_processes(self, pids: dict[str, int]) -> None:
@@ -254,6 +256,7 @@ def _tensorboard_writer(path: Path):
         from torch.utils.tensorboard import SummaryWriter
     except ImportError:  # tensorboard is optional: metrics.jsonl has everything
         return None
+    refuse_link(path)  # its event files go under it: never into a directory it links to
     return SummaryWriter(str(path))
 
 

@@ -53,8 +53,9 @@ def evaluate_run(run_dir: Path, episodes: int = 10, checkpoint: Path | None = No
     way a ``module:callable`` env of a run directory gets imported).
     """
     config = load_run_config(run_dir, overrides)
+    named = checkpoint is not None  # --checkpoint FILE: the user's own path, which may be a link of theirs
     checkpoint = checkpoint or run_dir / "checkpoint.pt"
-    state = load_checkpoint(checkpoint)
+    state = load_checkpoint(checkpoint, follow_links=named)
     spec = env_spec(config.env)
     network = algorithm_of(config).make_network(config, spec.observation_shape, spec.num_actions)
     load_network_weights(network, state["network"], checkpoint).eval()
@@ -218,7 +219,7 @@ def evaluate_main(run_dir: str, episodes: int, checkpoint: str | None, seed: int
                   overrides: Sequence[str] = ()) -> int:  # fmt: skip
     """``--evaluate``: clear one-line errors (exit code 2) for a missing or broken run."""
     path = Path(run_dir)
-    if not (path / "config.json").is_file():
+    if not os.path.lexists(path / "config.json"):  # one that is there but not a regular file: refused when read
         print(f"error: --evaluate {run_dir}: no run directory with a config.json there", file=sys.stderr)
         return 2
     try:

@@ -318,7 +318,8 @@ def load_mcts_agent(run_dir: str | Path, checkpoint: str | Path | None = None, s
     :func:`mpper.config.load_run_config` as a MuZero config, ``overrides`` applied); returns (agent, config)."""
     run_dir = Path(run_dir)
     config = load_run_config(run_dir, overrides, algorithms={"muzero": CONFIG})
-    state = load_checkpoint(Path(checkpoint) if checkpoint is not None else run_dir / "checkpoint.pt")
+    state = load_checkpoint(Path(checkpoint) if checkpoint is not None else run_dir / "checkpoint.pt",
+                            follow_links=checkpoint is not None)  # a path the caller named may be their link
     spec = env_spec(config.env)
     network = make_network(config.network, spec.observation_shape, spec.num_actions,
                            config.muzero.stacked_observations)  # fmt: skip
