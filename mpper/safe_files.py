@@ -129,4 +129,5 @@ def refuse_link(path: str | os.PathLike, kind: str = "directory") -> None:
                                 "entries of its own (refused)")  # fmt: skip
     ok = stat.S_ISDIR(st_mode) if kind == "directory" else stat.S_ISREG(st_mode)
     if not ok:
-        raise ReceivedFileError(f"{path}: is {_kind(st_mode)}, expected a {kind} (refused)")
+        expected = "a regular file" if kind == "file" else "a directory"
+        raise ReceivedFileError(f"{path}: is {_kind(st_mode)}, not {expected} (refused)")
