@@ -145,8 +145,9 @@ def load_checkpoint(path: str | os.PathLike, max_bytes: int | None = None, follo
     than that. Raises FileNotFoundError or CheckpointError, naming the file.
     """
     path = Path(path)
+    ceiling = _MAX_CHECKPOINT_BYTES if max_bytes is None else 1 << 62  # max_bytes: checked below, in its words
     try:
-        file = open_received(path, _MAX_CHECKPOINT_BYTES, follow_links=follow_links)
+        file = open_received(path, ceiling, follow_links=follow_links)
     except FileNotFoundError:
         raise FileNotFoundError(f"checkpoint {path}: no such file") from None
     except ReceivedFileError as exc:

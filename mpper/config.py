@@ -928,6 +928,8 @@ def load_config(
         # false: received) may not, and neither may be a FIFO or device (whose reads never end)
         text = read_received(p, MAX_CONFIG_BYTES, follow_links=env_factory_from_file).decode("utf-8")
     except ReceivedFileError as e:
+        if p.is_dir() and not p.is_symlink():
+            raise ConfigError(f"{label}: is a directory, expected a JSON file") from None
         raise ConfigError(str(e)) from None
     except FileNotFoundError:
         raise ConfigError(f"{label}: no such file") from None
