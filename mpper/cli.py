@@ -311,11 +311,14 @@ def _check_resume(run_dir: Path, config, spec) -> str | None:
     from .replay.buffer import ReplayBuffer
     from .replay.schema import normalize_schema
     from .replay.snapshot import SnapshotError
-    from .runtime.rundir import LOCK_NAME, live_run_pid
+    from .runtime.rundir import LOCK_NAME, RunDirError, live_run_pid
     from .safe_files import refuse_link
     from .tools.evaluate_snapshot import SnapshotMismatchError, check_schema
 
-    live = live_run_pid(run_dir)
+    try:
+        live = live_run_pid(run_dir)
+    except RunDirError as e:  # a lock file that is a FIFO, device or link
+        return f"--resume {run_dir}: {e}"
     if live is not None:
         return (f"--resume {run_dir}: a run is still writing there (pid {live} holds {run_dir / LOCK_NAME}); "
                 "stop it first")

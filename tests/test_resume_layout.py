@@ -55,3 +55,19 @@ def test_resume_refuses_a_snapshot_whose_fields_do_not_match_the_config(trained_
     assert lines[0].startswith(f"error: --resume {run_dir}: snapshot {run_dir / 'buffer'} does not match run"), lines
     assert f"{name} is {expected}" in lines[0], lines[0]
     assert (run_dir / "metrics.jsonl").read_bytes() == metrics_before  # nothing started, nothing written
+
+
+def test_resume_refuses_bool_bytes_other_than_0_and_1(trained_run, tmp_path):
+    """A bool field's bytes are 0 or 1; numpy reads any other as true, but sums and
+    compiled kernels read the byte. ``legal_actions`` stored as bool with bytes 255: the
+    dtype and shape match, the values do not."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(trained_run, run_dir)
+    legal = np.load(run_dir / "buffer" / "field.legal_actions.npy")
+    rewrite_field(run_dir / "buffer", "legal_actions", (legal.view(np.uint8) * 255).view(np.bool_))
+    proc = subprocess.run([sys.executable, "run.py", "--resume", str(run_dir), "--device", "cpu"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-4000:]
+    assert f"{run_dir / 'buffer' / 'field.legal_actions.npy'}: slot " in lines[0], lines[0]
+    assert "holds a bool byte other than 0 or 1" in lines[0], lines[0]
