@@ -22,6 +22,7 @@ from typing import Protocol
 import torch
 
 from .atomic import write_atomic
+from .safe_files import ReceivedFileError, open_received
 
 
 class _HasState(Protocol):
@@ -94,6 +95,9 @@ def _on_cpu(value):
 # weight with Adam), and one copy of room.
 NETWORK_COPIES_PER_CHECKPOINT = 6
 CHECKPOINT_OVERHEAD_BYTES = 1 << 20  # the pickled structure, step counters, evaluation extras
+# Without a network to size it by (max_bytes None): a ceiling no mpper checkpoint nears,
+# so that a link-free regular file is still not read without any bound.
+_MAX_CHECKPOINT_BYTES = 64 << 30
 
 
 def checkpoint_budget(network: torch.nn.Module) -> int:
@@ -103,18 +107,21 @@ def checkpoint_budget(network: torch.nn.Module) -> int:
     return NETWORK_COPIES_PER_CHECKPOINT * tensor_bytes + CHECKPOINT_OVERHEAD_BYTES
 
 
-def _check_size(path: Path, max_bytes: int | None) -> None:
+def _check_size(path: Path, file, max_bytes: int | None) -> None:
     """Refuse, from the file's size and the zip's directory and before anything is read
-    into memory, a checkpoint that would expand beyond what it stores or beyond ``max_bytes``."""
-    size = path.stat().st_size
+    into memory, a checkpoint that would expand beyond what it stores or beyond ``max_bytes``.
+    ``file``: ``path`` opened (binary), left at its start."""
+    size = os.fstat(file.fileno()).st_size
     if max_bytes is not None and size > max_bytes:
         raise CheckpointError(f"checkpoint {path}: {size:,} bytes, more than the {max_bytes:,} a checkpoint of this "
                               f"config's network can hold: written for another config, or not by mpper")  # fmt: skip
     try:
-        with zipfile.ZipFile(path) as archive:
+        with zipfile.ZipFile(file) as archive:
             entries = archive.infolist()
     except (zipfile.BadZipFile, ValueError):
         return  # not a zip archive: torch.load says what is wrong with it, reading no more than the file
+    finally:
+        file.seek(0)
     for entry in entries:
         if entry.compress_type != zipfile.ZIP_STORED:
             raise CheckpointError(f"checkpoint {path}: entry {entry.filename!r} is compressed "
@@ -126,29 +133,41 @@ def _check_size(path: Path, max_bytes: int | None) -> None:
                               f"of {size:,}: corrupt")  # fmt: skip
 
 
-def load_checkpoint(path: str | os.PathLike, max_bytes: int | None = None) -> dict:
+def load_checkpoint(path: str | os.PathLike, max_bytes: int | None = None, follow_links: bool = False) -> dict:
     """Read a checkpoint written by ``save_checkpoint`` (tensors on the CPU).
 
     ``torch.load(weights_only=True)``: a file holding any other pickled object is
-    refused without running its code. First the size checks of ``_check_size``: no
-    compressed entry, and with ``max_bytes`` (:func:`checkpoint_budget` of the network
-    it will be loaded into) no file larger than that. Raises FileNotFoundError or
-    CheckpointError, naming the file.
+    refused without running its code. The file is opened only as a regular file
+    (:func:`mpper.safe_files.open_received`: a FIFO, device or socket is refused unread,
+    and so is a symbolic link unless ``follow_links``, for a file the user named). Then
+    the size checks of ``_check_size``: no compressed entry, and with ``max_bytes``
+    (:func:`checkpoint_budget` of the network it will be loaded into) no file larger
+    than that. Raises FileNotFoundError or CheckpointError, naming the file.
     """
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"checkpoint {path}: no such file")
-    _check_size(path, max_bytes)
+    ceiling = _MAX_CHECKPOINT_BYTES if max_bytes is None else 1 << 62  # max_bytes: checked below, in its words
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        file = open_received(path, ceiling, follow_links=follow_links)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"checkpoint {path}: no such file") from None
+    except ReceivedFileError as exc:
+        raise CheckpointError(f"checkpoint {exc}") from None
+    with file:
+        _check_size(path, file, max_bytes)
+        state = _torch_load(path, file)
+    if not isinstance(state, dict) or "network" not in state:
+        raise CheckpointError(f"checkpoint {path}: not an mpper checkpoint (no 'network' entry)")
+    return state
+
+
+def _torch_load(path: Path, file) -> dict:
+    try:
+        return torch.load(file, map_location="cpu", weights_only=True)
     except Exception as exc:  # UnpicklingError, RuntimeError (bad zip), EOFError, ...
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise CheckpointError(
             f"checkpoint {path}: cannot be loaded with torch.load(weights_only=True): {first}"
         ) from exc
-    if not isinstance(state, dict) or "network" not in state:
-        raise CheckpointError(f"checkpoint {path}: not an mpper checkpoint (no 'network' entry)")
-    return state
 
 
 def load_network_weights(network: torch.nn.Module, weights: Mapping, path: str | os.PathLike,

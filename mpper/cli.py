@@ -27,6 +27,7 @@ import argparse
 import datetime as _dt
 import importlib
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -291,6 +292,11 @@ def main(argv: list[str] | None = None) -> int:
         )
     except ConfigError as e:
         return _fail(str(e))
+    if args.config is None and _received_ray_address(config, args):
+        address = config.runtime.ray_address
+        return _fail(f"--resume {resume}: its config.json sets runtime.ray_address {json.dumps(address)}; mpper "
+                     f"connects to no address a run directory names: repeat it with --ray {address} to use it, "
+                     f"or --set runtime.ray_address=null to run the workers here")  # fmt: skip
 
     from .runtime.rundir import RunDirError, check_run_dir, claim_run_dir
 
@@ -349,16 +355,19 @@ def main(argv: list[str] | None = None) -> int:
         from .checkpoint import CheckpointError
         from .extras import MissingExtraError
         from .replay.snapshot import SnapshotError
+        from .safe_files import ReceivedFileError
         from .shm import SharedMemoryRoomError
 
         runtime = importlib.import_module("mpper.runtime.supervisor")  # only now: config errors never need it
         try:
             rc = runtime.train(config, run_dir=run_dir, resume=resume)
-        except (SharedMemoryRoomError, SnapshotError, CheckpointError, MissingExtraError, ConnectionError) as e:
+        except (SharedMemoryRoomError, SnapshotError, CheckpointError, MissingExtraError, ConnectionError,
+                ReceivedFileError) as e:  # fmt: skip
             # raised while the run sets up, before any child starts (/dev/shm too small for
             # the buffer; a resumed snapshot whose checksums do not match; --ray without the
             # ray extra, or a cluster that cannot be reached: runtime.remote.ClusterError; wandb that
-            # cannot start a run: runtime.logs.WandbLog)
+            # cannot start a run: runtime.logs.WandbLog; a run-dir file to append to that is a link,
+            # FIFO or device)
             return refuse(str(e))
     return rc if isinstance(rc, int) else 0
 
@@ -445,6 +454,14 @@ def sweep_main(argv: list[str]) -> int:
     return run_sweep(plan)
 
 
+def _received_ray_address(config, args) -> bool:
+    """Whether ``config.runtime.ray_address`` came from the file alone: neither ``--ray``
+    nor ``--set runtime.ray_address=...`` names it."""
+    if config.runtime.ray_address is None or args.ray_address is not None:
+        return False
+    return not any(o.partition("=")[0].strip() == "runtime.ray_address" for o in args.overrides)
+
+
 def _check_resume(run_dir: Path, config, spec) -> str | None:
     """What ``--resume`` will load, opened before anything starts: the checkpoint (with
     ``torch.load(weights_only=True)``, its tensors checked against the network of
@@ -456,15 +473,21 @@ def _check_resume(run_dir: Path, config, spec) -> str | None:
     from .algos.registry import algorithm_of
     from .checkpoint import CheckpointError, load_checkpoint, load_network_weights
     from .replay.buffer import ReplayBuffer
+    from .replay.schema import normalize_schema
     from .replay.snapshot import SnapshotError
-    from .runtime.rundir import LOCK_NAME, live_run_pid
+    from .runtime.rundir import LOCK_NAME, RunDirError, live_run_pid
+    from .safe_files import refuse_link
+    from .tools.evaluate_snapshot import SnapshotMismatchError, check_schema
 
-    live = live_run_pid(run_dir)
+    try:
+        live = live_run_pid(run_dir)
+    except RunDirError as e:  # a lock file that is a FIFO, device or link
+        return f"--resume {run_dir}: {e}"
     if live is not None:
         return (f"--resume {run_dir}: a run is still writing there (pid {live} holds {run_dir / LOCK_NAME}); "
                 "stop it first")
     checkpoint = run_dir / "checkpoint.pt"
-    if not checkpoint.exists():
+    if not os.path.lexists(checkpoint):
         return f"--resume {run_dir}: no checkpoint.pt to resume from (the run stopped before its first checkpoint)"
     try:
         state = load_checkpoint(checkpoint)
@@ -475,16 +498,22 @@ def _check_resume(run_dir: Path, config, spec) -> str | None:
     except (CheckpointError, OSError) as e:
         return f"--resume {run_dir}: {e}"
     snapshot = run_dir / "buffer"
-    if not snapshot.exists():
+    if not os.path.lexists(snapshot):
         # weights without data: the run was killed before its first snapshot; say so and go on
         print(f"mpper: --resume {run_dir}: no buffer snapshot; resuming the weights with an empty buffer",
               file=sys.stderr)  # fmt: skip
     else:
         try:
+            refuse_link(snapshot)  # its files are opened as regular files of their own, the directory too
             with ReplayBuffer.load(snapshot, mmap=True, verify=False, num_actions=spec.num_actions) as buf:
                 stored = {"capacity": buf.capacity, "alpha": buf.alpha, "priority_eps": buf.priority_eps,
                           "initial_priority": buf.initial_priority}  # fmt: skip
-        except (SnapshotError, OSError) as e:
+                # the fields the run's buffer stores, as --on-snapshot checks them: another dtype or
+                # shape would be copied into the new buffer's arrays, converted or broadcast, silently
+                expected = algorithm_of(config).schema(spec.observation_shape, spec.num_actions,
+                                                       spec.observation_dtype)  # fmt: skip
+                check_schema(snapshot, run_dir, buf.schema, normalize_schema(expected))
+        except (SnapshotError, SnapshotMismatchError, OSError) as e:
             return f"--resume {run_dir}: {e}"
         for key, value in stored.items():
             wanted = config.replay.buffer_initial_priority if key == "initial_priority" else getattr(config.replay, key)

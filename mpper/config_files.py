@@ -23,6 +23,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from .safe_files import ReceivedFileError, read_received
+
 __all__ = [
     "BASE_KEY",
     "SHIPPED_CONFIGS",
@@ -90,27 +92,29 @@ def config_name_path(text: str, relative_to: Path | None = None, what: str = "--
                       f"a file is named as a path: ./{text} or {text}.json")  # fmt: skip
 
 
-def read_config_json(path: str | Path, label: str | None = None) -> dict:
+def read_config_json(path: str | Path, label: str | None = None, follow_links: bool = True) -> dict:
     """One JSON config file as an object (duplicate keys remembered, see ``_Obj``), or a
-    one-line ConfigError: missing, not a regular file, unreadable, too large, not UTF-8,
-    empty, invalid JSON, or not an object."""
+    one-line ConfigError: missing, not a regular file (a FIFO or device, whose reads never
+    end, is refused unread: :func:`mpper.safe_files.read_received`), a symbolic link unless
+    ``follow_links`` (a file the user named may be a link of theirs; a run directory's,
+    received, may not), unreadable, too large, not UTF-8, empty, invalid JSON, or not an
+    object."""
     label = str(path) if label is None else label
     p = Path(path)
     try:
-        if p.is_dir():
-            raise ConfigError(f"{label}: is a directory, expected a JSON file")
-        if p.exists() and not p.is_file():  # a FIFO or a device would block or never end
-            raise ConfigError(f"{label}: not a regular file, expected a JSON file")
-        with open(p, "rb") as f:
-            raw = f.read(_MAX_CONFIG_BYTES + 1)
+        raw = read_received(p, _MAX_CONFIG_BYTES, follow_links=follow_links)
+    except ReceivedFileError as e:
+        if p.is_dir() and not p.is_symlink():
+            raise ConfigError(f"{label}: is a directory, expected a JSON file") from None
+        raise ConfigError(str(e)) from None
     except FileNotFoundError:
         raise ConfigError(f"{label}: no such file") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{label}: is a directory, expected a JSON file") from None
     except PermissionError:
         raise ConfigError(f"{label}: permission denied") from None
     except OSError as e:
         raise ConfigError(f"{label}: cannot read ({e.strerror or e})") from None
-    if len(raw) > _MAX_CONFIG_BYTES:
-        raise ConfigError(f"{label}: larger than {_MAX_CONFIG_BYTES >> 20} MiB, not a config file")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -150,7 +154,7 @@ def read_config_file(path: str | Path, label: str | None = None,
     always a whole config): a ``"base"`` there is a ConfigError, and no other file is read.
     """
     label = str(path) if label is None else label
-    data = read_config_json(path, label)
+    data = read_config_json(path, label, follow_links=allow_base)  # a run directory's own: no link either
     if not isinstance(data, dict):
         return data, {}
     _check_duplicates(data, label)

@@ -3,8 +3,9 @@
 
 Layers, lowest first (a module may import its own layer and the ones below):
 
-0. ``mpper.shm``, ``mpper.atomic``, ``mpper.extras``, ``mpper.env_ids``: shared memory, atomic writes,
-   optional dependencies, what an env.id names;
+0. ``mpper.shm``, ``mpper.atomic``, ``mpper.safe_files``, ``mpper.extras``, ``mpper.env_ids``: shared
+   memory, atomic writes, received files read and appended safely, optional dependencies, what an
+   env.id names;
 1. ``mpper.replay``: the replay core (knows no algorithm, env or process);
 2. ``mpper.config``, ``mpper.config_files``: the config sections and their checks; reading
    config files (shipped names, ``"base"``);
@@ -27,7 +28,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "mpper"
 
 LAYERS = [
-    ("mpper.shm", "mpper.atomic", "mpper.extras", "mpper.env_ids"),
+    ("mpper.shm", "mpper.atomic", "mpper.safe_files", "mpper.extras", "mpper.env_ids"),
     ("mpper.replay",),
     ("mpper.config", "mpper.config_files"),
     ("mpper.envs", "mpper.checkpoint"),

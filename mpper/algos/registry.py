@@ -61,10 +61,11 @@ def run_env_spec(config: Config) -> EnvSpec:
 
 
 
-def load_run_checkpoint(path: str | os.PathLike, config: Config, spec: EnvSpec) -> dict:
-    """``load_checkpoint(path)``, refused (CheckpointError) before it is read when the file
-    holds more than a checkpoint of ``config``'s network can (``checkpoint_budget``: the
-    network is sized on the meta device, without allocating its weights)."""
+def load_run_checkpoint(path: str | os.PathLike, config: Config, spec: EnvSpec, follow_links: bool = False) -> dict:
+    """``load_checkpoint(path, follow_links=...)``, refused (CheckpointError) before it is
+    read when the file holds more than a checkpoint of ``config``'s network can
+    (``checkpoint_budget``: the network is sized on the meta device, without allocating
+    its weights)."""
     with torch.device("meta"):
         network = algorithm_of(config).make_network(config, spec.observation_shape, spec.num_actions)
-    return load_checkpoint(path, max_bytes=checkpoint_budget(network))
+    return load_checkpoint(path, max_bytes=checkpoint_budget(network), follow_links=follow_links)

@@ -492,7 +492,7 @@ def _check_new_priorities(path: Path, params: dict, max_priority: float) -> None
 
 def _check_field_data(path: Path, fields, arrays: dict, in_episode: np.ndarray, num_actions: int | None) -> None:
     """The rows of published episodes, which the targets are built from: float fields
-    finite (NaN where the field's fill is NaN: "not set"), actions in [0, num_actions)
+    finite (NaN where the field's fill is NaN: "not set"), bool fields 0 or 1, actions in [0, num_actions)
     (num_actions: the width of child_visits, else the caller's). Read in blocks, so a
     memory-mapped snapshot is not copied whole."""
     if num_actions is None and "child_visits" in arrays:
@@ -500,7 +500,7 @@ def _check_field_data(path: Path, fields, arrays: dict, in_episode: np.ndarray, 
     capacity = in_episode.shape[0]
     for f in fields:
         checks_action = f.name == "action" and f.dtype.kind in "iu"
-        if f.dtype.kind != "f" and not checks_action:
+        if f.dtype.kind not in "fb" and not checks_action:
             continue
         data = arrays[f.name]
         row_bytes = max(1, math.prod(f.shape) * f.dtype.itemsize)
@@ -513,6 +513,9 @@ def _check_field_data(path: Path, fields, arrays: dict, in_episode: np.ndarray, 
             if checks_action:
                 bad = (block < 0) | (block >= num_actions) if num_actions is not None else block < 0
                 what = f"an action outside [0, {num_actions})" if num_actions is not None else "a negative action"
+            elif f.dtype.kind == "b":  # a bool is one byte, 0 or 1; numpy reads any other byte as true
+                bad = (block.view(np.uint8) > 1).reshape(block.shape[0], -1).any(axis=1)
+                what = "a bool byte other than 0 or 1"
             else:
                 finite = np.isfinite(block)
                 if math.isnan(f.fill):

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from ..extras import installed, require
+from ..safe_files import open_append, refuse_link
 
 __all__ = ["CSV_COLUMNS", "MetricsCsv", "TensorBoardLog", "WandbLog", "flat_config", "open_tensorboard",
            "open_wandb", "scalars"]  # fmt: skip
@@ -52,8 +53,8 @@ class MetricsCsv:
     that already has rows (a resumed run) keeps its header."""
 
     def __init__(self, path: Path) -> None:
-        new = not path.exists() or path.stat().st_size == 0
-        self._file = open(path, "a", newline="")
+        self._file = open_append(path)  # never through a link: the directory may have been received
+        new = os.fstat(self._file.fileno()).st_size == 0
         self._writer = csv.DictWriter(self._file, fieldnames=CSV_COLUMNS, extrasaction="ignore")
         if new:
             self._writer.writeheader()
@@ -125,6 +126,7 @@ def open_tensorboard(path: Path, config: dict) -> TensorBoardLog | None:
         print("mpper: TensorBoard off: the tensorboard package is not installed (pip install -e .[tensorboard]); "
               "metrics.jsonl and metrics.csv have the figures", file=sys.stderr)  # fmt: skip
         return None
+    refuse_link(path)  # its event files go under it: never into a directory it links to
     try:
         return TensorBoardLog(path, config)
     except ImportError as exc:

@@ -78,18 +78,13 @@ def connect(address: str) -> bool:
     """Join the Ray cluster at ``address`` as its driver ("host:port" of its head, or
     "auto"); True when this call connected, False when this process already was.
 
-    A "host:port" is tried with a plain TCP connection first (``_CONNECT_TIMEOUT_S``):
-    ``ray.init`` would otherwise retry an unreachable address for minutes. Raises
-    :class:`ClusterError`."""
+    A "host:port" is probed first (:func:`_probe_head`, ``_CONNECT_TIMEOUT_S``): ``ray.init``
+    would otherwise retry an unreachable address, or wait on a port that is not a Ray
+    head's, for minutes. Raises :class:`ClusterError`."""
     if ray.is_initialized():
         return False
     if address != "auto":
-        host, port = address.rsplit(":", 1)
-        try:
-            socket.create_connection((host, int(port)), timeout=_CONNECT_TIMEOUT_S).close()
-        except OSError as exc:
-            raise ClusterError(f"cannot reach the Ray cluster at {address} ({exc.strerror or exc}); start it with "
-                               "`ray start --head` on this machine, or give the head's host:port") from None  # fmt: skip
+        _probe_head(address)
     try:
         ray.init(address=address, namespace=_NAMESPACE, log_to_driver=False, configure_logging=True,
                  logging_level="warning")  # fmt: skip
@@ -97,6 +92,41 @@ def connect(address: str) -> bool:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ClusterError(f"cannot join the Ray cluster at {address}: {first}") from None
     return True
+
+
+# A Ray head's address is its GCS, a gRPC server: HTTP/2 without TLS, which answers a
+# client's connection preface with a SETTINGS frame (RFC 9113, 3.4).
+_HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])  # + empty SETTINGS
+_HTTP2_SETTINGS = 4  # the frame type byte (the fourth of a frame header)
+
+
+def _probe_head(address: str) -> None:
+    """ClusterError unless a server at ``address`` ("host:port") accepts a TCP connection
+    and answers an HTTP/2 preface as gRPC does, each within ``_CONNECT_TIMEOUT_S``. The
+    message says what answered: nothing, a closed connection, or the first bytes of
+    something that is not gRPC."""
+    host, port = address.rsplit(":", 1)
+    hint = "start it with `ray start --head` on this machine, or give the head's host:port"
+    try:
+        sock = socket.create_connection((host, int(port)), timeout=_CONNECT_TIMEOUT_S)
+    except OSError as exc:
+        raise ClusterError(f"cannot reach the Ray cluster at {address} ({exc.strerror or exc}); {hint}") from None
+    with sock:
+        try:
+            sock.sendall(_HTTP2_PREFACE)
+            reply = sock.recv(64)
+        except socket.timeout:
+            raise ClusterError(f"{address} accepted a TCP connection but answered nothing within "
+                               f"{_CONNECT_TIMEOUT_S:g} s: not a Ray head (its GCS answers as a gRPC server); "
+                               f"{hint}") from None  # fmt: skip
+        except OSError as exc:
+            raise ClusterError(f"{address} accepted a TCP connection, then failed ({exc.strerror or exc}): "
+                               f"not a Ray head; {hint}") from None  # fmt: skip
+    if not reply:
+        raise ClusterError(f"{address} accepted a TCP connection and closed it without answering: not a Ray head; "
+                           f"{hint}")  # fmt: skip
+    if len(reply) < 9 or reply[3] != _HTTP2_SETTINGS:
+        raise ClusterError(f"{address} answered {reply[:24]!r}, not as a gRPC server: not a Ray head; {hint}")
 
 
 def disconnect() -> None:

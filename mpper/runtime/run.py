@@ -36,9 +36,10 @@ import torch
 
 from ..algos.registry import algorithm_of
 from ..atomic import write_json_atomic
-from ..checkpoint import save_network_checkpoint
+from ..checkpoint import load_checkpoint, save_network_checkpoint
 from ..config import Config, config_to_dict
 from ..replay.buffer import ReplayBuffer
+from ..safe_files import open_append
 from .logs import MetricsCsv, open_tensorboard, open_wandb
 from .progress import Budget, startup_line
 
@@ -83,10 +84,10 @@ class BestCheckpoint:
         self.best = self._stored()
 
     def _stored(self) -> float:
-        if self.path is None or not self.path.is_file():
+        if self.path is None or not os.path.lexists(self.path):
             return -np.inf
-        try:
-            return float(torch.load(self.path, map_location="cpu", weights_only=True)["extra"]["mean_return"])
+        try:  # a regular file of the run directory only (load_checkpoint): no link, FIFO or device
+            return float(load_checkpoint(self.path)["extra"]["mean_return"])
         except Exception:  # unreadable: the next evaluation replaces it
             return -np.inf
 
@@ -132,9 +133,10 @@ class Run:
         config = config_to_dict(self.config)
         write_json_atomic(self.run_dir / "config.json", config, indent=2)
         self._wandb = open_wandb(self.config.runtime.wandb_project, self.run_dir, config)
-        self._metrics = open(self.run_dir / "metrics.jsonl", "a")
+        # appended to, never through a link (ReceivedFileError): the directory may have been received
+        self._metrics = open_append(self.run_dir / "metrics.jsonl")
         self._csv = MetricsCsv(self.run_dir / "metrics.csv")
-        self._episodes = open(self.run_dir / "episodes.jsonl", "a", buffering=1)
+        self._episodes = open_append(self.run_dir / "episodes.jsonl", line_buffered=True)
         self._tensorboard = open_tensorboard(self.run_dir / "tensorboard", config)
 
     def announce(self) -> None:

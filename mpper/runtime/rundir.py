@@ -21,12 +21,22 @@ import fcntl
 import os
 from pathlib import Path
 
-__all__ = ["LOCK_NAME", "RunDirError", "RunDirLock", "check_run_dir", "claim_run_dir", "holds_a_run", "live_run_pid"]
+from ..safe_files import ReceivedFileError, open_received, refuse_link
+
+__all__ = ["LOCK_NAME", "RunDirError", "RunDirLock", "check_entries", "check_run_dir", "claim_run_dir", "holds_a_run",
+           "live_run_pid"]  # fmt: skip
 
 LOCK_NAME = ".lock"
 # What every run writes as it starts (config.json first): a directory holding any of
 # these holds a run, which only --resume may continue.
 _RUN_FILES = ("config.json", "metrics.jsonl", "checkpoint.pt", "buffer")
+# Everything a run, --evaluate or --plot reads or writes in a run directory, by kind.
+_RUN_ENTRIES = {
+    **dict.fromkeys((LOCK_NAME, "config.json", "metrics.jsonl", "episodes.jsonl", "processes.json", "ray_actors.json",
+                     "checkpoint.pt", "best.pt", "evaluation.json", "snapshot_evaluation.json"), "file"),
+    **dict.fromkeys(("buffer", "tensorboard", "plots"), "directory"),
+}  # fmt: skip
+_LOCK_MAX_BYTES = 4096  # the lock file holds a pid
 
 
 class RunDirError(ValueError):
@@ -52,6 +62,18 @@ class RunDirLock:
         self.release()
 
 
+def check_entries(run_dir: Path) -> None:
+    """RunDirError when an entry a run reads or writes in ``run_dir`` is a symbolic link
+    or not of its kind (a FIFO or device where a file belongs, a file where a directory
+    does): a run directory may have come from someone else, and a write through a link
+    lands wherever it points."""
+    for name, kind in _RUN_ENTRIES.items():
+        try:
+            refuse_link(run_dir / name, kind)
+        except ReceivedFileError as exc:
+            raise RunDirError(str(exc)) from None
+
+
 def holds_a_run(run_dir: Path) -> list[str]:
     """The files of a run that ``run_dir`` holds (empty: none)."""
     return [name for name in _RUN_FILES if (run_dir / name).exists()]
@@ -60,12 +82,16 @@ def holds_a_run(run_dir: Path) -> list[str]:
 def live_run_pid(run_dir: Path) -> int | None:
     """None when no live process holds ``run_dir``'s lock; else the pid written in the
     lock file (0 if unreadable). Checked with a non-blocking flock of a descriptor
-    opened without creating anything."""
+    opened without creating anything; RunDirError when the lock file is not a regular
+    file (a FIFO, device or symbolic link)."""
     try:
-        fd = os.open(run_dir / LOCK_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        lock_file = open_received(run_dir / LOCK_NAME, _LOCK_MAX_BYTES)
+    except ReceivedFileError as exc:  # a FIFO would hang the open, a link lead anywhere
+        raise RunDirError(str(exc)) from None
     except OSError:
         return None  # no lock file: no run has held this directory
-    try:
+    with lock_file:
+        fd = lock_file.fileno()
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -74,8 +100,6 @@ def live_run_pid(run_dir: Path) -> int | None:
             except (OSError, ValueError, UnicodeDecodeError):
                 return 0
         return None
-    finally:
-        os.close(fd)
 
 
 def _describe(exc: OSError) -> str:
@@ -86,10 +110,16 @@ def _describe(exc: OSError) -> str:
 
 def check_run_dir(run_dir: Path, flag: str, resume: bool) -> None:
     """What :func:`claim_run_dir` will refuse, found without writing anything: a live
-    run holds ``run_dir``, it holds a run and ``resume`` is false, it is a file, or it
-    cannot be created or written. ``flag``: how the user named it, for the messages."""
+    run holds ``run_dir``, it holds a run and ``resume`` is false, it is a file, an entry
+    in it is a symbolic link or not of its kind (:func:`check_entries`), or it cannot be
+    created or written. ``flag``: how the user named it, for the messages."""
     if run_dir.exists() and not run_dir.is_dir():
         raise RunDirError(f"{flag} {run_dir}: exists and is not a directory")
+    if run_dir.is_dir():
+        try:
+            check_entries(run_dir)
+        except RunDirError as exc:
+            raise RunDirError(f"{flag} {run_dir}: {exc}") from None
     live = live_run_pid(run_dir)
     if live is not None:
         raise RunDirError(f"{flag} {run_dir}: a run is still writing there (pid {live} holds "

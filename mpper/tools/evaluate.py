@@ -13,6 +13,7 @@ extra: imageio and imageio-ffmpeg).
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -23,9 +24,9 @@ import numpy as np
 from tqdm import tqdm
 
 from ..algos.configs import load_run_config
-from ..algos.registry import algorithm_of
+from ..algos.registry import algorithm_of, load_run_checkpoint
 from ..atomic import write_atomic, write_json_atomic
-from ..checkpoint import CheckpointError, load_checkpoint, load_network_weights
+from ..checkpoint import CheckpointError, load_network_weights
 from ..config import ConfigError
 from ..envs.render import RenderError, open_render_env
 from ..envs.spec import env_spec, make_env
@@ -51,9 +52,10 @@ def evaluate_run(run_dir: Path, episodes: int = 10, checkpoint: Path | None = No
     way a ``module:callable`` env of a run directory gets imported).
     """
     config = load_run_config(run_dir, overrides)
+    named = checkpoint is not None  # --checkpoint FILE: the user's own path, which may be a link of theirs
     checkpoint = checkpoint or run_dir / "checkpoint.pt"
-    state = load_checkpoint(checkpoint)
     spec = env_spec(config.env)
+    state = load_run_checkpoint(checkpoint, config, spec, follow_links=named)
     network = algorithm_of(config).make_network(config, spec.observation_shape, spec.num_actions)
     load_network_weights(network, state["network"], checkpoint).eval()
     if spec.two_player and algorithm_of(config).two_player:
@@ -185,7 +187,7 @@ def evaluate_main(run_dir: str, episodes: int, checkpoint: str | None, seed: int
                   overrides: Sequence[str] = (), render_format: str = "gif") -> int:  # fmt: skip
     """``--evaluate``: clear one-line errors (exit code 2) for a missing or broken run."""
     path = Path(run_dir)
-    if not (path / "config.json").is_file():
+    if not os.path.lexists(path / "config.json"):  # one that is there but not a regular file: refused when read
         print(f"error: --evaluate {run_dir}: no run directory with a config.json there", file=sys.stderr)
         return 2
     try:

@@ -18,6 +18,7 @@ dtypes.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -89,9 +90,10 @@ def evaluate_on_snapshot(run_dir: Path, snapshot_dir: Path, checkpoint: Path | N
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     config = load_run_config(run_dir, overrides)  # names no code to import unless an override does
     algorithm = algorithm_of(config)
+    named = checkpoint is not None  # --checkpoint FILE: the user's own path, which may be a link of theirs
     checkpoint = Path(checkpoint) if checkpoint is not None else run_dir / "checkpoint.pt"
     spec = env_spec(config.env)
-    state = load_run_checkpoint(checkpoint, config, spec)
+    state = load_run_checkpoint(checkpoint, config, spec, follow_links=named)
     started = time.monotonic()
     with load_snapshot(snapshot_dir) as buf:
         expected = algorithm.schema(spec.observation_shape, spec.num_actions, spec.observation_dtype)
@@ -148,7 +150,7 @@ def evaluate_snapshot_main(run_dir: str, snapshot_dir: str, checkpoint: str | No
     """``--evaluate RUN_DIR --on-snapshot SNAPSHOT_DIR``: the table, or one line
     ``error: ...`` on stderr and exit code 2 (nothing written)."""
     path = Path(run_dir)
-    if not (path / "config.json").is_file():
+    if not os.path.lexists(path / "config.json"):  # one that is there but not a regular file: refused when read
         print(f"error: --evaluate {run_dir}: no run directory with a config.json there", file=sys.stderr)
         return 2
     try:

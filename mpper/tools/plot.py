@@ -24,25 +24,30 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..atomic import write_atomic
 from ..extras import MissingExtraError, require
+from ..safe_files import ReceivedFileError, read_received, refuse_link
 
 __all__ = ["RunSeries", "plot_main", "plot_run", "read_metrics", "run_series"]
 
 PLOTS = ("return", "loss", "throughput")
+MAX_METRICS_BYTES = 1 << 30  # far above any run's metrics.jsonl (one record every runtime.log_interval_s)
+_MAX_CONFIG_BYTES = 16 << 20
 
 
 def read_metrics(path: Path) -> tuple[list[dict], int]:
     """The complete records of a metrics.jsonl and the number of lines skipped.
 
     A line counts when it ends with a newline and parses as a JSON object: a live run
-    may be half-way through writing the last one.
+    may be half-way through writing the last one. The file is read only as a regular file
+    of at most ``MAX_METRICS_BYTES`` (ReceivedFileError: a link, FIFO or device).
     """
-    pieces = path.read_text(encoding="utf-8", errors="replace").split("\n")
+    pieces = read_received(path, MAX_METRICS_BYTES).decode("utf-8", errors="replace").split("\n")
     records, skipped = [], 0
     for piece in pieces[:-1]:  # the last piece has no newline after it: never complete
         if not piece.strip():
@@ -333,20 +338,21 @@ def plot_run(run_dir: Path) -> list[Path]:
     metrics = run_dir / "metrics.jsonl"
     if not run_dir.is_dir():
         raise PlotError(f"--plot {run_dir}: no such run directory")
-    if not metrics.is_file():
+    if not os.path.lexists(metrics):
         raise PlotError(f"--plot {run_dir}: no metrics.jsonl there (not a run directory, or the run never started)")
     require("matplotlib", "matplotlib", "plot", "--plot")
     from matplotlib import ticker
 
-    records, _ = read_metrics(metrics)
+    try:  # a run directory may have been received: its files are read only as regular files, and
+        # nothing is written through a link (the PNGs are renamed into place, replacing one)
+        records, _ = read_metrics(metrics)
+        solve = _solve_return(run_dir / "config.json")
+        refuse_link(run_dir / "plots")
+    except ReceivedFileError as exc:
+        raise PlotError(f"--plot {run_dir}: {exc}") from None
     if not records:
         raise PlotError(f"--plot {run_dir}: {metrics} holds no complete record yet")
     series = run_series(records)
-    solve = None
-    try:  # the threshold the run stops at, when the config still says
-        solve = json.loads((run_dir / "config.json").read_text())["runtime"]["solve_return"]
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
     title = "/".join(run_dir.resolve().parts[-2:])
     axes = _Axes(series, ticker)
     figures = {
@@ -362,6 +368,17 @@ def plot_run(run_dir: Path) -> list[Path]:
         _save(figures[name], path)
         written.append(path)
     return written
+
+
+def _solve_return(config: Path):
+    """The threshold the run stops at (``runtime.solve_return``), when its config still
+    says; ReceivedFileError when config.json is not a regular file within the size."""
+    try:
+        return json.loads(read_received(config, _MAX_CONFIG_BYTES))["runtime"]["solve_return"]
+    except ReceivedFileError:
+        raise
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def plot_main(run_dir: str) -> int:

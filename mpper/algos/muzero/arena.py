@@ -322,7 +322,8 @@ def load_mcts_agent(run_dir: str | Path, checkpoint: str | Path | None = None, s
     network = make_network(config.network, spec.observation_shape, spec.num_actions,
                            config.muzero.stacked_observations)  # fmt: skip
     state = load_checkpoint(Path(checkpoint) if checkpoint is not None else run_dir / "checkpoint.pt",
-                            max_bytes=checkpoint_budget(network))  # fmt: skip
+                            max_bytes=checkpoint_budget(network),
+                            follow_links=checkpoint is not None)  # a path the caller named may be their link
     load_network_weights(network, state["network"], checkpoint if checkpoint is not None else run_dir / "checkpoint.pt")
     return mcts_agent(config, network, seed, tie_break), config
 
