@@ -1,31 +1,28 @@
 """Command line: ``python run.py --config configs/cartpole.json --workers 8``.
 
-``main`` parses the flags, validates the config (file, ``--set`` overrides and flags) and
-only then imports :mod:`mpper.runtime.supervisor` and calls
-``mpper.runtime.supervisor.train(config, run_dir=Path, resume=Path | None)``. Any mistake in the
+``main`` parses the flags and hands a training run to :func:`mpper.launch.launch`, the
+path ``mpper.train`` takes too: it validates the config (file, ``--set`` overrides and
+flags) and only then imports :mod:`mpper.runtime.supervisor` and trains. Any mistake in the
 flags or the config is one line ``error: ...`` on stderr and exit code 2, with nothing
 started. So is a run that cannot start on this machine or from this run directory: an env
 that cannot be made, sizes that do not fit /dev/shm or the memory (:mod:`mpper.runtime.resources`),
 or (``--resume``) a checkpoint or snapshot that does not load or does not fit the config;
 those are found before any child process starts and before anything is written. The run
-directory is held (:mod:`mpper.runtime.rundir`) from before the run writes there until this
-process exits: one that another live run holds, one that holds a finished run (without
+directory is held (:mod:`mpper.runtime.rundir`) from before the run writes there until the
+run ends: one that another live run holds, one that holds a finished run (without
 ``--resume``), or one that cannot be created or written is refused. (The forkserver that
-children are forked from boots as soon as the env is checked, beside the supervisor's
+children are forked from boots as soon as the config is checked, beside the supervisor's
 own imports; it does nothing until a child is asked for and exits with this process.)
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
-import importlib
-import json
 import sys
-from pathlib import Path
 
-from .algos.configs import describe_config, load_config
+from .algos.configs import describe_config
 from .config import MAX_SEED, ConfigError, RuntimeConfig, section_specs
+from .launch import LaunchError, default_run_dir, launch, resolve_config, shipped_configs
 
 __all__ = ["build_parser", "console", "default_run_dir", "main", "resolve_config", "shipped_configs"]
 
@@ -107,40 +104,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-SHIPPED_CONFIGS = Path(__file__).resolve().parent / "configs"
-
-
-def shipped_configs() -> list[str]:
-    """The names of the configs that come with mpper (``mpper/configs/NAME.json``)."""
-    return sorted(p.stem for p in SHIPPED_CONFIGS.glob("*.json"))
-
-
-def resolve_config(name: str) -> Path:
-    """``--config``: a path to a JSON file, or the name of a shipped config (``cartpole``
-    is ``mpper/configs/cartpole.json``, which works after ``pip install`` outside a clone).
-    A path that exists wins; FileNotFoundError, naming both places and the shipped names,
-    when neither does."""
-    path = Path(name)
-    if path.exists() or path.suffix == ".json" or len(path.parts) > 1:
-        return path  # a path the user named: load_config reports it if it is missing
-    shipped = SHIPPED_CONFIGS / f"{name}.json"
-    if shipped.is_file():
-        return shipped
-    raise FileNotFoundError(f"--config {name}: no such file, and mpper ships no config of that name "
-                            f"(shipped: {', '.join(shipped_configs())})")  # fmt: skip
-
-
-def default_run_dir(config_path: str | Path, now: _dt.datetime | None = None, root: str | Path = "runs") -> Path:
-    """``runs/<config-name>/<timestamp>/``, with a ``-2``, ``-3``... suffix if it exists."""
-    stamp = (now or _dt.datetime.now()).strftime("%Y%m%d-%H%M%S")
-    base = Path(root) / Path(config_path).stem / stamp
-    run_dir, n = base, 1
-    while run_dir.exists():
-        n += 1
-        run_dir = base.with_name(f"{stamp}-{n}")
-    return run_dir
-
-
 def _fail(message: str) -> int:
     print("error: " + " ".join(str(message).splitlines()), file=sys.stderr)
     return EXIT_USAGE
@@ -189,147 +152,13 @@ def main(argv: list[str] | None = None) -> int:
 
         return inspect_main(args.inspect, args.json)
 
-    resume = None
-    if args.resume is not None:
-        resume = Path(args.resume)
-        if not resume.is_dir():
-            return _fail(f"--resume {args.resume}: no such run directory")
-    if args.config is None and resume is None:
-        return _fail("--config PATH is required (or --resume RUN_DIR); see --help")
-    if args.config is not None:
-        try:
-            config_path = str(resolve_config(args.config))
-        except FileNotFoundError as e:
-            return _fail(str(e))
-    else:
-        config_path = str(resume / "config.json")
     try:
-        config = load_config(
-            config_path,
-            args.overrides,
-            workers=args.workers,
-            device=args.device,
-            seed=args.seed,
-            training_steps=args.max_train_steps,
-            time_limit_s=args.time_limit,
-            ray_address=args.ray_address,
-            # a run directory's config.json may come from someone else: it names no code to run
-            env_factory_from_file=args.config is not None,
-        )
-    except ConfigError as e:
+        code, _ = launch(args.config, args.overrides, run_dir=args.run_dir, resume=args.resume, workers=args.workers,
+                         device=args.device, seed=args.seed, training_steps=args.max_train_steps,
+                         time_limit_s=args.time_limit, ray_address=args.ray_address)  # fmt: skip
+    except (ConfigError, LaunchError) as e:
         return _fail(str(e))
-
-    from .runtime.rundir import RunDirError, check_run_dir, claim_run_dir
-
-    if args.run_dir is not None:
-        run_dir, flag = Path(args.run_dir), "--run-dir"
-    elif resume is not None:
-        run_dir, flag = resume, "--resume"
-    else:
-        run_dir, flag = default_run_dir(config_path), "run directory"
-    try:  # a live run there, a finished run (without --resume), a file, no write access
-        check_run_dir(run_dir, flag, resume is not None)
-    except RunDirError as e:
-        return _fail(str(e))
-
-    refuse = _fail
-    if config.runtime.workers > 0:
-        # Children will be forked from a server: boot it now, so that its imports run beside
-        # ours (torch, from the checks below on). A check below that refuses the run stops
-        # it at once: it has started no child, and would otherwise finish its imports first.
-        from .runtime.procs import start_process_server, stop_process_server
-
-        start_process_server()
-
-        def refuse(message: str) -> int:
-            stop_process_server()
-            return _fail(message)
-
-    from .algos.registry import run_env_spec
-    from .runtime.resources import check_fits
-
-    try:  # the env itself: kwargs it rejects, a broken two-player contract, an algorithm that cannot train it
-        spec = run_env_spec(config)
-    except ValueError as e:
-        return refuse(str(e))
-    try:  # the sizes against /dev/shm and this machine's memory
-        check_fits(config, spec)
-    except ValueError as e:
-        return refuse(str(e))
-    if resume is not None:
-        problem = _check_resume(resume, config, spec)
-        if problem:
-            return refuse(problem)
-    try:  # held until this process exits: no second run writes into run_dir meanwhile
-        lock = claim_run_dir(run_dir, flag, resume is not None)
-    except RunDirError as e:
-        return refuse(str(e))
-    with lock:
-        from .checkpoint import CheckpointError
-        from .extras import MissingExtraError
-        from .replay.snapshot import SnapshotError
-        from .shm import SharedMemoryRoomError
-
-        runtime = importlib.import_module("mpper.runtime.supervisor")  # only now: config errors never need it
-        try:
-            rc = runtime.train(config, run_dir=run_dir, resume=resume)
-        except (SharedMemoryRoomError, SnapshotError, CheckpointError, MissingExtraError, ConnectionError) as e:
-            # raised while the run sets up, before any child starts (/dev/shm too small for
-            # the buffer; a resumed snapshot whose checksums do not match; --ray without the
-            # ray extra, or a cluster that cannot be reached: runtime.remote.ClusterError)
-            return refuse(str(e))
-    return rc if isinstance(rc, int) else 0
-
-
-def _check_resume(run_dir: Path, config, spec) -> str | None:
-    """What ``--resume`` will load, opened before anything starts: the checkpoint (with
-    ``torch.load(weights_only=True)``, its tensors checked against the network of
-    ``config``) and the snapshot (memory-mapped; structure checked, checksums left to
-    the run's own load), whose replay settings ``config`` must repeat: a resumed buffer
-    keeps its capacity, alpha, priority_eps and initial_priority, so an override of
-    one is refused rather than recorded in config.json and ignored. Returns the
-    problem, or None."""
-    from .algos.registry import algorithm_of
-    from .checkpoint import CheckpointError, load_checkpoint, load_network_weights
-    from .replay.buffer import ReplayBuffer
-    from .replay.snapshot import SnapshotError
-    from .runtime.rundir import LOCK_NAME, live_run_pid
-
-    live = live_run_pid(run_dir)
-    if live is not None:
-        return (f"--resume {run_dir}: a run is still writing there (pid {live} holds {run_dir / LOCK_NAME}); "
-                "stop it first")
-    checkpoint = run_dir / "checkpoint.pt"
-    if not checkpoint.exists():
-        return f"--resume {run_dir}: no checkpoint.pt to resume from (the run stopped before its first checkpoint)"
-    try:
-        state = load_checkpoint(checkpoint)
-        network = algorithm_of(config).make_network(config, spec.observation_shape, spec.num_actions)
-        for entry in ("network", "online_network"):  # online_network: the trained weights beside an average
-            if entry in state:
-                load_network_weights(network, state[entry], checkpoint, entry)
-    except (CheckpointError, OSError) as e:
-        return f"--resume {run_dir}: {e}"
-    snapshot = run_dir / "buffer"
-    if not snapshot.exists():
-        # weights without data: the run was killed before its first snapshot; say so and go on
-        print(f"mpper: --resume {run_dir}: no buffer snapshot; resuming the weights with an empty buffer",
-              file=sys.stderr)  # fmt: skip
-    else:
-        try:
-            with ReplayBuffer.load(snapshot, mmap=True, verify=False, num_actions=spec.num_actions) as buf:
-                stored = {"capacity": buf.capacity, "alpha": buf.alpha, "priority_eps": buf.priority_eps,
-                          "initial_priority": buf.initial_priority}  # fmt: skip
-        except (SnapshotError, OSError) as e:
-            return f"--resume {run_dir}: {e}"
-        for key, value in stored.items():
-            wanted = config.replay.buffer_initial_priority if key == "initial_priority" else getattr(config.replay, key)
-            if wanted != value:
-                return (f"--resume {run_dir}: replay.{key} is {json.dumps(wanted)} but the buffer snapshot holds "
-                        f"{json.dumps(value)} ({snapshot}); a resumed run keeps its buffer's replay.capacity, "
-                        f"alpha, priority_eps and initial_priority: drop that override, or start a new run "
-                        f"in another --run-dir")  # fmt: skip
-    return None
+    return code
 
 
 def console() -> None:

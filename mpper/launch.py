@@ -1,0 +1,227 @@
+"""One run from a config to its end, as the command line and the Python API start it.
+
+:func:`launch` is the one path: read and check the config (a file, a shipped config's
+name or a dict), check the run directory, boot the forkserver, check the env and the
+sizes against this machine, check what ``resume`` will load, claim the run directory
+(:mod:`mpper.runtime.rundir`) and only then import the runtime and train. Every refusal
+is an exception whose message is one line: :class:`~mpper.config.ConfigError` for the
+config, :class:`LaunchError` for everything else found before any child process starts.
+``python run.py`` prints it as ``error: ...`` (exit code 2); ``mpper.train`` raises it.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import importlib
+import json
+import sys
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from .algos.configs import config_from_dict, load_config
+from .config import MAX_SEED, Config, ConfigError
+
+__all__ = ["LaunchError", "default_run_dir", "launch", "resolve_config", "shipped_configs"]
+
+SHIPPED_CONFIGS = Path(__file__).resolve().parent / "configs"
+
+
+class LaunchError(ValueError):
+    """A run that may not or cannot start (its run directory, this machine, what it would
+    resume), said in one line; nothing was started."""
+
+
+def shipped_configs() -> list[str]:
+    """The names of the configs that come with mpper (``mpper/configs/NAME.json``)."""
+    return sorted(p.stem for p in SHIPPED_CONFIGS.glob("*.json"))
+
+
+def resolve_config(name: str) -> Path:
+    """``--config``: a path to a JSON file, or the name of a shipped config (``cartpole``
+    is ``mpper/configs/cartpole.json``, which works after ``pip install`` outside a clone).
+    A path that exists wins; FileNotFoundError, naming both places and the shipped names,
+    when neither does."""
+    path = Path(name)
+    if path.exists() or path.suffix == ".json" or len(path.parts) > 1:
+        return path  # a path the user named: load_config reports it if it is missing
+    shipped = SHIPPED_CONFIGS / f"{name}.json"
+    if shipped.is_file():
+        return shipped
+    raise FileNotFoundError(f"--config {name}: no such file, and mpper ships no config of that name "
+                            f"(shipped: {', '.join(shipped_configs())})")  # fmt: skip
+
+
+def default_run_dir(config_path: str | Path, now: _dt.datetime | None = None, root: str | Path = "runs") -> Path:
+    """``runs/<config-name>/<timestamp>/``, with a ``-2``, ``-3``... suffix if it exists."""
+    stamp = (now or _dt.datetime.now()).strftime("%Y%m%d-%H%M%S")
+    base = Path(root) / Path(config_path).stem / stamp
+    run_dir, n = base, 1
+    while run_dir.exists():
+        n += 1
+        run_dir = base.with_name(f"{stamp}-{n}")
+    return run_dir
+
+
+def launch(config: str | Path | Mapping[str, Any] | None, overrides: Iterable[str] = (), *,
+           run_dir: str | Path | None = None, resume: str | Path | None = None, workers: int | None = None,
+           device: str | None = None, seed: int | None = None, training_steps: int | None = None,
+           time_limit_s: float | None = None, ray_address: str | None = None,
+           check: Callable[[Config], None] | None = None) -> tuple[int, Path]:  # fmt: skip
+    """Check everything, claim the run directory, train; returns ``(exit code, run dir)``.
+
+    ``config``: a JSON file, a shipped config's name, or a dict of the file's content
+    (None with ``resume``: ``RUN_DIR/config.json``). ``overrides``: ``--set`` strings
+    (``"training.batch_size=64"``). The keyword arguments are the command line's flags
+    (``--workers`` ... ``--ray``; None: the config's value). ``run_dir`` defaults to
+    ``RUN_DIR`` with ``resume``, else ``runs/<config-name>/<timestamp>/``. ``check(config)``
+    runs on the checked config before anything else is checked or started (it raises
+    LaunchError to refuse). Raises ConfigError or LaunchError (one line) for a run that
+    cannot start; exceptions of the run itself propagate.
+    """
+    if seed is not None and not 0 <= seed <= MAX_SEED:
+        raise LaunchError(f"--seed: expected an integer in [0, {MAX_SEED}], got {seed}")
+    resume = None if resume is None else Path(resume)
+    if resume is not None and not resume.is_dir():
+        raise LaunchError(f"--resume {resume}: no such run directory")
+    if config is None and resume is None:
+        raise LaunchError("--config PATH is required (or --resume RUN_DIR); see --help")
+    flags = {"workers": workers, "device": device, "seed": seed, "training_steps": training_steps,
+             "time_limit_s": time_limit_s, "ray_address": ray_address}  # fmt: skip
+    if isinstance(config, Mapping):
+        config_path = "config"  # names the default run directory runs/config/<timestamp>/
+        labels = (("--workers", "runtime.workers", "workers"), ("--device", "runtime.device", "device"),
+                  ("--seed", "runtime.seed", "seed"), ("--max-train-steps", "training.training_steps", "training_steps"),
+                  ("--time-limit", "runtime.time_limit_s", "time_limit_s"),
+                  ("--ray", "runtime.ray_address", "ray_address"))  # fmt: skip
+        checked = config_from_dict(dict(config), "the config dict", overrides,
+                                   flags=[(label, key, flags[name]) for label, key, name in labels
+                                          if flags[name] is not None])  # fmt: skip
+    else:
+        if config is not None:
+            try:
+                config_path = str(resolve_config(str(config)))
+            except FileNotFoundError as e:
+                raise LaunchError(str(e)) from None
+        else:
+            config_path = str(resume / "config.json")
+        # a run directory's config.json may come from someone else: it names no code to run
+        checked = load_config(config_path, overrides, env_factory_from_file=config is not None, **flags)
+    if check is not None:
+        check(checked)
+
+    from .runtime.rundir import RunDirError, check_run_dir
+
+    if run_dir is not None:
+        where, flag = Path(run_dir), "--run-dir"
+    elif resume is not None:
+        where, flag = resume, "--resume"
+    else:
+        where, flag = default_run_dir(config_path), "run directory"
+    try:  # a live run there, a finished run (without --resume), a file, no write access
+        check_run_dir(where, flag, resume is not None)
+    except RunDirError as e:
+        raise LaunchError(str(e)) from None
+
+    stop_server = None
+    if checked.runtime.workers > 0:
+        # Children will be forked from a server: boot it now, so that its imports run beside
+        # ours (torch, from the checks below on). A check below that refuses the run stops
+        # it at once: it has started no child, and would otherwise finish its imports first.
+        from .runtime.procs import start_process_server, stop_process_server
+
+        start_process_server()
+        stop_server = stop_process_server
+    try:
+        code = _checked_train(checked, where, flag, resume)
+    except LaunchError:
+        if stop_server is not None:
+            stop_server()
+        raise
+    return code, where
+
+
+def _checked_train(config: Config, run_dir: Path, flag: str, resume: Path | None) -> int:
+    """The checks that need the env and torch, the run directory's lock, and the run."""
+    from .algos.registry import run_env_spec
+    from .checkpoint import CheckpointError
+    from .extras import MissingExtraError
+    from .replay.snapshot import SnapshotError
+    from .runtime.resources import check_fits
+    from .runtime.rundir import RunDirError, claim_run_dir
+    from .shm import SharedMemoryRoomError
+
+    try:  # the env itself: kwargs it rejects, a broken two-player contract, an algorithm that cannot train it
+        spec = run_env_spec(config)
+        check_fits(config, spec)  # the sizes against /dev/shm and this machine's memory
+    except ValueError as e:
+        raise LaunchError(str(e)) from None
+    if resume is not None:
+        problem = _check_resume(resume, config, spec)
+        if problem:
+            raise LaunchError(problem)
+    try:  # held until the run ends: no second run writes into run_dir meanwhile
+        lock = claim_run_dir(run_dir, flag, resume is not None)
+    except RunDirError as e:
+        raise LaunchError(str(e)) from None
+    with lock:
+        runtime = importlib.import_module("mpper.runtime.supervisor")  # only now: config errors never need it
+        try:
+            rc = runtime.train(config, run_dir=run_dir, resume=resume)
+        except (SharedMemoryRoomError, SnapshotError, CheckpointError, MissingExtraError, ConnectionError) as e:
+            # raised while the run sets up, before any child starts (/dev/shm too small for
+            # the buffer; a resumed snapshot whose checksums do not match; --ray without the
+            # ray extra, or a cluster that cannot be reached: runtime.remote.ClusterError)
+            raise LaunchError(" ".join(str(e).splitlines())) from e
+    return rc if isinstance(rc, int) else 0
+
+
+def _check_resume(run_dir: Path, config, spec) -> str | None:
+    """What ``--resume`` will load, opened before anything starts: the checkpoint (with
+    ``torch.load(weights_only=True)``, its tensors checked against the network of
+    ``config``) and the snapshot (memory-mapped; structure checked, checksums left to
+    the run's own load), whose replay settings ``config`` must repeat: a resumed buffer
+    keeps its capacity, alpha, priority_eps and initial_priority, so an override of
+    one is refused rather than recorded in config.json and ignored. Returns the
+    problem, or None."""
+    from .algos.registry import algorithm_of
+    from .checkpoint import CheckpointError, load_checkpoint, load_network_weights
+    from .replay.buffer import ReplayBuffer
+    from .replay.snapshot import SnapshotError
+    from .runtime.rundir import LOCK_NAME, live_run_pid
+
+    live = live_run_pid(run_dir)
+    if live is not None:
+        return (f"--resume {run_dir}: a run is still writing there (pid {live} holds {run_dir / LOCK_NAME}); "
+                "stop it first")
+    checkpoint = run_dir / "checkpoint.pt"
+    if not checkpoint.exists():
+        return f"--resume {run_dir}: no checkpoint.pt to resume from (the run stopped before its first checkpoint)"
+    try:
+        state = load_checkpoint(checkpoint)
+        network = algorithm_of(config).make_network(config, spec.observation_shape, spec.num_actions)
+        for entry in ("network", "online_network"):  # online_network: the trained weights beside an average
+            if entry in state:
+                load_network_weights(network, state[entry], checkpoint, entry)
+    except (CheckpointError, OSError) as e:
+        return f"--resume {run_dir}: {e}"
+    snapshot = run_dir / "buffer"
+    if not snapshot.exists():
+        # weights without data: the run was killed before its first snapshot; say so and go on
+        print(f"mpper: --resume {run_dir}: no buffer snapshot; resuming the weights with an empty buffer",
+              file=sys.stderr)  # fmt: skip
+    else:
+        try:
+            with ReplayBuffer.load(snapshot, mmap=True, verify=False, num_actions=spec.num_actions) as buf:
+                stored = {"capacity": buf.capacity, "alpha": buf.alpha, "priority_eps": buf.priority_eps,
+                          "initial_priority": buf.initial_priority}  # fmt: skip
+        except (SnapshotError, OSError) as e:
+            return f"--resume {run_dir}: {e}"
+        for key, value in stored.items():
+            wanted = config.replay.buffer_initial_priority if key == "initial_priority" else getattr(config.replay, key)
+            if wanted != value:
+                return (f"--resume {run_dir}: replay.{key} is {json.dumps(wanted)} but the buffer snapshot holds "
+                        f"{json.dumps(value)} ({snapshot}); a resumed run keeps its buffer's replay.capacity, "
+                        f"alpha, priority_eps and initial_priority: drop that override, or start a new run "
+                        f"in another --run-dir")  # fmt: skip
+    return None
