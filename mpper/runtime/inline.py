@@ -32,7 +32,7 @@ from .evaluator import evaluate, evaluation_bar
 from .learner import beta_schedule, pick_device
 from .procs import ForcedStop, StopRequests
 from .rate import can_sample
-from .run import BestCheckpoint, Run, create_buffer
+from .run import BestCheckpoint, Run, create_buffer, end_text
 from .weights import WeightStore
 
 __all__ = ["train_inline"]
@@ -53,7 +53,7 @@ def train_inline(config: Config, run_dir: Path, resume: Path | None = None) -> i
             code, reason = _train(config, run, resume, spec, signals)
     finally:
         run.finish()
-    print(f"mpper: {reason}; run directory {run_dir}")
+    print(end_text(reason, run_dir))
     return code
 
 

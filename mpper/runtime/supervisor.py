@@ -48,7 +48,7 @@ from .learner import run_learner
 from .procs import ForcedStop, StopRequests, StopSignal, forkserver_pid, process_context
 from .rate import RateLimiter
 from .reanalyser import run_reanalyser
-from .run import Run, create_buffer, eval_status
+from .run import Run, create_buffer, end_text, eval_status
 from .weights import WeightStore
 
 __all__ = ["train", "Supervisor"]
@@ -145,7 +145,7 @@ class Supervisor:
             code = code or 130
         if self.error:
             print(f"mpper: run stopped: {self.error}", file=sys.stderr)
-        print(f"mpper: {self.finished_reason or 'stopped'}; run directory {self.run_dir}")
+        print(end_text(self.finished_reason or "stopped", self.run_dir))
         return code
 
     def _missing_final_checkpoint(self) -> str | None:
