@@ -54,7 +54,8 @@ def train(config: str | Path | Mapping[str, Any], *, overrides: Overrides = (), 
 
     With ``workers`` > 0 the run's child processes import the ``__main__`` script again
     (multiprocessing's forkserver does so to find what it pickles): a call at a script's
-    top level, outside ``if __name__ == "__main__":``, is refused before anything starts.
+    top level, outside ``if __name__ == "__main__":``, is refused before anything starts,
+    with one line on stderr saying what to add, and ``SystemExit(2)``.
 
     Raises ConfigError or LaunchError (ValueError, one line) for a run that cannot start
     (a bad config, a run directory another live run holds or that holds a finished run,
@@ -68,8 +69,11 @@ def train(config: str | Path | Mapping[str, Any], *, overrides: Overrides = (), 
 
     def refuse_unguarded(checked: Config) -> None:
         if caller is not None and checked.runtime.workers > 0:
-            raise LaunchError(f"mpper.train: called at the top level of {caller}, which each of the run's child "
-                              f"processes imports again: {_GUARD_HELP}")  # fmt: skip
+            # The script cannot go on: each child would run it again. One line, as the
+            # command line says a mistake, and the exit code of one (2).
+            print(f"error: mpper.train: called at the top level of {caller}, which each of the run's child "
+                  f"processes imports again: {_GUARD_HELP}", file=sys.stderr)  # fmt: skip
+            raise SystemExit(2)
 
     code, where = launch(dict(config) if isinstance(config, Mapping) else config, _set_strings(overrides),
                          run_dir=run_dir, resume=resume, workers=workers, device=device, seed=seed,
