@@ -157,7 +157,6 @@ def test_a_second_train_into_a_live_runs_directory_is_refused(tmp_path):
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=120)
-    assert proc.returncode == 143
 
 
 # ---- mistakes: one clear exception, nothing written ------------------------------------------
