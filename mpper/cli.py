@@ -81,11 +81,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "With --evaluate and --resume it applies to the run's config.json, which may name a "
                         "'module:callable' env only when you repeat it here: --set env.id=module:callable")
     p.add_argument("--evaluate", metavar="RUN_DIR",
-                   help="play greedy episodes with a run's checkpoint, print return and length statistics, "
-                        "write RUN_DIR/evaluation.json, and exit")
+                   help="play greedy episodes with a run's best weights (best.pt, else checkpoint.pt), say which, "
+                        "print return and length statistics, write RUN_DIR/evaluation.json, and exit")
     p.add_argument("--episodes", type=int, default=10, metavar="N", help="with --evaluate: episodes to play (10)")
     p.add_argument("--checkpoint", metavar="FILE",
-                   help="with --evaluate: checkpoint to load (default RUN_DIR/checkpoint.pt)")
+                   help="with --evaluate: checkpoint to load (default RUN_DIR/best.pt when the run has one, else "
+                        "RUN_DIR/checkpoint.pt; with --on-snapshot RUN_DIR/checkpoint.pt)")
     p.add_argument("--render", nargs=2, metavar=("FORMAT", "PATH"),
                    help="with --evaluate: also record the first greedy episode from the env's rgb_array frames "
                         "and write it to PATH; FORMAT: gif (needs the render extra: pip install -e .[render])")
