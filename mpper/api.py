@@ -212,6 +212,9 @@ class Agent:
     ``mean_return``: the evaluation ``best.pt`` scored (None for ``checkpoint.pt``);
     ``config``: the run's :class:`~mpper.config.Config`; ``observation_shape``,
     ``num_actions``: the env's; ``network``: the torch module (CPU, eval mode).
+    ``sees_past``: the network also sees past observations (``muzero.stacked_observations``,
+    ``dqn.frame_stack``): the agent then keeps the episode's observations and its own
+    actions, takes one observation at a time, and needs ``reset()`` when an episode starts.
     """
 
     def __init__(self, config: Config, checkpoint: Path, seed: int = 0) -> None:
@@ -237,7 +240,8 @@ class Agent:
             env.close()
         stacked = getattr(getattr(config, "muzero", None), "stacked_observations", 0) or 0
         frames = getattr(getattr(config, "dqn", None), "frame_stack", 1) or 1
-        self._history = stacked > 0 or frames > 1
+        self.sees_past = stacked > 0 or frames > 1
+        self._episode = None  # with sees_past: this episode's observations and actions so far
 
     def __repr__(self) -> str:
         return f"Agent({self.config.algorithm}, {str(self.checkpoint)!r}, training step {self.training_step})"
@@ -249,19 +253,39 @@ class Agent:
         move in a two-player game (0 or 1). ValueError for an observation of another shape."""
         from .algos.base import as_stored
 
-        if self._history:
-            raise ValueError(f"act(): this run's network sees a stack of past observations (muzero."
-                             f"stacked_observations / dqn.frame_stack); act() takes the current one only")  # fmt: skip
         obs = as_stored(observation)
         single = obs.shape == self.observation_shape
         if not single and obs.shape[1:] != self.observation_shape:
             raise ValueError(f"act(): expected an observation of shape {self.observation_shape} or a batch "
                              f"(N, {', '.join(map(str, self.observation_shape))}), got shape {obs.shape}")  # fmt: skip
-        batch = obs[None] if single else obs
+        if self.sees_past:
+            if not single:
+                raise ValueError("act(): this run's network also sees past observations (muzero.stacked_observations "
+                                 "or dqn.frame_stack): give one observation at a time, and reset() at each new episode")
+            batch = self._network_input(obs)[None]
+        else:
+            batch = obs[None] if single else obs
         legal = None if action_mask is None else np.asarray(action_mask, bool).reshape(len(batch), self.num_actions)
         players = None if to_play is None else np.broadcast_to(np.asarray(to_play, np.int64), (len(batch),))
         actions = self._player.greedy_actions(batch, legal, players)
+        if self.sees_past:
+            self._episode.action.append(int(actions[0]))  # the action that leads to the next observation
         return int(actions[0]) if single else np.asarray(actions, np.int64)
+
+    def reset(self) -> None:
+        """Start a new episode: the next ``act`` sees no past observations. (Only a
+        network that sees past ones, ``sees_past``, keeps any.)"""
+        self._episode = None
+
+    def _network_input(self, observation: np.ndarray) -> np.ndarray:
+        """``observation`` appended to this episode, and what the network sees there,
+        built by the player's own ``network_input``."""
+        if self._episode is None:
+            # the algorithm's episode record, empty (row 0's action is 0); each act() appends
+            # its action, so row i holds the action that led to observation i, as in play
+            self._episode = type(self._player.episodes[0])()
+        self._episode.observation.append(observation)
+        return self._player.network_input(self._episode)
 
 
 def load(path: str | Path, overrides: Overrides = (), seed: int = 0) -> Agent:

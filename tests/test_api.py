@@ -234,3 +234,31 @@ def test_stopping_children_whose_start_failed_does_not_raise(tmp_path):
     assert supervisor.children["worker-0"].process is None
     supervisor._stop_children()  # no "can only join a started process"
     assert supervisor._alive(supervisor.children["worker-0"]) is False
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_an_agent_whose_network_sees_past_frames_acts_as_the_evaluator_plays(tmp_path):
+    """dqn.frame_stack 2: the agent keeps the episode's frames itself, and one episode of
+    ``act`` takes the actions the evaluator's greedy player takes from the same reset."""
+    from mpper.envs import make_env
+    from mpper.runtime.evaluator import play_greedy
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        run = mpper.train(str(CARTPOLE_DQN), workers=0, device="cpu", max_train_steps=30, run_dir=tmp_path / "run",
+                          overrides={"dqn.frame_stack": 2, "training.min_buffer_steps": 64, "replay.capacity": 5000,
+                                     "runtime.evaluation_interval_s": 1000})  # fmt: skip
+    agent = run.agent()
+    assert agent.sees_past and agent.checkpoint == run.dir / "checkpoint.pt"  # no evaluation: no best.pt
+    [played] = play_greedy(agent.config, [make_env(agent.config.env)], agent.network, seed=7)
+    env = make_env(agent.config.env)
+    for _ in range(2):  # reset() starts the second episode afresh
+        agent.reset()
+        observation, _ = env.reset(seed=7)
+        actions = []
+        for _ in range(played.moves):
+            actions.append(agent.act(observation))
+            observation, *_ = env.step(actions[-1])
+        assert actions == played.action[1:]
+    with pytest.raises(ValueError, match="give one observation at a time"):
+        agent.act(np.zeros((2, 4), np.float32))

@@ -50,14 +50,19 @@ class Player(Protocol):
     pieces of games that go on (``ends_game`` False; ``game_return`` and ``game_moves``
     count the whole game to the piece's end); ``stored(episode)`` gives the rows to
     store (schema fields, ``T + 1`` rows) and their initial priorities (``T``);
-    ``greedy_actions(observations)`` chooses as the player does without exploring, for
-    observations it did not play itself."""
+    ``network_input(episode)`` and ``greedy_actions(observations)`` see and choose as the
+    player does without exploring, for observations it did not play itself."""
 
     episodes: list
 
     def step(self, progress: float = 0.0) -> list: ...
 
     def stored(self, episode) -> tuple[dict[str, np.ndarray], np.ndarray]: ...
+
+    def network_input(self, episode) -> np.ndarray:
+        """What the network sees at the episode's last observation (past ones stacked in
+        when the algorithm's config says so)."""
+        ...
 
     def greedy_actions(self, observations: np.ndarray, legal: np.ndarray | None = None,
                        to_play: np.ndarray | None = None) -> np.ndarray:  # fmt: skip

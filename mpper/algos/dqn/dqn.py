@@ -266,7 +266,7 @@ class EpsilonGreedyPlayer:
         """Act and step every env once; returns the episodes that just ended (their
         envs are reset and play on). ``progress`` (share of training done) is unused:
         epsilon follows the actor's own clock."""
-        greedy = self.greedy_actions(np.stack([self._network_input(ep) for ep in self.episodes]))
+        greedy = self.greedy_actions(np.stack([self.network_input(ep) for ep in self.episodes]))
         explore = self.rng.random(len(self.envs)) < self.current_epsilons()
         actions = np.where(explore, self.rng.integers(0, self.num_actions, len(self.envs)), greedy)
         self.steps += 1
@@ -300,7 +300,7 @@ class EpsilonGreedyPlayer:
             return arrays, None
         return arrays, td_errors(self.network, arrays, ep.terminated, d.n_step, d.gamma, d.frame_stack)
 
-    def _network_input(self, ep: DQNEpisode) -> np.ndarray:
+    def network_input(self, ep: DQNEpisode) -> np.ndarray:
         """The stack of the episode's last ``dqn.frame_stack`` frames, built as the
         learner's batches build it (``stack_frames`` on the episode's own rows)."""
         k = self.config.frame_stack

@@ -105,7 +105,9 @@ class BatchedPlayer:
         self.legal[k] = _legal(info, self.num_actions)
         return ep
 
-    def _network_input(self, ep: Episode) -> np.ndarray:
+    def network_input(self, ep: Episode) -> np.ndarray:
+        """What the network sees at the episode's last observation: that observation, or
+        with ``muzero.stacked_observations`` N, it and the N before with their actions."""
         if self.stacked == 0:
             return ep.observation[-1]
         t = len(ep.observation) - 1
@@ -124,7 +126,7 @@ class BatchedPlayer:
         ``mcts.temperature_threshold_moves`` moves or more takes the most visited action
         instead (T = 0)."""
         temperature = temperature_at(self.config.mcts.temperature_schedule, progress) if self.explore else 0.0
-        observations = np.stack([self._network_input(ep) for ep in self.episodes])
+        observations = np.stack([self.network_input(ep) for ep in self.episodes])
         legal = np.stack(self.legal)
         to_play = np.array([ep.to_play[-1] for ep in self.episodes])
         result = self.mcts.run(self.network, observations, legal, to_play, self.explore, self.rng)
@@ -157,7 +159,7 @@ class BatchedPlayer:
                                            first_move=ep.game_moves, reward_before=ep.game_return)  # fmt: skip
         cut = [ep for ep in finished if not ep.terminated]
         if cut and self.explore:  # only stored episodes need a value to bootstrap from
-            values = self._values(np.stack([self._network_input(ep) for ep in cut]))
+            values = self._values(np.stack([self.network_input(ep) for ep in cut]))
             for ep, value in zip(cut, values):
                 ep.final_value = float(value)
         return finished
