@@ -244,10 +244,13 @@ def test_an_agent_whose_network_sees_past_frames_acts_as_the_evaluator_plays(tmp
     from mpper.envs import make_env
     from mpper.runtime.evaluator import play_greedy
 
-    with contextlib.redirect_stdout(io.StringIO()):
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
         run = mpper.train(str(CARTPOLE_DQN), workers=0, device="cpu", max_train_steps=30, run_dir=tmp_path / "run",
                           overrides={"dqn.frame_stack": 2, "training.min_buffer_steps": 64, "replay.capacity": 5000,
                                      "runtime.evaluation_interval_s": 1000})  # fmt: skip
+    last = printed.getvalue().strip().splitlines()[-1]
+    assert last == f"mpper: training finished (30 steps); run directory {run.dir}; no best.pt (no evaluation finished)"
     agent = run.agent()
     assert agent.sees_past and agent.checkpoint == run.dir / "checkpoint.pt"  # no evaluation: no best.pt
     [played] = play_greedy(agent.config, [make_env(agent.config.env)], agent.network, seed=7)
@@ -262,3 +265,33 @@ def test_an_agent_whose_network_sees_past_frames_acts_as_the_evaluator_plays(tmp
         assert actions == played.action[1:]
     with pytest.raises(ValueError, match="give one observation at a time"):
         agent.act(np.zeros((2, 4), np.float32))
+
+
+def test_a_two_player_agent_plays_a_legal_move_for_the_side_to_move(tmp_path):
+    """TicTacToe: ``act`` takes the env's action mask and the player to move, and plays
+    only legal moves (a fresh network's weights, saved as a run would save them)."""
+    import torch
+
+    from mpper.algos.configs import load_config
+    from mpper.algos.registry import algorithm_of
+    from mpper.checkpoint import save_network_checkpoint
+    from mpper.config import config_to_dict
+    from mpper.envs.tictactoe import TicTacToeEnv
+
+    config = load_config(ROOT / "configs" / "tictactoe.json", ["mcts.num_simulations=8"])
+    (tmp_path / "config.json").write_text(json.dumps(config_to_dict(config)))
+    torch.manual_seed(0)
+    network = algorithm_of(config).make_network(config, (3, 3, 3), 9)
+    save_network_checkpoint(tmp_path / "checkpoint.pt", network, 7)
+    agent = mpper.load(tmp_path)
+    assert agent.checkpoint == tmp_path / "checkpoint.pt" and agent.training_step == 7
+    env = TicTacToeEnv()
+    observation, info = env.reset(seed=0)
+    done, moves = False, 0
+    while not done:
+        mask = info["action_mask"]
+        action = agent.act(observation, action_mask=mask, to_play=info["to_play"])
+        assert mask[action], (action, mask)
+        observation, _, terminated, truncated, info = env.step(action)
+        done, moves = terminated or truncated, moves + 1
+    assert 5 <= moves <= 9
