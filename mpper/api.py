@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from .config import Config
-from .launch import LaunchError, launch
+from .launch import launch
 
 __all__ = ["Agent", "TrainedRun", "load", "train"]
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from .algos.configs import config_from_dict, load_config
-from .config import MAX_SEED, Config, ConfigError
+from .config import MAX_SEED, Config
 
 __all__ = ["LaunchError", "default_run_dir", "launch", "resolve_config", "shipped_configs"]
 
@@ -91,7 +91,8 @@ def launch(config: str | Path | Mapping[str, Any] | None, overrides: Iterable[st
     if isinstance(config, Mapping):
         config_path = "config"  # names the default run directory runs/config/<timestamp>/
         labels = (("--workers", "runtime.workers", "workers"), ("--device", "runtime.device", "device"),
-                  ("--seed", "runtime.seed", "seed"), ("--max-train-steps", "training.training_steps", "training_steps"),
+                  ("--seed", "runtime.seed", "seed"),
+                  ("--max-train-steps", "training.training_steps", "training_steps"),
                   ("--time-limit", "runtime.time_limit_s", "time_limit_s"),
                   ("--ray", "runtime.ray_address", "ray_address"))  # fmt: skip
         checked = config_from_dict(dict(config), "the config dict", overrides,

@@ -112,7 +112,8 @@ def test_evaluate_judges_the_best_weights_and_says_so(cartpole_run):
 def test_a_dqn_run_from_a_dict_gives_an_agent_with_valid_actions(tmp_path):
     config = json.loads(CARTPOLE_DQN.read_text())
     with contextlib.redirect_stdout(io.StringIO()):
-        run = mpper.train(config, workers=1, device="cpu", max_train_steps=60, time_limit=200, run_dir=tmp_path / "dqn",
+        run = mpper.train(config, workers=1, device="cpu", max_train_steps=60, time_limit=200,
+                          run_dir=tmp_path / "dqn",
                           overrides={"training.min_buffer_steps": 64, "replay.capacity": 5000,
                                      "runtime.evaluation_interval_s": 0.5, "runtime.evaluation_episodes": 2})  # fmt: skip
     assert run.config["algorithm"] == "dqn" and run.metrics[-1]["learner"]["training_step"] == 60
