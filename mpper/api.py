@@ -63,8 +63,9 @@ def train(config: str | Path | Mapping[str, Any], *, overrides: Overrides = (), 
     and RuntimeError for a run that failed (its output says why).
     """
     if getattr(multiprocessing.current_process(), "_inheriting", False):
-        # a child process importing the user's script, which called train() at its top level
-        raise RuntimeError(_GUARD_HELP)
+        # A child process importing the user's script (multiprocessing's own flag for it),
+        # which calls train() at its top level: a call the check below could not see.
+        raise RuntimeError(f"mpper.train: called while a child process imports the script again: {_GUARD_HELP}")
     caller = _unguarded_call()
 
     def refuse_unguarded(checked: Config) -> None:
