@@ -1,7 +1,14 @@
 """mpper: MuZero-style and prioritized-replay training on one machine, with plain OS
-processes sharing one replay buffer in shared memory."""
+processes sharing one replay buffer in shared memory.
 
+``mpper.train(config, **flags)`` trains a run and returns a :class:`TrainedRun`;
+``mpper.load(run_dir)`` returns an :class:`Agent` whose ``act(observation)`` plays as
+the run's evaluator does (see :mod:`mpper.api`)."""
+
+from .api import Agent, TrainedRun, load, train
+from .config import ConfigError
 from .envs.tictactoe import TicTacToeEnv  # importing it registers the gymnasium id "mpper/TicTacToe-v0"
+from .launch import LaunchError
 from .replay import (
     COUNTERS,
     Batch,
@@ -18,7 +25,11 @@ from .shm import SharedMemoryRoomError
 __version__ = "0.1.0"
 
 __all__ = [
+    "Agent",
     "COUNTERS",
+    "ConfigError",
+    "LaunchError",
+    "TrainedRun",
     "Batch",
     "BufferHandle",
     "EpisodeRef",
@@ -28,5 +39,7 @@ __all__ = [
     "SnapshotError",
     "SumTree",
     "TicTacToeEnv",
+    "load",
     "load_snapshot",
+    "train",
 ]

@@ -1,18 +1,16 @@
 """Command line: ``python run.py --config configs/cartpole.json --workers 8``.
 
-``main`` parses the flags, validates the config (file, ``--set`` overrides and flags) and
-only then imports :mod:`mpper.runtime.supervisor` and calls
-``mpper.runtime.supervisor.train(config, run_dir=Path, resume=Path | None)``. Any mistake in the
+``main`` parses the flags and hands a training run to :func:`mpper.launch.launch`, the
+path ``mpper.train`` takes too: it validates the config (file, ``--set`` overrides and
+flags) and only then imports :mod:`mpper.runtime.supervisor` and trains. Any mistake in the
 flags or the config is one line ``error: ...`` on stderr and exit code 2, with nothing
 started. So is a run that cannot start on this machine or from this run directory: an env
 that cannot be made, sizes that do not fit /dev/shm or the memory (:mod:`mpper.runtime.resources`),
 or (``--resume``) a checkpoint or snapshot that does not load or does not fit the config;
 those are found before any child process starts and before anything is written. The run
-directory is held (:mod:`mpper.runtime.rundir`) from before the run writes there until this
-process exits: one that another live run holds, one that holds a finished run (without
-``--resume``), or one that cannot be created or written is refused. (The forkserver that
-children are forked from boots as soon as the env is checked, beside the supervisor's
-own imports; it does nothing until a child is asked for and exits with this process.)
+directory is held (:mod:`mpper.runtime.rundir`) from before the run writes there until the
+run ends: one that another live run holds, one that holds a finished run (without
+``--resume``), or one that cannot be created or written is refused.
 
 Each mode (a training run, ``--resume``, ``--evaluate``, ``--evaluate --on-snapshot``,
 ``--plot``, ``--inspect``, ``--help-config``, ``sweep``) takes the flags :data:`MODE_FLAGS`
@@ -24,17 +22,13 @@ runs several seeds of one config through :mod:`mpper.tools.sweep`.
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
-import importlib
-import json
-import os
 import sys
 from pathlib import Path
 
 from . import __version__
 from .algos.configs import describe_config, load_config
 from .config import MAX_SEED, ConfigError, RuntimeConfig, section_specs
-from .config_files import config_name_path, is_bare_name, shipped_configs
+from .launch import LaunchError, default_run_dir, launch, resolve_config, shipped_configs
 
 __all__ = ["MODE_FLAGS", "build_parser", "build_sweep_parser", "console", "default_run_dir", "main", "resolve_config",
            "shipped_configs", "sweep_main"]
@@ -102,11 +96,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "With --evaluate and --resume it applies to the run's config.json, which may name a "
                         "'module:callable' env only when you repeat it here: --set env.id=module:callable")
     p.add_argument("--evaluate", metavar="RUN_DIR",
-                   help="play greedy episodes with a run's checkpoint, print return and length statistics, "
-                        "write RUN_DIR/evaluation.json, and exit")
+                   help="play greedy episodes with a run's best weights (best.pt, else checkpoint.pt), say which, "
+                        "print return and length statistics, write RUN_DIR/evaluation.json, and exit")
     p.add_argument("--episodes", type=int, default=10, metavar="N", help="with --evaluate: episodes to play (10)")
     p.add_argument("--checkpoint", metavar="FILE",
-                   help="with --evaluate: checkpoint to load (default RUN_DIR/checkpoint.pt)")
+                   help="with --evaluate: checkpoint to load (default RUN_DIR/best.pt when the run has one, else "
+                        "RUN_DIR/checkpoint.pt; with --on-snapshot RUN_DIR/checkpoint.pt)")
     p.add_argument("--render", nargs=2, metavar=("FORMAT", "PATH"),
                    help="with --evaluate: also record the first greedy episode from the env's rgb_array frames "
                         "and write it to PATH; FORMAT: gif (needs the render extra: pip install -e .[render]) or mp4 "
@@ -125,31 +120,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="print every config key with its type, default, allowed values and meaning, and exit")
     p.add_argument("--version", action="version", version=f"mpper {__version__}")
     return p
-
-
-def resolve_config(name: str) -> Path:
-    """``--config``: the name of a shipped config (``cartpole`` is ``mpper/configs/cartpole.json``,
-    which works after ``pip install`` outside a clone), or a path to a JSON file (``./cartpole``,
-    ``cartpole.json``, anything with a slash). A bare name is always the shipped config, even
-    when a file of that name exists here (a file someone left in a directory never runs as a
-    shipped name); a line on stderr says so when both exist. ConfigError, naming the shipped
-    configs, for a bare name mpper does not ship."""
-    path = config_name_path(name)
-    if is_bare_name(name) and Path(name).exists():
-        print(f"mpper: --config {name}: the shipped config {name!r}, not the file ./{name} in this directory; "
-              f"to use that file, name it as a path: --config ./{name}", file=sys.stderr)  # fmt: skip
-    return path
-
-
-def default_run_dir(config_path: str | Path, now: _dt.datetime | None = None, root: str | Path = "runs") -> Path:
-    """``runs/<config-name>/<timestamp>/``, with a ``-2``, ``-3``... suffix if it exists."""
-    stamp = (now or _dt.datetime.now()).strftime("%Y%m%d-%H%M%S")
-    base = Path(root) / Path(config_path).stem / stamp
-    run_dir, n = base, 1
-    while run_dir.exists():
-        n += 1
-        run_dir = base.with_name(f"{stamp}-{n}")
-    return run_dir
 
 
 def _fail(message: str) -> int:
@@ -262,114 +232,14 @@ def main(argv: list[str] | None = None) -> int:
 
         return inspect_main(args.inspect, args.json)
 
-    resume = None
-    if args.resume is not None:
-        resume = Path(args.resume)
-        if not resume.is_dir():
-            return _fail(f"--resume {args.resume}: no such run directory")
-    if args.config is None and resume is None:
-        return _fail("--config PATH is required (or --resume RUN_DIR); see --help")
-    if args.config is not None:
-        try:
-            config_path = str(resolve_config(args.config))
-        except ConfigError as e:
-            return _fail(str(e))
-    else:
-        config_path = str(resume / "config.json")
     try:
-        config = load_config(
-            config_path,
-            args.overrides,
-            workers=args.workers,
-            device=args.device,
-            seed=args.seed,
-            training_steps=args.max_train_steps,
-            env_steps=args.env_steps,
-            time_limit_s=args.time_limit,
-            ray_address=args.ray_address,
-            # a run directory's config.json may come from someone else: it names no code to run
-            env_factory_from_file=args.config is not None,
-        )
-    except ConfigError as e:
+        code, _ = launch(args.config, args.overrides, run_dir=args.run_dir, resume=args.resume, workers=args.workers,
+                         device=args.device, seed=args.seed, training_steps=args.max_train_steps,
+                         env_steps=args.env_steps, time_limit_s=args.time_limit,
+                         ray_address=args.ray_address)  # fmt: skip
+    except (ConfigError, LaunchError) as e:
         return _fail(str(e))
-    if args.config is None and _received_ray_address(config, args):
-        address = config.runtime.ray_address
-        return _fail(f"--resume {resume}: its config.json sets runtime.ray_address {json.dumps(address)}; mpper "
-                     f"connects to no address a run directory names: repeat it with --ray {address} to use it, "
-                     f"or --set runtime.ray_address=null to run the workers here")  # fmt: skip
-
-    from .runtime.rundir import RunDirError, check_run_dir, claim_run_dir
-
-    if args.run_dir is not None:
-        run_dir, flag = Path(args.run_dir), "--run-dir"
-    elif resume is not None:
-        run_dir, flag = resume, "--resume"
-    else:
-        run_dir, flag = default_run_dir(config_path), "run directory"
-    try:  # a live run there, a finished run (without --resume), a file, no write access
-        check_run_dir(run_dir, flag, resume is not None)
-    except RunDirError as e:
-        return _fail(str(e))
-
-    from .extras import installed
-
-    if config.runtime.wandb_project is not None and not installed("wandb"):
-        return _fail("runtime.wandb_project needs wandb, which is not installed; install it with: "
-                     "pip install -e .[wandb]")  # fmt: skip
-    if config.runtime.video_every_evaluations is not None and not installed("imageio_ffmpeg"):
-        return _fail("runtime.video_every_evaluations needs imageio-ffmpeg, which is not installed; install it with: "
-                     "pip install -e .[video]")  # fmt: skip
-    refuse = _fail
-    if config.runtime.workers > 0:
-        # Children will be forked from a server: boot it now, so that its imports run beside
-        # ours (torch, from the checks below on). A check below that refuses the run stops
-        # it at once: it has started no child, and would otherwise finish its imports first.
-        from .runtime.procs import start_process_server, stop_process_server
-
-        start_process_server()
-
-        def refuse(message: str) -> int:
-            stop_process_server()
-            return _fail(message)
-
-    from .algos.registry import run_env_spec
-    from .runtime.resources import check_fits
-
-    try:  # the env itself: kwargs it rejects, a broken two-player contract, an algorithm that cannot train it
-        spec = run_env_spec(config)
-    except ValueError as e:
-        return refuse(str(e))
-    try:  # the sizes against /dev/shm and this machine's memory
-        check_fits(config, spec)
-    except ValueError as e:
-        return refuse(str(e))
-    if resume is not None:
-        problem = _check_resume(resume, config, spec)
-        if problem:
-            return refuse(problem)
-    try:  # held until this process exits: no second run writes into run_dir meanwhile
-        lock = claim_run_dir(run_dir, flag, resume is not None)
-    except RunDirError as e:
-        return refuse(str(e))
-    with lock:
-        from .checkpoint import CheckpointError
-        from .extras import MissingExtraError
-        from .replay.snapshot import SnapshotError
-        from .safe_files import ReceivedFileError
-        from .shm import SharedMemoryRoomError
-
-        runtime = importlib.import_module("mpper.runtime.supervisor")  # only now: config errors never need it
-        try:
-            rc = runtime.train(config, run_dir=run_dir, resume=resume)
-        except (SharedMemoryRoomError, SnapshotError, CheckpointError, MissingExtraError, ConnectionError,
-                ReceivedFileError) as e:  # fmt: skip
-            # raised while the run sets up, before any child starts (/dev/shm too small for
-            # the buffer; a resumed snapshot whose checksums do not match; --ray without the
-            # ray extra, or a cluster that cannot be reached: runtime.remote.ClusterError; wandb that
-            # cannot start a run: runtime.logs.WandbLog; a run-dir file to append to that is a link,
-            # FIFO or device)
-            return refuse(str(e))
-    return rc if isinstance(rc, int) else 0
+    return code
 
 
 def build_sweep_parser() -> argparse.ArgumentParser:
@@ -452,77 +322,6 @@ def sweep_main(argv: list[str]) -> int:
                      run_args=run_args, solve_return=config.runtime.solve_return,
                      command=[program_name(), "sweep", *argv])  # fmt: skip
     return run_sweep(plan)
-
-
-def _received_ray_address(config, args) -> bool:
-    """Whether ``config.runtime.ray_address`` came from the file alone: neither ``--ray``
-    nor ``--set runtime.ray_address=...`` names it."""
-    if config.runtime.ray_address is None or args.ray_address is not None:
-        return False
-    return not any(o.partition("=")[0].strip() == "runtime.ray_address" for o in args.overrides)
-
-
-def _check_resume(run_dir: Path, config, spec) -> str | None:
-    """What ``--resume`` will load, opened before anything starts: the checkpoint (with
-    ``torch.load(weights_only=True)``, its tensors checked against the network of
-    ``config``) and the snapshot (memory-mapped; structure checked, checksums left to
-    the run's own load), whose replay settings ``config`` must repeat: a resumed buffer
-    keeps its capacity, alpha, priority_eps and initial_priority, so an override of
-    one is refused rather than recorded in config.json and ignored. Returns the
-    problem, or None."""
-    from .algos.registry import algorithm_of
-    from .checkpoint import CheckpointError, load_checkpoint, load_network_weights
-    from .replay.buffer import ReplayBuffer
-    from .replay.schema import normalize_schema
-    from .replay.snapshot import SnapshotError
-    from .runtime.rundir import LOCK_NAME, RunDirError, live_run_pid
-    from .safe_files import refuse_link
-    from .tools.evaluate_snapshot import SnapshotMismatchError, check_schema
-
-    try:
-        live = live_run_pid(run_dir)
-    except RunDirError as e:  # a lock file that is a FIFO, device or link
-        return f"--resume {run_dir}: {e}"
-    if live is not None:
-        return (f"--resume {run_dir}: a run is still writing there (pid {live} holds {run_dir / LOCK_NAME}); "
-                "stop it first")
-    checkpoint = run_dir / "checkpoint.pt"
-    if not os.path.lexists(checkpoint):
-        return f"--resume {run_dir}: no checkpoint.pt to resume from (the run stopped before its first checkpoint)"
-    try:
-        state = load_checkpoint(checkpoint)
-        network = algorithm_of(config).make_network(config, spec.observation_shape, spec.num_actions)
-        for entry in ("network", "online_network"):  # online_network: the trained weights beside an average
-            if entry in state:
-                load_network_weights(network, state[entry], checkpoint, entry)
-    except (CheckpointError, OSError) as e:
-        return f"--resume {run_dir}: {e}"
-    snapshot = run_dir / "buffer"
-    if not os.path.lexists(snapshot):
-        # weights without data: the run was killed before its first snapshot; say so and go on
-        print(f"mpper: --resume {run_dir}: no buffer snapshot; resuming the weights with an empty buffer",
-              file=sys.stderr)  # fmt: skip
-    else:
-        try:
-            refuse_link(snapshot)  # its files are opened as regular files of their own, the directory too
-            with ReplayBuffer.load(snapshot, mmap=True, verify=False, num_actions=spec.num_actions) as buf:
-                stored = {"capacity": buf.capacity, "alpha": buf.alpha, "priority_eps": buf.priority_eps,
-                          "initial_priority": buf.initial_priority}  # fmt: skip
-                # the fields the run's buffer stores, as --on-snapshot checks them: another dtype or
-                # shape would be copied into the new buffer's arrays, converted or broadcast, silently
-                expected = algorithm_of(config).schema(spec.observation_shape, spec.num_actions,
-                                                       spec.observation_dtype)  # fmt: skip
-                check_schema(snapshot, run_dir, buf.schema, normalize_schema(expected))
-        except (SnapshotError, SnapshotMismatchError, OSError) as e:
-            return f"--resume {run_dir}: {e}"
-        for key, value in stored.items():
-            wanted = config.replay.buffer_initial_priority if key == "initial_priority" else getattr(config.replay, key)
-            if wanted != value:
-                return (f"--resume {run_dir}: replay.{key} is {json.dumps(wanted)} but the buffer snapshot holds "
-                        f"{json.dumps(value)} ({snapshot}); a resumed run keeps its buffer's replay.capacity, "
-                        f"alpha, priority_eps and initial_priority: drop that override, or start a new run "
-                        f"in another --run-dir")  # fmt: skip
-    return None
 
 
 def console() -> None:

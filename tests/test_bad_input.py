@@ -301,12 +301,15 @@ CHECKPOINT_CASES = [pickled_object, truncated_checkpoint, not_a_checkpoint, empt
 @pytest.mark.parametrize("corrupt", CHECKPOINT_CASES, ids=lambda f: f.__name__)
 def test_corrupt_checkpoint(run, tmp_path, capsys, corrupt, command):
     marker = tmp_path / "unpickled"
-    fragments = corrupt(run / "checkpoint.pt", marker)
+    # --evaluate judges a run by its best weights, --resume continues from the latest
+    ckpt = run / ("best.pt" if command == "evaluate" else "checkpoint.pt")
+    assert ckpt.is_file()
+    fragments = corrupt(ckpt, marker)
     argv = ["--evaluate", str(run), "--episodes", "1"] if command == "evaluate" else ["--resume", str(run)]
     fails_cleanly(argv, capsys, run, fragments)
     assert not marker.exists(), "the checkpoint's pickled object was unpickled"
     if corrupt is pickled_object:  # the file really would have run code
-        torch.load(run / "checkpoint.pt", weights_only=False)
+        torch.load(ckpt, weights_only=False)
         assert marker.exists()
 
 
@@ -385,8 +388,9 @@ def test_a_checkpoint_of_another_config_names_the_tensor_and_both_shapes(run, ca
         "on-snapshot": ["--evaluate", str(run), "--on-snapshot", str(run / "buffer")],
         "resume": ["--resume", str(run), "--device", "cpu"],
     }[command]
+    loaded = run / ("best.pt" if command == "evaluate" else "checkpoint.pt")  # --evaluate: the best weights
     fails_cleanly([*argv, "--set", "network.hidden=[32]"], capsys, run,
-                  [f"checkpoint {run / 'checkpoint.pt'}: 'network': tensor 'representation_network.0.weight' has "
+                  [f"checkpoint {loaded}: 'network': tensor 'representation_network.0.weight' has "
                    "shape (16, 4), the network of this config has (32, 4): written for another config"])  # fmt: skip
 
 

@@ -57,13 +57,16 @@ def test_dqn_with_two_workers_trains_and_everything_is_saved(tmp_path):
     assert len(np.unique(leaves[leaves > 0])) > 10  # TD priorities from actors and learner
     episodes = [json.loads(line) for line in (run_dir / "episodes.jsonl").read_text().splitlines()]
     assert len(episodes) == c["games"] and all(e["return"] == e["length"] for e in episodes)  # CartPole: 1 per step
-    # The saved agent: --evaluate with the last checkpoint and with the best one
-    assert main(["--evaluate", str(run_dir), "--episodes", "2", "--seed", "1"]) == 0
-    assert json.loads((run_dir / "evaluation.json").read_text())["training_step"] == 150
+    # The saved agent: --evaluate judges the best weights, and --checkpoint the last ones
     assert (run_dir / "best.pt").is_file()
-    assert main(["--evaluate", str(run_dir), "--episodes", "2", "--checkpoint", str(run_dir / "best.pt")]) == 0
     best = torch.load(run_dir / "best.pt", weights_only=True)
     assert "mean_return" in best["extra"]
+    assert main(["--evaluate", str(run_dir), "--episodes", "2", "--seed", "1"]) == 0
+    evaluation = json.loads((run_dir / "evaluation.json").read_text())
+    assert evaluation["checkpoint"] == str(run_dir / "best.pt")
+    assert evaluation["training_step"] == best["training_step"]
+    assert main(["--evaluate", str(run_dir), "--episodes", "2", "--checkpoint", str(run_dir / "checkpoint.pt")]) == 0
+    assert json.loads((run_dir / "evaluation.json").read_text())["training_step"] == 150
     # --on-snapshot: the TD-error distribution of the checkpoint over every stored transition,
     # checked against the actors' own per-episode TD errors (same definition, other code path)
     assert main(["--evaluate", str(run_dir), "--on-snapshot", str(run_dir / "buffer")]) == 0

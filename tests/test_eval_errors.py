@@ -57,6 +57,7 @@ def test_missing_run_directory(tmp_path, capsys):
 
 def test_missing_checkpoint(run, tmp_path, capsys):
     (run / "checkpoint.pt").unlink()
+    (run / "best.pt").unlink()  # without best.pt, --evaluate plays checkpoint.pt
     ckpt = str(run / "checkpoint.pt")
     fails_cleanly(["--evaluate", str(run), "--on-snapshot", str(run / "buffer")], capsys, tmp_path, ckpt, "no such file")
     fails_cleanly(["--evaluate", str(run), "--render", "gif", str(tmp_path / "x.gif")], capsys, tmp_path, ckpt)

@@ -122,18 +122,24 @@ def test_two_workers_train_and_everything_is_saved(tmp_path, capsys, trained_run
         leaves = snap.priorities(np.arange(snap.capacity))
         assert np.isfinite(snap.fields["reanalysed_value"]).any()
     assert len(np.unique(leaves[leaves > 0])) > 10  # priorities differ: they were updated
-    # --evaluate judges the saved agent and writes evaluation.json
+    # --evaluate judges the saved agent, the run's best weights (best.pt), and writes evaluation.json
     from mpper.cli import main
 
+    best = torch.load(run_dir / "best.pt", weights_only=True)
     assert main(["--evaluate", str(run_dir), "--episodes", "2", "--seed", "1"]) == 0
     evaluation = json.loads((run_dir / "evaluation.json").read_text())
-    assert evaluation["episodes"] == 2 and evaluation["training_step"] == 60
-    # the returns are those of the checkpoint's network playing greedily with seed 1
+    assert evaluation["episodes"] == 2 and evaluation["checkpoint"] == str(run_dir / "best.pt")
+    assert evaluation["training_step"] == best["training_step"]
+    # the returns are those of best.pt's network playing greedily with seed 1
     # (CartPole: reward 1 per move, episodes cut at 100 moves)
-    returns = greedy_returns(run_dir / "checkpoint.pt", run_dir, episodes=2, seed=1)
+    returns = greedy_returns(run_dir / "best.pt", run_dir, episodes=2, seed=1)
     assert evaluation["returns"] == returns
     assert all(1 <= r <= 100 for r in returns)
     assert evaluation["return"]["min"] == min(returns) and evaluation["return"]["max"] == max(returns)
+    # without best.pt, the learner's last weights
+    (run_dir / "best.pt").unlink()
+    assert main(["--evaluate", str(run_dir), "--episodes", "1"]) == 0
+    assert json.loads((run_dir / "evaluation.json").read_text())["training_step"] == 60
     (run_dir / "checkpoint.pt").rename(run_dir / "moved.pt")
     capsys.readouterr()
     assert main(["--evaluate", str(run_dir)]) == 2  # missing checkpoint: one clear line naming it

@@ -49,13 +49,27 @@ class Player(Protocol):
     algorithm stores a long game in pieces (MuZero's ``muzero.game_segment_length``), the
     pieces of games that go on (``ends_game`` False; ``game_return`` and ``game_moves``
     count the whole game to the piece's end); ``stored(episode)`` gives the rows to
-    store (schema fields, ``T + 1`` rows) and their initial priorities (``T``)."""
+    store (schema fields, ``T + 1`` rows) and their initial priorities (``T``);
+    ``network_input(episode)`` and ``greedy_actions(observations)`` see and choose as the
+    player does without exploring, for observations it did not play itself."""
 
     episodes: list
 
     def step(self, progress: float = 0.0) -> list: ...
 
     def stored(self, episode) -> tuple[dict[str, np.ndarray], np.ndarray]: ...
+
+    def network_input(self, episode) -> np.ndarray:
+        """What the network sees at the episode's last observation (past ones stacked in
+        when the algorithm's config says so)."""
+        ...
+
+    def greedy_actions(self, observations: np.ndarray, legal: np.ndarray | None = None,
+                       to_play: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
+        """The actions (N,) the player takes without exploring, as the evaluator plays,
+        for N network inputs (N, *observation_shape); ``legal`` (N, A) bool and
+        ``to_play`` (N,) int when the env gives them (``mpper.load(...).act``)."""
+        ...
 
 
 def as_stored(observation) -> np.ndarray:

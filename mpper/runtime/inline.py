@@ -31,7 +31,7 @@ from .learner import beta_schedule, pick_device
 from .procs import ForcedStop, StopRequests
 from .progress import ProgressFigures, ProgressLine
 from .rate import can_sample
-from .run import BestCheckpoint, Run, create_buffer
+from .run import BestCheckpoint, Run, create_buffer, end_text
 from .weights import WeightStore
 
 __all__ = ["train_inline"]
@@ -52,7 +52,7 @@ def train_inline(config: Config, run_dir: Path, resume: Path | None = None) -> i
             code, reason = _train(config, run, resume, spec, signals)
     finally:
         run.finish()
-    print(f"mpper: {reason}; run directory {run_dir}")
+    print(end_text(reason, run_dir))
     return code
 
 

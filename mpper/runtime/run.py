@@ -43,7 +43,7 @@ from ..safe_files import open_append
 from .logs import MetricsCsv, open_tensorboard, open_wandb
 from .progress import Budget, startup_line
 
-__all__ = ["BestCheckpoint", "Run", "Seeds", "create_buffer", "solved_text"]
+__all__ = ["BestCheckpoint", "Run", "Seeds", "best_weights_text", "create_buffer", "end_text", "solved_text"]
 
 
 @dataclass(frozen=True)
@@ -259,6 +259,30 @@ class Run:
             solve, ev = rt.solve_return, self.solving
             return f"solved: {solved_text(ev)} >= {solve:g} at training step {ev['training_step']}"
         return None
+
+
+def end_text(reason: str, run_dir: Path) -> str:
+    """The run's last line: why it stopped, its directory, and its best weights (``best.pt``,
+    what ``--evaluate`` and ``mpper.load`` judge the run by) with the evaluation they scored."""
+    return f"mpper: {reason}; run directory {run_dir}; {best_weights_text(Path(run_dir) / 'best.pt')}"
+
+
+def best_weights_text(path: Path) -> str:
+    """``best.pt``'s path, the mean return it scored and its training step; or that the
+    run has none (it stopped before a whole evaluation)."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        extra, step = state["extra"], int(state["training_step"])
+        mean = float(extra["mean_return"])
+    except FileNotFoundError:
+        return "no best.pt (no evaluation finished)"
+    except Exception:  # unreadable: say so rather than fail the run's last line
+        return f"best weights {path} (unreadable)"
+    if "against" in extra:
+        scored = f"mean score {mean:+.2f} against {extra['against']}"
+    else:
+        scored = f"mean greedy return {mean:g} over {len(extra.get('returns', ())) or '?'} episodes"
+    return f"best weights {path} ({scored} at training step {step})"
 
 
 def solved_text(evaluation: dict) -> str:

@@ -48,7 +48,7 @@ from .procs import ForcedStop, StopRequests, StopSignal, forkserver_pid, process
 from .progress import ProgressFigures, ProgressLine
 from .rate import RateLimiter
 from .reanalyser import run_reanalyser
-from .run import Run, create_buffer
+from .run import Run, create_buffer, end_text
 from .weights import WeightStore
 
 __all__ = ["train", "Supervisor"]
@@ -145,7 +145,7 @@ class Supervisor:
             code = code or 130
         if self.error:
             print(f"mpper: run stopped: {self.error}", file=sys.stderr)
-        print(f"mpper: {self.finished_reason or 'stopped'}; run directory {self.run_dir}")
+        print(end_text(self.finished_reason or "stopped", self.run_dir))
         return code
 
     def _missing_final_checkpoint(self) -> str | None:
@@ -226,9 +226,9 @@ class Supervisor:
         self._launch(child)
 
     def _launch(self, child: Child) -> None:
-        child.process = self.ctx.Process(target=child.target, kwargs=child.kwargs, name=f"mpper-{child.name}",
-                                         daemon=False)  # fmt: skip
-        child.process.start()
+        process = self.ctx.Process(target=child.target, kwargs=child.kwargs, name=f"mpper-{child.name}", daemon=False)
+        process.start()  # may raise (no forkserver, no memory...): then the child keeps no process to stop
+        child.process = process
         # which pid plays which role, for people (and tests) looking at a live run
         self.run_files.write_processes({name: c.process.pid for name, c in self.children.items() if c.process})
 
@@ -392,7 +392,7 @@ class Supervisor:
     def _alive(self, child: Child) -> bool:
         """Whether the child's process still runs (by its pid once the forkserver is gone)."""
         proc = child.process
-        if proc is None:
+        if not _started(child):
             return False
         if self.forkserver_lost:
             return shm.pid_alive(proc.pid)
@@ -474,7 +474,7 @@ class Supervisor:
         self._forkserver_died()
         started = time.monotonic()
         for child in self.children.values():
-            if child.process is not None:
+            if _started(child):
                 self._wait_for(child, max(0.1, started + self._join_limit(child) - time.monotonic()))
         for child in self.children.values():
             if self._alive(child):
@@ -486,7 +486,7 @@ class Supervisor:
                     self._force_stop(child, signal.SIGKILL)
                     self._wait_for(child, 10.0)
         for child in self.children.values():
-            if child.process is not None and not self.forkserver_lost:
+            if _started(child) and not self.forkserver_lost:
                 child.process.join(0.1)  # collect the exit code
 
     def _stop_remote(self, timeout: float) -> None:
@@ -520,6 +520,12 @@ class Supervisor:
         if hasattr(self, "reports"):
             self.reports.close()
             self.reports.join_thread()
+
+
+def _started(child: Child) -> bool:
+    """Whether the child has a process that was started (one whose start raised, or that
+    was never made, has nothing to wait for, join or kill)."""
+    return child.process is not None and child.process.pid is not None
 
 
 def _snapshot_failed(path: Path, exc: BaseException) -> str:

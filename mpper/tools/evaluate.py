@@ -1,7 +1,9 @@
 """Judge a saved agent: ``python run.py --evaluate RUN_DIR [--episodes N] [--checkpoint FILE] [--seed S]
 [--render gif|mp4 PATH]``.
 
-Loads the run's ``config.json`` and checkpoint (``torch.load(weights_only=True)``),
+Loads the run's ``config.json`` and its best weights (``best.pt``, the best evaluation the
+run made; ``checkpoint.pt`` when it has none; ``--checkpoint FILE`` chooses) with
+``torch.load(weights_only=True)``, says which,
 plays N greedy episodes (search without noise, most visited action; all N envs searched
 together) with a progress bar, prints mean, std, min and max of return and length, and
 writes ``evaluation.json`` into the run directory. With ``--render gif PATH``, the first
@@ -35,14 +37,16 @@ from ..extras import MissingExtraError, require
 from ..runtime.evaluator import play_greedy
 from ..runtime.video import EpisodeRecorder, Mp4Writer, require_video
 
-__all__ = ["RenderError", "evaluate_main", "evaluate_run", "open_render_env", "write_gif"]
+__all__ = ["RenderError", "describe_weights", "evaluate_main", "evaluate_run", "load_network", "open_render_env",
+           "run_weights", "write_gif"]
 
 
 def evaluate_run(run_dir: Path, episodes: int = 10, checkpoint: Path | None = None, seed: int = 0,
                  render: Path | None = None, overrides: Sequence[str] = (),
                  render_format: str = "gif") -> dict:  # fmt: skip
-    """Play ``episodes`` greedy episodes with the run's checkpoint; returns the statistics
-    (also written to ``run_dir/evaluation.json``).
+    """Play ``episodes`` greedy episodes with ``checkpoint`` (default: :func:`run_weights`,
+    ``best.pt`` when the run has one); returns the statistics (also written to
+    ``run_dir/evaluation.json``).
 
     ``render``: also write the first episode, as the env draws it, to this file, a GIF
     or (``render_format="mp4"``) an MP4. Every check (Pillow or imageio-ffmpeg installed,
@@ -53,11 +57,10 @@ def evaluate_run(run_dir: Path, episodes: int = 10, checkpoint: Path | None = No
     """
     config = load_run_config(run_dir, overrides)
     named = checkpoint is not None  # --checkpoint FILE: the user's own path, which may be a link of theirs
-    checkpoint = checkpoint or run_dir / "checkpoint.pt"
+    checkpoint = checkpoint or run_weights(run_dir)
     spec = env_spec(config.env)
     state = load_run_checkpoint(checkpoint, config, spec, follow_links=named)
-    network = algorithm_of(config).make_network(config, spec.observation_shape, spec.num_actions)
-    load_network_weights(network, state["network"], checkpoint).eval()
+    network = load_network(config, spec, state, checkpoint)
     if spec.two_player and algorithm_of(config).two_player:
         if render is not None:
             raise RenderError("--render: not available for a two-player run (its evaluation plays opponents)")
@@ -94,6 +97,7 @@ def evaluate_run(run_dir: Path, episodes: int = 10, checkpoint: Path | None = No
     stats = {
         "checkpoint": str(checkpoint),
         "training_step": int(state["training_step"]),
+        "checkpoint_evaluation": _stored_evaluation(state),
         "episodes": episodes,
         "seed": seed,
         "seconds": round(time.monotonic() - started, 3),
@@ -110,6 +114,35 @@ def evaluate_run(run_dir: Path, episodes: int = 10, checkpoint: Path | None = No
                            "episode_return": float(returns[0])}  # fmt: skip
     write_json_atomic(run_dir / "evaluation.json", stats)
     return stats
+
+
+def run_weights(run_dir: Path) -> Path:
+    """The weights that judge a run: ``best.pt`` (the best evaluation the run made) when
+    it has one, else ``checkpoint.pt`` (the learner's latest)."""
+    best = run_dir / "best.pt"
+    return best if best.is_file() else run_dir / "checkpoint.pt"
+
+
+def load_network(config, spec, state: dict, checkpoint: Path):
+    """The run's network (the algorithm's, for ``spec``'s observation shape and actions)
+    with the weights of a loaded checkpoint, in eval mode; CheckpointError when they do
+    not fit."""
+    network = algorithm_of(config).make_network(config, spec.observation_shape, spec.num_actions)
+    return load_network_weights(network, state["network"], checkpoint).eval()
+
+
+def _stored_evaluation(state: dict) -> float | None:
+    """The mean return ``best.pt`` scored when the run kept it (None: another checkpoint)."""
+    mean = (state.get("extra") or {}).get("mean_return")
+    return None if mean is None else float(mean)
+
+
+def describe_weights(checkpoint: Path, training_step: int, stored_mean: float | None) -> str:
+    """Which weights were loaded, for the first line of ``--evaluate``'s report."""
+    text = f"weights {checkpoint} (training step {training_step}"
+    if stored_mean is not None:
+        text += f"; the run's best evaluation, mean return {stored_mean:g}"
+    return text + ")"
 
 
 def _evaluate_two_player(run_dir: Path, config, network, games: int, checkpoint: Path, training_step: int,
@@ -197,7 +230,8 @@ def evaluate_main(run_dir: str, episodes: int, checkpoint: str | None, seed: int
         print(f"error: {' '.join(str(exc).splitlines())}", file=sys.stderr)
         return 2
     if "opponents" in stats:  # a two-player run
-        print(f"{episodes} games against each opponent, checkpoint at training step {stats['training_step']}:")
+        print(f"{episodes} games against each opponent with "
+              f"{describe_weights(Path(stats['checkpoint']), stats['training_step'], None)}:")
         for name, r in stats["opponents"].items():
             first, second = r["first"], r["second"]
             print(f"  vs {name}: as first W/D/L {first['wins']}/{first['draws']}/{first['losses']}, "
@@ -205,7 +239,8 @@ def evaluate_main(run_dir: str, episodes: int, checkpoint: str | None, seed: int
         print(f"written: {path / 'evaluation.json'}")
         return 0
     r, ln = stats["return"], stats["length"]
-    print(f"{episodes} greedy episodes, checkpoint at training step {stats['training_step']}:")
+    weights = describe_weights(Path(stats["checkpoint"]), stats["training_step"], stats["checkpoint_evaluation"])
+    print(f"{episodes} greedy episodes with {weights}:")
     print(f"  return: mean {r['mean']:.2f}, std {r['std']:.2f}, min {r['min']:.2f}, max {r['max']:.2f}")
     print(f"  length: mean {ln['mean']:.1f}, std {ln['std']:.1f}, min {ln['min']:.0f}, max {ln['max']:.0f}")
     if "render" in stats:

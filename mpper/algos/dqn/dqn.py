@@ -266,8 +266,7 @@ class EpsilonGreedyPlayer:
         """Act and step every env once; returns the episodes that just ended (their
         envs are reset and play on). ``progress`` (share of training done) is unused:
         epsilon follows the actor's own clock."""
-        observations = torch.from_numpy(np.stack([self._network_input(ep) for ep in self.episodes]))
-        greedy = self.network(observations).argmax(dim=1).numpy()
+        greedy = self.greedy_actions(np.stack([self.network_input(ep) for ep in self.episodes]))
         explore = self.rng.random(len(self.envs)) < self.current_epsilons()
         actions = np.where(explore, self.rng.integers(0, self.num_actions, len(self.envs)), greedy)
         self.steps += 1
@@ -283,6 +282,13 @@ class EpsilonGreedyPlayer:
                 self.episodes[k] = self._reset(k)
         return finished
 
+    @torch.no_grad()
+    def greedy_actions(self, observations: np.ndarray, legal=None, to_play=None) -> np.ndarray:
+        """The argmax-Q actions (N,) int64 of N network inputs ``observations``
+        (N, *observation_shape) (stacked as the network expects); ``legal`` and
+        ``to_play`` are not used (DQN plays one-player envs with every action legal)."""
+        return self.network(torch.from_numpy(np.ascontiguousarray(observations))).argmax(dim=1).numpy()
+
     def stored(self, ep: DQNEpisode) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
         """(rows, raw priorities or None) to hand to ``ReplayBuffer.add_episode``:
         with ``replay.initial_priority`` "actor", Ape-X's initial priorities (|TD| with
@@ -294,7 +300,7 @@ class EpsilonGreedyPlayer:
             return arrays, None
         return arrays, td_errors(self.network, arrays, ep.terminated, d.n_step, d.gamma, d.frame_stack)
 
-    def _network_input(self, ep: DQNEpisode) -> np.ndarray:
+    def network_input(self, ep: DQNEpisode) -> np.ndarray:
         """The stack of the episode's last ``dqn.frame_stack`` frames, built as the
         learner's batches build it (``stack_frames`` on the episode's own rows)."""
         k = self.config.frame_stack

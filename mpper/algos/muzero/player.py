@@ -105,7 +105,9 @@ class BatchedPlayer:
         self.legal[k] = _legal(info, self.num_actions)
         return ep
 
-    def _network_input(self, ep: Episode) -> np.ndarray:
+    def network_input(self, ep: Episode) -> np.ndarray:
+        """What the network sees at the episode's last observation: that observation, or
+        with ``muzero.stacked_observations`` N, it and the N before with their actions."""
         if self.stacked == 0:
             return ep.observation[-1]
         t = len(ep.observation) - 1
@@ -124,15 +126,12 @@ class BatchedPlayer:
         ``mcts.temperature_threshold_moves`` moves or more takes the most visited action
         instead (T = 0)."""
         temperature = temperature_at(self.config.mcts.temperature_schedule, progress) if self.explore else 0.0
-        observations = np.stack([self._network_input(ep) for ep in self.episodes])
+        observations = np.stack([self.network_input(ep) for ep in self.episodes])
         legal = np.stack(self.legal)
         to_play = np.array([ep.to_play[-1] for ep in self.episodes])
         result = self.mcts.run(self.network, observations, legal, to_play, self.explore, self.rng)
         threshold = self.config.mcts.temperature_threshold_moves
-        if result.actions is not None:  # Gumbel: the search chose (its noise is the exploration)
-            actions = result.actions
-        else:
-            actions = select_action(result.visit_counts, temperature, self.rng)
+        actions = self._chosen(result, temperature)
         if result.actions is None and threshold is not None and temperature != 0:
             greedy = np.array([ep.game_moves >= threshold for ep in self.episodes])
             if greedy.any():  # only then: without a threshold the draws stay as they were
@@ -160,10 +159,29 @@ class BatchedPlayer:
                                            first_move=ep.game_moves, reward_before=ep.game_return)  # fmt: skip
         cut = [ep for ep in finished if not ep.terminated]
         if cut and self.explore:  # only stored episodes need a value to bootstrap from
-            values = self._values(np.stack([self._network_input(ep) for ep in cut]))
+            values = self._values(np.stack([self.network_input(ep) for ep in cut]))
             for ep, value in zip(cut, values):
                 ep.final_value = float(value)
         return finished
+
+    def _chosen(self, result, temperature: float) -> np.ndarray:
+        """The actions (K,) a search's result plays at ``temperature`` (0: the most visited)."""
+        if result.actions is not None:  # Gumbel: the search chose (its noise is the exploration)
+            return result.actions
+        return select_action(result.visit_counts, temperature, self.rng)
+
+    def greedy_actions(self, observations: np.ndarray, legal: np.ndarray | None = None,
+                       to_play: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
+        """The actions (N,) int64 this player takes without exploring (as the evaluator
+        plays: one search per root, no noise, the most visited action) for N network inputs
+        ``observations`` (N, *observation_shape) (stacked as the network expects); ``legal``
+        (N, A) bool, default all legal; ``to_play`` (N,) int, default 0."""
+        observations = np.asarray(observations, np.float32)
+        n = len(observations)
+        legal = np.ones((n, self.num_actions), bool) if legal is None else np.asarray(legal, bool)
+        to_play = np.zeros(n, np.int64) if to_play is None else np.asarray(to_play, np.int64)
+        result = self.mcts.run(self.network, observations, legal, to_play, False, self.rng)
+        return np.asarray(self._chosen(result, 0.0), np.int64)
 
     @torch.inference_mode()
     def _values(self, observations: np.ndarray) -> np.ndarray:
