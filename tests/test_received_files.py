@@ -88,8 +88,10 @@ COMMANDS = {
     ("episodes.jsonl", "fifo", "--resume"),
     ("metrics.jsonl", "fifo", "--resume"),
     ("metrics.jsonl", "fifo", "--plot"),
-    ("checkpoint.pt", "fifo", "--evaluate"),
-    ("checkpoint.pt", "/dev/zero", "--evaluate"),
+    ("best.pt", "fifo", "--evaluate"),
+    ("best.pt", "/dev/zero", "--evaluate"),
+    ("checkpoint.pt", "fifo", "--resume"),
+    ("checkpoint.pt", "/dev/zero", "--resume"),
 ])  # fmt: skip
 def test_a_fifo_or_a_link_to_dev_zero_in_a_run_directory_is_refused_unread(run_dir, name, kind, flag):
     replace_with(run_dir / name, "fifo" if kind == "fifo" else "link", Path(kind))

@@ -170,7 +170,7 @@ class _SpinThenBlock:
     """
 
     __slots__ = ("lock", "wait_hist", "wait_max_ns")
-    SPINS = 200  # about 20-40 us of retries
+    SPINS = 200  # tens of microseconds of retries before a blocking wait
     BINS = 40
 
     def __init__(self, lock) -> None:

@@ -17,9 +17,9 @@ every internal node from the leaves; the replay buffer calls it when it loads a
 snapshot, whose file holds only the leaves.
 
 Why numba: the walk visits ``depth`` levels (21 at a million leaves). Done with
-vectorised numpy, each level costs several array calls, and sampling 256 plus updating
-256 takes about 0.26 ms at 1e6 leaves on a 2-core machine, above the replay
-benchmark's target (``bench/sumtree_numpy.py`` measures both). The numba kernels below
+vectorised numpy, each level costs several array calls, which put sampling 256 plus
+updating 256 at 1e6 leaves above the replay benchmark's target (``bench/sumtree_numpy.py``
+measures both; docs/experiments/runtime.md has the figures). The numba kernels below
 are the only implementation. They still walk level by level for the whole batch: all
 B descents advance one level together, so the cache misses of different samples
 overlap instead of queueing one behind the other.

@@ -95,6 +95,14 @@ def _train(cfg: Config, run: Run, resume: Path | None, spec, signals: StopReques
         video = PeriodicVideo(cfg, run_dir)
         losses: dict = {}
 
+        def figures() -> ProgressFigures:
+            c = buf.counters
+            return ProgressFigures(
+                elapsed_s=run.elapsed(), training_step=trainer.training_step, env_steps=c["steps"],
+                buffer_fill=len(buf) / buf.capacity, evaluation=run.evaluation, loss=losses.get("total_loss"),
+                learner_state="training" if losses else "waiting_for_data",
+                budgets=run.budgets(trainer.training_step, c["steps"]))  # fmt: skip
+
         def record(event: str) -> None:
             reanalysed = reanalyser.stats() if reanalyser is not None else {}
             run.record(event, buf, {**losses, "training_step": trainer.training_step}, reanalysed, store.version,
@@ -142,11 +150,7 @@ def _train(cfg: Config, run: Run, resume: Path | None, spec, signals: StopReques
                 if log:
                     record("progress")
                 c = buf.counters
-                status.update(ProgressFigures(
-                    elapsed_s=run.elapsed(), training_step=trainer.training_step, env_steps=c["steps"],
-                    buffer_fill=len(buf) / buf.capacity, evaluation=run.evaluation, loss=losses.get("total_loss"),
-                    learner_state="training" if losses else "waiting_for_data",
-                    budgets=run.budgets(trainer.training_step, c["steps"])), log=log)  # fmt: skip
+                status.update(figures(), log=log)
                 reason = run.stop_reason(c["steps"]) or ""
                 if reason:
                     break
@@ -157,7 +161,7 @@ def _train(cfg: Config, run: Run, resume: Path | None, spec, signals: StopReques
             code, reason = 143, f"terminated (exit {exc.code})"
         finally:
             signals.begin_shutdown()  # further Ctrl-Cs are acknowledged; the next one forces
-            status.clear()
+            status.finish(figures())
             try:
                 with signals.obeying():  # atomic writes: cut midway, the previous files stay whole
                     save_checkpoint(run_dir / "checkpoint.pt", trainer, extra={"config": config_to_dict(cfg)})

@@ -6,9 +6,9 @@ them at no cost. Imported for its effects, by the forkserver only:
 - the modules every child imports anyway (the process mains and both algorithms);
 - ``torch._dynamo``: torch imports it on the first ``torch.optim`` optimizer a process
   builds (``Optimizer.add_param_group`` is wrapped by ``torch._disable_dynamo``), which
-  took the learner 2-2.4 CPU s between its start and its first training step;
+  costs the learner CPU seconds between its start and its first training step;
 - the replay buffer's compiled kernels (``mpper.replay.buffer.warm_kernels``), with
-  numba's compiler: about 1 CPU s and 55 MiB in each process that loads them.
+  numba's compiler, which cost each process that loads them a CPU second and tens of MiB.
 
 ``python bench/startup.py`` times each of these steps and the start of a run.
 """

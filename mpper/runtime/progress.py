@@ -241,6 +241,12 @@ class ProgressLine:
             self.stream.write(line + "\n")
             self.stream.flush()
 
+    def finish(self, f: ProgressFigures) -> None:
+        """The run's last line, whatever the interval: the figures it ended with, drawn and
+        ended on a terminal, printed when piped."""
+        self.update(f, log=True)
+        self.clear()
+
     def clear(self) -> None:
         """End the rewritten line (on a terminal), so that other output starts on a new one."""
         if self.tty and self._shown:

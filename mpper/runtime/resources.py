@@ -1,12 +1,11 @@
 """Will a run fit this machine? Its sizes, computed from the config before anything
 starts, against the free space of /dev/shm and the machine's memory.
 
-What a run holds (figures per process measured on the 2-core VM with
-``configs/cartpole.json`` and 8 workers, ``python bench/startup.py --config
-configs/cartpole.json --workers 8 --repeats 1``: a child's private memory, beside what it
-shares with the forkserver (libraries, and numba's compiler with the buffer's kernels,
-which ``mpper.runtime.preload`` loads there once), was 13-27 MiB; the supervisor, the
-forkserver and the resource tracker about 300 MiB together):
+What a run holds (the per-process figures are ``python bench/startup.py``'s, in
+docs/experiments/runtime.md: a child's private memory beside what it shares with the
+forkserver, whose libraries and numba's compiler with the buffer's kernels
+``mpper.runtime.preload`` loads there once; and the supervisor, the forkserver and the
+resource tracker together):
 
 - the replay buffer, one shared-memory segment: exactly the bytes of its layout;
 - the network, as float32 parameters: the learner holds it with its gradients, Adam's

@@ -266,7 +266,7 @@ class Supervisor:
                     return 0
         finally:
             self._write_metrics()
-            progress.clear()
+            progress.finish(self._figures())
 
     def _drain_reports(self) -> None:
         deadline = time.monotonic() + 0.2
