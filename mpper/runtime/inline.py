@@ -15,6 +15,7 @@ the scheduling differs:
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 
@@ -164,8 +165,18 @@ def _train(cfg: Config, run: Run, resume: Path | None, spec, signals: StopReques
             status.finish(figures())
             try:
                 with signals.obeying():  # atomic writes: cut midway, the previous files stay whole
-                    save_checkpoint(run_dir / "checkpoint.pt", trainer, extra={"config": config_to_dict(cfg)})
-                    run.snapshot(buf)
+                    lost = []
+                    for what, write in (("checkpoint", lambda: save_checkpoint(
+                            run_dir / "checkpoint.pt", trainer, extra={"config": config_to_dict(cfg)})),
+                            ("buffer snapshot", lambda: run.snapshot(buf))):  # fmt: skip
+                        try:
+                            write()
+                        except OSError as exc:  # a full disk: the previous file stays whole
+                            lost.append(f"the final {what} was not written ({exc.strerror or exc}); the previous "
+                                        f"one, if any, is unchanged")  # fmt: skip
+                            print(f"mpper: {lost[-1]}", file=sys.stderr)
+                    if lost:
+                        code, reason = code or 1, f"{reason}, but {'; '.join(lost)}"
                 record("end")
             except ForcedStop:
                 pass

@@ -10,6 +10,7 @@ checkpoint cadence and the metrics it reports.
 
 from __future__ import annotations
 
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -171,7 +172,11 @@ def _learn(config: Config, buf: ReplayBuffer, store: WeightStore, stop, reports,
                 store.publish(trainer.published_network.get_flat_weights(), step)
                 published_at = step
             if time.monotonic() - last_checkpoint >= config.runtime.checkpoint_interval_s:
-                checkpoint()
+                try:
+                    checkpoint()
+                except OSError as exc:  # a full disk: the previous checkpoint stays whole (atomic write)
+                    print(f"mpper: learner: checkpoint not written to {checkpoint_path} ({exc.strerror or exc}); "
+                          f"the previous one there is unchanged; training goes on", file=sys.stderr, flush=True)
                 last_checkpoint = time.monotonic()
             meter.maybe_report(step, store.version, len(buf), state="training")
     finally:

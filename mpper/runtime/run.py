@@ -123,6 +123,7 @@ class Run:
         self.solving: dict | None = None  # the first evaluation at runtime.solve_return
         self._last_progress = self.started
         self._metrics = self._episodes = self._tensorboard = self._csv = self._wandb = None
+        self._metrics_lost = False  # a write failed (a full disk): said once
 
     # ---- files ------------------------------------------------------------------------
     def start(self) -> None:
@@ -187,9 +188,15 @@ class Run:
             "weights_version": weights_version,
             "worker_weights_versions": worker_weights,
         }
-        self._metrics.write(json.dumps(record) + "\n")
-        self._metrics.flush()
-        self._csv.write(record)
+        try:
+            self._metrics.write(json.dumps(record) + "\n")
+            self._metrics.flush()
+            self._csv.write(record)
+        except OSError as exc:  # a full disk: the run goes on; said once, not at every record
+            if not self._metrics_lost:
+                self._metrics_lost = True
+                print(f"mpper: metrics not written to {self.run_dir} ({exc.strerror or exc}); the run goes on",
+                      file=sys.stderr)  # fmt: skip
         if self._tensorboard is not None:
             self._tensorboard.write(record)
         if self._wandb is not None:
@@ -213,7 +220,13 @@ class Run:
         if self._episodes is None or self._episodes.closed:
             return
         line = {"time_s": round(self.elapsed(), 3), "worker": source, "env_steps": env_steps, **payload}
-        self._episodes.write(json.dumps(line) + "\n")
+        try:
+            self._episodes.write(json.dumps(line) + "\n")
+        except OSError as exc:  # a full disk: as for the metrics
+            if not self._metrics_lost:
+                self._metrics_lost = True
+                print(f"mpper: episodes.jsonl not written in {self.run_dir} ({exc.strerror or exc}); the run goes on",
+                      file=sys.stderr)  # fmt: skip
 
     def snapshot(self, buffer: ReplayBuffer) -> None:
         """The buffer's snapshot at ``run_dir/buffer`` (atomic: the previous one stays

@@ -118,6 +118,7 @@ class Supervisor:
         # 255), though they run on, orphaned. Their pids are watched directly instead.
         self.forkserver_lost = False
         self.remote = None  # with runtime.ray_address: the self-play actors (runtime/remote.py)
+        self.snapshot_lost: str | None = None  # why the final snapshot was not written
 
     # ---- lifecycle ------------------------------------------------------------------
     def run(self) -> int:
@@ -141,6 +142,9 @@ class Supervisor:
         if missing:
             self.finished_reason = f"{self.finished_reason or 'stopped'}, but {missing}"
             code = code or 1  # a run that lost its final weights did not finish
+        if self.snapshot_lost:
+            self.finished_reason = f"{self.finished_reason or 'stopped'}, but the final {self.snapshot_lost}"
+            code = code or 1  # nor did one whose buffer was not saved
         if self.signals.forced:
             code = code or 130
         if self.error:
@@ -451,7 +455,8 @@ class Supervisor:
                 with self.signals.obeying():
                     self.run_files.snapshot(self.buffer)
             except Exception as exc:  # disk full...: the previous snapshot stays whole
-                print(f"mpper: final {_snapshot_failed(self.run_dir / 'buffer', exc)}", file=sys.stderr)
+                self.snapshot_lost = _snapshot_failed(self.run_dir / "buffer", exc)
+                print(f"mpper: final {self.snapshot_lost}", file=sys.stderr)
         self.signals.check()  # a forcing Ctrl-C that came between the two
         self._write_metrics(event="end")
 
