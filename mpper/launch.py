@@ -204,6 +204,8 @@ def _check_resume(run_dir: Path, config, spec) -> str | None:
     keeps its capacity, alpha, priority_eps and initial_priority, so an override of
     one is refused rather than recorded in config.json and ignored. Returns the
     problem, or None."""
+    import torch
+
     from .algos.registry import algorithm_of, load_run_checkpoint
     from .checkpoint import CheckpointError, load_network_weights
     from .replay.buffer import ReplayBuffer
@@ -231,6 +233,11 @@ def _check_resume(run_dir: Path, config, spec) -> str | None:
                 load_network_weights(network, state[entry], checkpoint, entry)
     except (CheckpointError, OSError) as e:
         return f"--resume {run_dir}: {e}"
+    try:  # the optimizer's state and the rest, as the learner will load them
+        algorithm_of(config).make_trainer(config, network, torch.device("cpu")).load_state_dict(state)
+    except (ValueError, KeyError, TypeError, IndexError, RuntimeError) as e:
+        detail = " ".join(str(e).split()) or type(e).__name__
+        return f"--resume {run_dir}: {checkpoint}: the trainer's state does not load ({type(e).__name__}: {detail})"
     snapshot = run_dir / "buffer"
     if not os.path.lexists(snapshot):
         # weights without data: the run was killed before its first snapshot; say so and go on

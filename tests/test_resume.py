@@ -194,3 +194,30 @@ def test_a_resumed_run_keeps_its_best_checkpoint_unless_beaten(trained_run, tmp_
     assert end["event"] == "end" and end["evaluation"]["training_step"] > 40  # the resumed run evaluated
     kept = torch.load(run_dir / "best.pt", weights_only=True)
     assert kept["extra"]["mean_return"] == 1e9 and kept["training_step"] == best["training_step"]
+
+
+@pytest.mark.parametrize("break_it", ["moment-shape", "no-param-groups", "group-count"])
+def test_a_checkpoint_whose_optimizer_state_is_broken_is_refused_in_one_line(trained_run, tmp_path, capsys,
+                                                                             break_it):  # fmt: skip
+    """The learner would load it and fail at its first step (a moment of the wrong shape),
+    or at once with a traceback; --resume refuses it before anything starts."""
+    import shutil
+
+    from mpper.cli import main
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(trained_run, run_dir)
+    state = torch.load(run_dir / "checkpoint.pt", weights_only=True)
+    optimizer = state["optimizer"]
+    if break_it == "moment-shape":
+        moments = next(iter(optimizer["state"].values()))
+        moments["exp_avg"] = torch.zeros(3, 3, 3)
+    elif break_it == "no-param-groups":
+        del optimizer["param_groups"]
+    else:
+        optimizer["param_groups"].append(dict(optimizer["param_groups"][0]))
+    torch.save(state, run_dir / "checkpoint.pt")
+    assert main(["--resume", str(run_dir), "--device", "cpu"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: --resume {run_dir}: ") and "the trainer's state does not " \
+        "load" in err[0], err  # fmt: skip

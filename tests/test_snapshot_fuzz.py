@@ -252,3 +252,13 @@ def test_a_snapshot_that_breaks_one_bookkeeping_rule_is_refused_by_that_rule(sna
     snap = _edit(snapshot, tmp_path, name, edit)
     with pytest.raises(SnapshotError, match=message):
         ReplayBuffer.load(snap, mmap=mmap)
+
+
+def test_a_manifest_field_of_seventy_dimensions_is_refused_in_one_line(snapshot, tmp_path):
+    snap = shutil.copytree(snapshot, tmp_path / "snapshot")
+    manifest = json.loads((snap / "manifest.json").read_text())
+    manifest["schema"][0]["shape"] = [1] * 70
+    (snap / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(SnapshotError, match=r"manifest.json: bad schema \(schema field .*: at most 16 dimensions, "
+                                            r"got 70\)"):  # fmt: skip
+        ReplayBuffer.load(snap, mmap=True)

@@ -334,6 +334,14 @@ class Trainer:
         optimizer_state = dict(state["optimizer"])
         optimizer_state["param_groups"] = [{**g, "fused": self._fused or None} for g in optimizer_state["param_groups"]]
         self.optimizer.load_state_dict(optimizer_state)  # moves the state to the params' device
+        # torch checks the groups' sizes, not the moments' shapes: a mismatch would fail at
+        # the first step, deep in the kernel
+        for group in self.optimizer.param_groups:
+            for param in group["params"]:
+                for name, value in self.optimizer.state.get(param, {}).items():
+                    if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape != param.shape:
+                        raise ValueError(f"optimizer state {name!r} has shape {tuple(value.shape)} for a weight of "
+                                         f"shape {tuple(param.shape)}")  # fmt: skip
         self.training_step = int(state["training_step"])
         if self.averaged is not None:
             self.averaged.module.load_state_dict(state["network"])

@@ -19,6 +19,10 @@ class Field(NamedTuple):
     fill: float  # value of rows a writer leaves out
 
 
+# A row field's dimensions (an image stack is 3 or 4); numpy's record dtypes take few more.
+MAX_FIELD_DIMS = 16
+
+
 def normalize_schema(schema: Mapping[str, Sequence]) -> tuple[Field, ...]:
     """``{name: (shape, dtype)}`` or ``{name: (shape, dtype, fill)}`` -> Fields.
 
@@ -44,6 +48,8 @@ def normalize_schema(schema: Mapping[str, Sequence]) -> tuple[Field, ...]:
             raise ValueError(f"schema field {name!r}: shape must be a tuple of ints, got {shape!r}") from None
         if any(d < 1 for d in shape):
             raise ValueError(f"schema field {name!r}: every dimension must be >= 1, got {shape}")
+        if len(shape) > MAX_FIELD_DIMS:
+            raise ValueError(f"schema field {name!r}: at most {MAX_FIELD_DIMS} dimensions, got {len(shape)}")
         try:
             dt = np.dtype(dtype)
         except TypeError:
