@@ -40,8 +40,9 @@ deep trees of a trained network's peaked priors. The kernels do the same loops p
 in compiled code, so the network's inference is most of a search's time
 (``bench/mcts_speed.py``). They are cached on disk (``cache=True``): a fresh process
 loads them quickly, only the very first compile takes seconds. A policy's ``select`` is
-its own kernel rather than a function handed to a shared walk because numba does not
-cache a kernel that takes another as an argument: every process would compile it again.
+its own kernel rather than a function handed to a shared walk because numba's disk cache
+never serves a kernel that takes another as an argument (the argument's type carries its
+address): every process would compile it again.
 
 The network runs under ``torch.inference_mode()`` on whatever device its parameters are on
 (self-play keeps it on the CPU); hidden states never leave torch. Per simulation the only
