@@ -41,6 +41,7 @@ Gumbel noise, the selection kernel and the decision after the simulations.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numba
 import numpy as np
@@ -81,6 +82,14 @@ def considered_visits_table(max_num_considered_actions: int, num_simulations: in
                     dtype=np.int64).reshape(max_num_considered_actions + 1, num_simulations)  # fmt: skip
 
 
+class GumbelDraws(NamedTuple):
+    """What one Gumbel search draws before it starts."""
+
+    gumbel: np.ndarray  # (K, A) float64: the roots' Gumbel noise, scaled (0 when not exploring)
+    num_considered: np.ndarray  # (K,) int64: the actions Sequential Halving starts from at each root
+    scratch: np.ndarray  # (A,) float64: one node's completed Q-values, in the kernels
+
+
 class GumbelMCTS(BatchedSearch):
     """Gumbel MuZero search for K environments at once (``mcts.kind: "gumbel"``).
 
@@ -100,9 +109,7 @@ class GumbelMCTS(BatchedSearch):
                                              config.num_simulations)  # fmt: skip
         self.tree_bounds = config.gumbel_q_bounds == "tree"
 
-    def draw(self, legal, add_exploration_noise, rng, root_noise, tie_break):
-        """(Gumbel noise (K, A), the number of actions each root considers (K,), scratch
-        space (A,) for one node's completed Q-values in the kernels)."""
+    def draw(self, legal, add_exploration_noise, rng, root_noise, tie_break) -> GumbelDraws:
         if add_exploration_noise:
             gumbel = self.config.gumbel_scale * rng.gumbel(size=legal.shape) if root_noise is None else root_noise
             gumbel = np.ascontiguousarray(gumbel, dtype=np.float64)
@@ -111,26 +118,26 @@ class GumbelMCTS(BatchedSearch):
         else:
             gumbel = np.zeros(legal.shape)
         num_considered = np.minimum(self.table.shape[0] - 1, legal.sum(axis=1)).astype(np.int64)
-        return gumbel, num_considered, np.empty(self.num_actions)
+        return GumbelDraws(gumbel, num_considered, np.empty(self.num_actions))
 
     def root_prior(self, prior, legal, draws):
         return prior
 
-    def select(self, tree: Tree, draws) -> None:
+    def select(self, tree: Tree, draws: GumbelDraws) -> None:
         cfg = self.config
         _gumbel_select(tree.children, tree.visit_count, tree.value_sum, tree.reward, tree.raw_value, tree.prior,
-                       tree.legal, draws[0], self.table, draws[1], cfg.discount, self.value_sign, cfg.c_visit,
-                       cfg.c_scale, self.tree_bounds, tree.path, tree.depth, tree.parent, tree.action,
-                       draws[2])  # fmt: skip
+                       tree.legal, draws.gumbel, self.table, draws.num_considered, cfg.discount, self.value_sign,
+                       cfg.c_visit, cfg.c_scale, self.tree_bounds, tree.path, tree.depth, tree.parent, tree.action,
+                       draws.scratch)  # fmt: skip
 
-    def decide(self, tree: Tree, draws):
+    def decide(self, tree: Tree, draws: GumbelDraws):
         k_trees = tree.legal.shape[0]
         actions = np.empty(k_trees, dtype=np.int64)
         policy = np.empty((k_trees, self.num_actions))
         cfg = self.config
         _gumbel_decide(tree.children, tree.visit_count, tree.value_sum, tree.reward, tree.raw_value, tree.prior,
-                       tree.legal, draws[0], cfg.discount, self.value_sign, cfg.c_visit, cfg.c_scale,
-                       self.tree_bounds, actions, policy, draws[2])  # fmt: skip
+                       tree.legal, draws.gumbel, cfg.discount, self.value_sign, cfg.c_visit, cfg.c_scale,
+                       self.tree_bounds, actions, policy, draws.scratch)  # fmt: skip
         return policy, actions
 
 

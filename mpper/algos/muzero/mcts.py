@@ -27,6 +27,7 @@ searches given the same keys.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numba
 import numpy as np
@@ -34,6 +35,13 @@ import numpy as np
 from .tree import BatchedSearch, SearchResult, Tree, step_down
 
 __all__ = ["BatchedMCTS", "SearchResult", "select_action", "temperature_at"]
+
+
+class PuctDraws(NamedTuple):
+    """What one pUCT search draws before it starts."""
+
+    tie_break: np.ndarray  # (K, A) float64: keys for exact ties, the larger wins
+    noise: np.ndarray | None  # (K, A) float64: Dirichlet noise for the root priors; None: not exploring
 
 
 class BatchedMCTS(BatchedSearch):
@@ -61,31 +69,29 @@ class BatchedMCTS(BatchedSearch):
         uniform = legal / legal.sum(axis=1, keepdims=True)
         return np.where(totals > 0, gammas / np.where(totals > 0, totals, 1.0), uniform)
 
-    def draw(self, legal, add_exploration_noise, rng, root_noise, tie_break):
-        """(tie keys (K, A), Dirichlet noise (K, A) or None when not exploring)."""
+    def draw(self, legal, add_exploration_noise, rng, root_noise, tie_break) -> PuctDraws:
         if tie_break is None:
             tie_break = rng.random(legal.shape)
         tie_break = np.ascontiguousarray(tie_break, dtype=np.float64)
         if tie_break.shape != legal.shape:
             raise ValueError(f"tie_break must be (K, A) = {legal.shape}, got shape {tie_break.shape}")
         if not add_exploration_noise:
-            return tie_break, None
+            return PuctDraws(tie_break, None)
         noise = self.sample_root_noise(legal, rng) if root_noise is None else np.asarray(root_noise, np.float64)
         if noise.shape != legal.shape:
             raise ValueError(f"root_noise must be (K, A) = {legal.shape}, got shape {noise.shape}")
-        return tie_break, noise
+        return PuctDraws(tie_break, noise)
 
-    def root_prior(self, prior, legal, draws):
-        noise = draws[1]
-        if noise is None:
+    def root_prior(self, prior, legal, draws: PuctDraws):
+        if draws.noise is None:
             return prior
         frac = self.config.root_exploration_fraction
-        return np.where(legal, prior * (1 - frac) + noise * frac, 0.0)
+        return np.where(legal, prior * (1 - frac) + draws.noise * frac, 0.0)
 
-    def select(self, tree: Tree, draws) -> None:
+    def select(self, tree: Tree, draws: PuctDraws) -> None:
         cfg = self.config
         _puct_select(tree.children, tree.visit_count, tree.value_sum, tree.reward, tree.prior, tree.q_min, tree.q_max,
-                     tree.legal, draws[0], cfg.discount, self.value_sign, cfg.pb_c_base, cfg.pb_c_init, tree.path,
+                     tree.legal, draws.tie_break, cfg.discount, self.value_sign, cfg.pb_c_base, cfg.pb_c_init, tree.path,
                      tree.depth, tree.parent, tree.action)  # fmt: skip
 
     def decide(self, tree: Tree, draws):

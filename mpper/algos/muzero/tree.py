@@ -215,11 +215,12 @@ class BatchedSearch:
         root = root.cpu().numpy().astype(np.float64)
         tree.raw_value[:, 0] = root[:, 0]
         tree.prior[:, 0] = self.root_prior(root[:, 1:], legal, draws)
-        hidden = torch.empty((k_trees, num_sims + 1, *out.hidden_state.shape[1:]), dtype=out.hidden_state.dtype, device=device)  # fmt: skip
+        hidden_shape = (k_trees, num_sims + 1, *out.hidden_state.shape[1:])
+        hidden = torch.empty(hidden_shape, dtype=out.hidden_state.dtype, device=device)
         hidden[:, 0] = out.hidden_state
 
         trees_t = torch.arange(k_trees, device=device)
-        parent_t, action_t = torch.from_numpy(tree.parent), torch.from_numpy(tree.action)  # views: select refreshes them
+        parent_t, action_t = torch.from_numpy(tree.parent), torch.from_numpy(tree.action)  # views, refreshed by select
         max_tree_depth = 0
         for sim in range(num_sims):
             self.select(tree, draws)
