@@ -74,14 +74,13 @@ def test_batched_gumbel_search_equals_single_searches(two_player, q_bounds):
     rng = np.random.default_rng(2)
     model = random_tabular(rng)
     k_envs, n_actions = 10, 4
-    states = rng.integers(0, 40, size=k_envs)
+    obs = rng.integers(0, 40, size=(k_envs, 1)).astype(np.float32)  # the roots' states
     legal = rng.random((k_envs, n_actions)) < 0.7
-    legal[~legal.any(1), 0] = True
-    to_play = rng.integers(0, 2, size=k_envs) if two_player else np.zeros(k_envs, int)
+    legal[np.arange(k_envs), rng.integers(0, n_actions, k_envs)] = True  # one legal action at least
+    to_play = rng.integers(0, 2, size=k_envs) * two_player
     config = MCTSConfig(kind="gumbel", num_simulations=24, max_num_considered_actions=4, gumbel_q_bounds=q_bounds)
     search = GumbelMCTS(n_actions, config, SUPPORT, two_player)
     noise = rng.gumbel(size=legal.shape)
-    obs = states[:, None].astype(np.float32)
     batched = search.run(model, obs, legal, to_play, True, rng, root_noise=noise)
     for k in range(k_envs):
         single = search.run(model, obs[k : k + 1], legal[k : k + 1], to_play[k : k + 1], True, rng,
