@@ -47,6 +47,7 @@ class FirstAction(BatchedSearch):
             node, tree.depth[k] = 0, 0
             while node >= 0:
                 node = step_down(k, node, 0, tree.children, tree.path, tree.depth, tree.parent, tree.action)
+        return int(tree.depth.max())
 
     def decide(self, tree, draws):
         return None, None

@@ -123,12 +123,12 @@ class GumbelMCTS(BatchedSearch):
     def root_prior(self, prior, legal, draws):
         return prior
 
-    def select(self, tree: Tree, draws: GumbelDraws) -> None:
+    def select(self, tree: Tree, draws: GumbelDraws) -> int:
         cfg = self.config
-        _gumbel_select(tree.children, tree.visit_count, tree.value_sum, tree.reward, tree.raw_value, tree.prior,
-                       tree.legal, draws.gumbel, self.table, draws.num_considered, cfg.discount, self.value_sign,
-                       cfg.c_visit, cfg.c_scale, self.tree_bounds, tree.path, tree.depth, tree.parent, tree.action,
-                       draws.scratch)  # fmt: skip
+        return _gumbel_select(tree.children, tree.visit_count, tree.value_sum, tree.reward, tree.raw_value,
+                              tree.prior, tree.legal, draws.gumbel, self.table, draws.num_considered, cfg.discount,
+                              self.value_sign, cfg.c_visit, cfg.c_scale, self.tree_bounds, tree.path, tree.depth,
+                              tree.parent, tree.action, draws.scratch)  # fmt: skip
 
     def decide(self, tree: Tree, draws: GumbelDraws):
         k_trees = tree.legal.shape[0]
@@ -229,7 +229,9 @@ def _gumbel_select(children, visit_count, value_sum, reward, raw_value, prior, l
     """Walk every tree from the root to an unexpanded child (:func:`.tree.step_down`
     writes the walk): Sequential Halving with Gumbel at the root, the deterministic
     improved-policy rule below it. ``tree_bounds``: rescale Q by the whole tree's bounds
-    (``mcts.gumbel_q_bounds: "tree"``). ``q`` is scratch space (A,)."""
+    (``mcts.gumbel_q_bounds: "tree"``). ``q`` is scratch space (A,). Returns the deepest
+    new leaf's depth."""
+    deepest = 0
     for k in range(children.shape[0]):
         low, high = _q_bounds(k, tree_bounds, children, visit_count, value_sum, reward, discount, value_sign)
         node = 0
@@ -242,6 +244,8 @@ def _gumbel_select(children, visit_count, value_sum, reward, raw_value, prior, l
             else:
                 best = _interior_choice(k, node, children, visit_count, prior, q)
             node = step_down(k, node, best, children, path, depth, parent, action)
+        deepest = max(deepest, depth[k])
+    return deepest
 
 
 @numba.njit(cache=True, nogil=True, inline="always")

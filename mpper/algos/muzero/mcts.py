@@ -88,11 +88,11 @@ class BatchedMCTS(BatchedSearch):
         frac = self.config.root_exploration_fraction
         return np.where(legal, prior * (1 - frac) + draws.noise * frac, 0.0)
 
-    def select(self, tree: Tree, draws: PuctDraws) -> None:
+    def select(self, tree: Tree, draws: PuctDraws) -> int:
         cfg = self.config
-        _puct_select(tree.children, tree.visit_count, tree.value_sum, tree.reward, tree.prior, tree.q_min, tree.q_max,
-                     tree.legal, draws.tie_break, cfg.discount, self.value_sign, cfg.pb_c_base, cfg.pb_c_init, tree.path,
-                     tree.depth, tree.parent, tree.action)  # fmt: skip
+        return _puct_select(tree.children, tree.visit_count, tree.value_sum, tree.reward, tree.prior, tree.q_min,
+                            tree.q_max, tree.legal, draws.tie_break, cfg.discount, self.value_sign, cfg.pb_c_base,
+                            cfg.pb_c_init, tree.path, tree.depth, tree.parent, tree.action)  # fmt: skip
 
     def decide(self, tree: Tree, draws):
         return None, None
@@ -108,7 +108,9 @@ def _puct_select(children, visit_count, value_sum, reward, prior, q_min, q_max, 
                  discount, value_sign, pb_c_base, pb_c_init, path, depth, parent, action):  # fmt: skip
     """Walk every tree from the root to an unexpanded child by maximal pUCT score
     (:func:`.tree.step_down` writes the walk). Only legal actions are considered at the
-    root. Exact ties go to the larger prior, then to the larger ``tie_break[k, a]``."""
+    root. Exact ties go to the larger prior, then to the larger ``tie_break[k, a]``.
+    Returns the deepest new leaf's depth."""
+    deepest = 0
     for k in range(children.shape[0]):
         span = q_max[k] - q_min[k]  # MinMaxStats.normalize applies only once max > min
         node = 0
@@ -117,6 +119,8 @@ def _puct_select(children, visit_count, value_sum, reward, prior, q_min, q_max, 
             best = _puct_child(k, node, children, visit_count, value_sum, reward, prior, q_min[k], span, legal,
                                tie_break, discount, value_sign, pb_c_base, pb_c_init)  # fmt: skip
             node = step_down(k, node, best, children, path, depth, parent, action)
+        deepest = max(deepest, depth[k])
+    return deepest
 
 
 @numba.njit(cache=True, nogil=True, inline="always")

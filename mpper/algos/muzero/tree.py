@@ -155,9 +155,9 @@ class BatchedSearch:
         softmax over the legal actions."""
         raise NotImplementedError
 
-    def select(self, tree: Tree, draws) -> None:
+    def select(self, tree: Tree, draws) -> int:
         """Walk every tree to an unexpanded child, writing ``tree.path``, ``depth``,
-        ``parent`` and ``action``."""
+        ``parent`` and ``action``; returns the deepest new leaf's depth (in edges)."""
         raise NotImplementedError
 
     def decide(self, tree: Tree, draws) -> tuple[np.ndarray | None, np.ndarray | None]:
@@ -223,8 +223,7 @@ class BatchedSearch:
         parent_t, action_t = torch.from_numpy(tree.parent), torch.from_numpy(tree.action)  # views, refreshed by select
         max_tree_depth = 0
         for sim in range(num_sims):
-            self.select(tree, draws)
-            max_tree_depth = max(max_tree_depth, int(tree.depth.max()))
+            max_tree_depth = max(max_tree_depth, self.select(tree, draws))
             out = network.recurrent_inference(hidden[trees_t, parent_t.to(device)], action_t.to(device))
             hidden[:, sim + 1] = out.hidden_state
             logits = torch.cat([out.value_logits, out.reward_logits, out.policy_logits], 1).cpu().numpy()
