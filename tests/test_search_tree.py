@@ -44,9 +44,9 @@ class FirstAction(BatchedSearch):
 
     def select(self, tree, draws):
         for k in range(tree.depth.shape[0]):
-            node, tree.depth[k] = 0, 0
+            node, d = 0, 0
             while node >= 0:
-                node = step_down(k, node, 0, tree.children, tree.path, tree.depth, tree.parent, tree.action)
+                node, d = step_down(k, node, 0, d, tree.children, tree.path, tree.depth, tree.parent, tree.action)
         return int(tree.depth.max())
 
     def decide(self, tree, draws):

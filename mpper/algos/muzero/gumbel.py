@@ -230,87 +230,59 @@ def _gumbel_select(children, visit_count, value_sum, reward, raw_value, prior, l
     writes the walk): Sequential Halving with Gumbel at the root, the deterministic
     improved-policy rule below it. ``tree_bounds``: rescale Q by the whole tree's bounds
     (``mcts.gumbel_q_bounds: "tree"``). ``q`` is scratch space (A,). Returns the deepest
-    new leaf's depth."""
+    new leaf's depth.
+
+    The rules are written here, not in functions of their own: a compiled call per node
+    that takes the tree's arrays costs more than the choice itself."""
+    k_trees, _, num_actions = children.shape
     deepest = 0
-    for k in range(children.shape[0]):
+    for k in range(k_trees):
         low, high = _q_bounds(k, tree_bounds, children, visit_count, value_sum, reward, discount, value_sign)
-        node = 0
-        depth[k] = 0
+        node, d = 0, 0
         while node >= 0:
             _completed_q(k, node, children, visit_count, value_sum, reward, raw_value, prior,
                          discount, value_sign, c_visit, c_scale, low, high, q)  # fmt: skip
+            best = -1
             if node == 0:
-                best = _root_choice(k, children, visit_count, prior, legal, gumbel, q, table, num_considered)
+                root_visits = 0
+                best_logit = -np.inf
+                for a in range(num_actions):
+                    child = children[k, 0, a]
+                    root_visits += visit_count[k, child] if child >= 0 else 0
+                    if legal[k, a]:
+                        best_logit = max(best_logit, _log(prior[k, 0, a]))
+                considered_visit = table[num_considered[k], root_visits]
+                best_score = -np.inf
+                for a in range(num_actions):
+                    score = _root_score(k, children, visit_count, prior, legal, gumbel, q, considered_visit,
+                                        best_logit, a)  # fmt: skip
+                    if best < 0 and legal[k, a] or score > best_score:
+                        best_score = score
+                        best = a
             else:
-                best = _interior_choice(k, node, children, visit_count, prior, q)
-            node = step_down(k, node, best, children, path, depth, parent, action)
-        deepest = max(deepest, depth[k])
+                # softmax(log prior + sigma(q_hat)) - N(a) / (1 + sum N)
+                top = -np.inf
+                total_visits = 0
+                for a in range(num_actions):
+                    q[a] += _log(prior[k, node, a])
+                    top = max(top, q[a])
+                    child = children[k, node, a]
+                    total_visits += visit_count[k, child] if child >= 0 else 0
+                norm = 0.0
+                for a in range(num_actions):
+                    q[a] = math.exp(q[a] - top)
+                    norm += q[a]
+                best_score = -np.inf
+                for a in range(num_actions):
+                    child = children[k, node, a]
+                    n = visit_count[k, child] if child >= 0 else 0
+                    score = q[a] / norm - n / (1 + total_visits)
+                    if score > best_score:
+                        best_score = score
+                        best = a
+            node, d = step_down(k, node, best, d, children, path, depth, parent, action)
+        deepest = max(deepest, d)
     return deepest
-
-
-@numba.njit(cache=True, nogil=True, inline="always")
-def _best_root_logit(k, prior, legal):
-    """The largest log prior among tree ``k``'s legal root actions."""
-    best_logit = -np.inf
-    for a in range(prior.shape[2]):
-        if legal[k, a]:
-            best_logit = max(best_logit, _log(prior[k, 0, a]))
-    return best_logit
-
-
-@numba.njit(cache=True, nogil=True, inline="always")
-def _argmax_root_score(k, children, visit_count, prior, legal, gumbel, q, considered_visit):
-    """The legal root action of largest :func:`_root_score` (the first legal one where
-    all are -inf: mctx's argmax over a masked score)."""
-    best_logit = _best_root_logit(k, prior, legal)
-    best = -1
-    best_score = -np.inf
-    for a in range(prior.shape[2]):
-        score = _root_score(k, children, visit_count, prior, legal, gumbel, q, considered_visit, best_logit, a)
-        if best < 0 and legal[k, a] or score > best_score:
-            best_score = score
-            best = a
-    return best
-
-
-@numba.njit(cache=True, nogil=True, inline="always")
-def _root_choice(k, children, visit_count, prior, legal, gumbel, q, table, num_considered):
-    """Sequential Halving's root action: among the children whose visit count is the
-    one the schedule allows now, the largest ``g + logits + sigma(q_hat)``."""
-    root_visits = 0
-    for a in range(prior.shape[2]):
-        child = children[k, 0, a]
-        root_visits += visit_count[k, child] if child >= 0 else 0
-    considered_visit = table[num_considered[k], root_visits]
-    return _argmax_root_score(k, children, visit_count, prior, legal, gumbel, q, considered_visit)
-
-
-@numba.njit(cache=True, nogil=True, inline="always")
-def _interior_choice(k, node, children, visit_count, prior, q):
-    """The argmax of ``softmax(log prior + sigma(q_hat))(a) - N(a) / (1 + sum N)``; ``q``
-    holds the node's ``sigma(q_hat)`` and is overwritten."""
-    num_actions = prior.shape[2]
-    top = -np.inf
-    total_visits = 0
-    for a in range(num_actions):
-        q[a] += _log(prior[k, node, a])
-        top = max(top, q[a])
-        child = children[k, node, a]
-        total_visits += visit_count[k, child] if child >= 0 else 0
-    norm = 0.0
-    for a in range(num_actions):
-        q[a] = math.exp(q[a] - top)
-        norm += q[a]
-    best_score = -np.inf
-    best = -1
-    for a in range(num_actions):
-        child = children[k, node, a]
-        n = visit_count[k, child] if child >= 0 else 0
-        score = q[a] / norm - n / (1 + total_visits)
-        if score > best_score:
-            best_score = score
-            best = a
-    return best
 
 
 @numba.njit(cache=True, nogil=True)
@@ -324,7 +296,18 @@ def _gumbel_decide(children, visit_count, value_sum, reward, raw_value, prior, l
         low, high = _q_bounds(k, tree_bounds, children, visit_count, value_sum, reward, discount, value_sign)
         most = _completed_q(k, 0, children, visit_count, value_sum, reward, raw_value, prior,
                             discount, value_sign, c_visit, c_scale, low, high, q)  # fmt: skip
-        actions[k] = _argmax_root_score(k, children, visit_count, prior, legal, gumbel, q, most)
+        best_logit = -np.inf
+        for a in range(num_actions):
+            if legal[k, a]:
+                best_logit = max(best_logit, _log(prior[k, 0, a]))
+        best = -1
+        best_score = -np.inf
+        for a in range(num_actions):
+            score = _root_score(k, children, visit_count, prior, legal, gumbel, q, most, best_logit, a)
+            if best < 0 and legal[k, a] or score > best_score:
+                best_score = score
+                best = a
+        actions[k] = best
         top = -np.inf
         for a in range(num_actions):
             if legal[k, a]:

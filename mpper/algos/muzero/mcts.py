@@ -109,48 +109,41 @@ def _puct_select(children, visit_count, value_sum, reward, prior, q_min, q_max, 
     """Walk every tree from the root to an unexpanded child by maximal pUCT score
     (:func:`.tree.step_down` writes the walk). Only legal actions are considered at the
     root. Exact ties go to the larger prior, then to the larger ``tie_break[k, a]``.
-    Returns the deepest new leaf's depth."""
+    Returns the deepest new leaf's depth.
+
+    The choice at a node is written here, not in a function of its own: a compiled call
+    per node that takes the tree's arrays costs more than the choice between two actions."""
+    k_trees, _, num_actions = children.shape
     deepest = 0
-    for k in range(children.shape[0]):
+    for k in range(k_trees):
         span = q_max[k] - q_min[k]  # MinMaxStats.normalize applies only once max > min
-        node = 0
-        depth[k] = 0
+        node, d = 0, 0
         while node >= 0:
-            best = _puct_child(k, node, children, visit_count, value_sum, reward, prior, q_min[k], span, legal,
-                               tie_break, discount, value_sign, pb_c_base, pb_c_init)  # fmt: skip
-            node = step_down(k, node, best, children, path, depth, parent, action)
-        deepest = max(deepest, depth[k])
+            n_parent = visit_count[k, node]
+            pb_c = (math.log((n_parent + pb_c_base + 1) / pb_c_base) + pb_c_init) * math.sqrt(n_parent)
+            best_score = -np.inf
+            best = -1
+            for a in range(num_actions):
+                if node == 0 and not legal[k, a]:
+                    continue
+                child = children[k, node, a]
+                n_child = visit_count[k, child] if child >= 0 else 0
+                score = pb_c * prior[k, node, a] / (n_child + 1)
+                if n_child > 0:  # unvisited children: Q term 0 (muzero-general)
+                    q = reward[k, child] + discount * value_sign * (value_sum[k, child] / n_child)
+                    if span > 0:
+                        q = (q - q_min[k]) / span
+                    score += q
+                if score > best_score or (
+                    score == best_score
+                    and (prior[k, node, a] > prior[k, node, best]
+                         or (prior[k, node, a] == prior[k, node, best] and tie_break[k, a] > tie_break[k, best]))
+                ):  # fmt: skip
+                    best_score = score
+                    best = a
+            node, d = step_down(k, node, best, d, children, path, depth, parent, action)
+        deepest = max(deepest, d)
     return deepest
-
-
-@numba.njit(cache=True, nogil=True, inline="always")
-def _puct_child(k, node, children, visit_count, value_sum, reward, prior, q_low, span, legal, tie_break,
-                discount, value_sign, pb_c_base, pb_c_init):  # fmt: skip
-    """The action of maximal pUCT score at ``node`` of tree ``k``."""
-    num_actions = children.shape[2]
-    n_parent = visit_count[k, node]
-    pb_c = (math.log((n_parent + pb_c_base + 1) / pb_c_base) + pb_c_init) * math.sqrt(n_parent)
-    best_score = -np.inf
-    best = -1
-    for a in range(num_actions):
-        if node == 0 and not legal[k, a]:
-            continue
-        child = children[k, node, a]
-        n_child = visit_count[k, child] if child >= 0 else 0
-        score = pb_c * prior[k, node, a] / (n_child + 1)
-        if n_child > 0:  # unvisited children: Q term 0 (muzero-general)
-            q = reward[k, child] + discount * value_sign * (value_sum[k, child] / n_child)
-            if span > 0:
-                q = (q - q_low) / span
-            score += q
-        if score > best_score or (
-            score == best_score
-            and (prior[k, node, a] > prior[k, node, best]
-                 or (prior[k, node, a] == prior[k, node, best] and tie_break[k, a] > tie_break[k, best]))
-        ):  # fmt: skip
-            best_score = score
-            best = a
-    return best
 
 
 # --------------------------------------------------------------------------------------

@@ -252,19 +252,21 @@ class BatchedSearch:
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
-def step_down(k, node, best, children, path, depth, parent, action):
-    """One step of tree ``k``'s walk, from ``node`` along action ``best``: the child,
-    entered into ``path`` at ``depth[k] + 1``; or, where that child is not expanded yet,
-    -1 after writing the new leaf's ``parent[k]``, ``action[k]`` and ``depth[k]``. A
-    walk starts with ``depth[k] = 0`` at node 0 (``path[k, 0]`` is always the root)."""
+def step_down(k, node, best, d, children, path, depth, parent, action):
+    """One step of tree ``k``'s walk, from ``node`` at depth ``d`` along action ``best``:
+    (the child, ``d + 1``), the child entered as ``path[k, d + 1]``; or, where that child
+    is not expanded yet, (-1, ``d + 1``) after writing the new leaf's ``parent[k]``,
+    ``action[k]`` and ``depth[k] = d + 1``. A walk starts at node 0, depth 0
+    (``path[k, 0]`` is always the root); its caller keeps ``d`` in a local rather than
+    in ``depth[k]``, so that the walk's loop stays in registers."""
     child = children[k, node, best]
-    depth[k] += 1
     if child < 0:
         parent[k] = node
         action[k] = best
-        return -1
-    path[k, depth[k]] = child
-    return child
+        depth[k] = d + 1
+        return -1, d + 1
+    path[k, d + 1] = child
+    return child, d + 1
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
