@@ -43,7 +43,7 @@ from .config import CONFIG
 from .mcts import select_action
 from .networks import MuZeroNetwork, make_network
 from .search import make_search
-from .targets import stacked_observations
+from .targets import latest_stacked_observation
 
 __all__ = [
     "AgentFn",
@@ -96,10 +96,7 @@ class MCTSAgent:
         ``actions`` (a_0 .. a_{t-1}) for the stacked planes; as self-play builds it."""
         if self.stacked == 0:
             return np.asarray(observations[-1], np.float32)
-        t = len(observations) - 1
-        one = np.array([t])
-        return stacked_observations(np.stack(observations).astype(np.float32), np.asarray([0, *actions], np.int64),
-                                    one, one, self.stacked, self.num_actions)[0]  # fmt: skip
+        return latest_stacked_observation(observations, [0, *actions], self.stacked, self.num_actions)
 
     def __call__(self, observation: np.ndarray, mask: np.ndarray, to_play: int) -> int:
         if self.stacked:

@@ -1,5 +1,5 @@
 """Batched Gumbel MuZero search (Danihelka et al., "Policy improvement by planning with
-Gumbel", ICLR 2022), K trees searched together like :class:`~.mcts.BatchedMCTS`.
+Gumbel", ICLR 2022): the Gumbel policy over the batched tree of :mod:`.tree`.
 
 The semantics are those of mctx's ``gumbel_muzero_policy`` with its default
 ``qtransform_completed_by_mix_value`` (a test runs both on the same model and noise):
@@ -33,22 +33,21 @@ The semantics are those of mctx's ``gumbel_muzero_policy`` with its default
   frequencies follow the improved policy. The model does not know the rules: below the
   root, every action is considered (as in the pUCT search).
 
-Two-player games (values negated between plies), discount and the tree layout (node
-``s + 1`` created by simulation ``s`` in every tree, hidden states in one torch tensor)
-are the pUCT search's; so is the backup kernel (:func:`.mcts._expand_and_backup`).
+The tree, its simulation loop, two-player signs, discount and the backup are
+:mod:`.tree`'s, shared with the pUCT search; this module is the policy: the root's
+Gumbel noise, the selection kernel and the decision after the simulations.
 """
 
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numba
 import numpy as np
-import torch
 
 from .config import MCTSConfig
-from .mcts import SearchResult, _expand_and_backup
-from .networks import support_to_scalar
+from .tree import BatchedSearch, Tree, step_down
 
 __all__ = ["GumbelMCTS", "considered_visits", "considered_visits_table"]
 
@@ -83,128 +82,63 @@ def considered_visits_table(max_num_considered_actions: int, num_simulations: in
                     dtype=np.int64).reshape(max_num_considered_actions + 1, num_simulations)  # fmt: skip
 
 
-class GumbelMCTS:
+class GumbelDraws(NamedTuple):
+    """What one Gumbel search draws before it starts."""
+
+    gumbel: np.ndarray  # (K, A) float64: the roots' Gumbel noise, scaled (0 when not exploring)
+    num_considered: np.ndarray  # (K,) int64: the actions Sequential Halving starts from at each root
+    scratch: np.ndarray  # (A,) float64: one node's completed Q-values, in the kernels
+
+
+class GumbelMCTS(BatchedSearch):
     """Gumbel MuZero search for K environments at once (``mcts.kind: "gumbel"``).
 
     Same constructor and ``run`` arguments as :class:`~.mcts.BatchedMCTS`; ``run``'s
     ``SearchResult`` carries the chosen ``actions`` and the improved-policy
     ``policy_target``. Exploration is the root's Gumbel noise (``mcts.gumbel_scale``);
-    the Dirichlet keys and the visit-count temperature do not apply.
+    the Dirichlet keys and the visit-count temperature do not apply. In ``run``:
+    ``add_exploration_noise`` draws Gumbel noise (times ``mcts.gumbel_scale``) for the
+    roots, without it the noise is 0 (the greedy choice); ``root_noise``, optional (K, A)
+    Gumbel noise, already scaled, replays a search exactly; ``tie_break`` is unused (ties
+    go to the lowest index, as in mctx's argmax).
     """
 
     def __init__(self, num_actions: int, config: MCTSConfig, support_size: int, two_player: bool = False):
-        if config.num_simulations < 1:
-            raise ValueError(f"mcts.num_simulations must be >= 1, got {config.num_simulations}")
-        self.num_actions = num_actions
-        self.config = config
-        self.support_size = support_size
-        self.two_player = two_player
+        super().__init__(num_actions, config, support_size, two_player)
         self.table = considered_visits_table(min(config.max_num_considered_actions, num_actions),
                                              config.num_simulations)  # fmt: skip
+        self.tree_bounds = config.gumbel_q_bounds == "tree"
 
-    @torch.inference_mode()
-    def run(
-        self,
-        network,
-        observations: np.ndarray,
-        legal_actions: np.ndarray,
-        to_play: np.ndarray,
-        add_exploration_noise: bool,
-        rng: np.random.Generator,
-        root_noise: np.ndarray | None = None,
-        tie_break: np.ndarray | None = None,
-    ) -> SearchResult:
-        """Search K roots with ``config.num_simulations`` simulations each.
-
-        Args: as :meth:`BatchedMCTS.run <.mcts.BatchedMCTS.run>`, except
-            add_exploration_noise: draw Gumbel noise (times ``mcts.gumbel_scale``) for
-                the roots; without it the noise is 0 (the greedy choice).
-            root_noise: optional (K, A) Gumbel noise, already scaled, used instead of
-                drawing it when ``add_exploration_noise`` (to replay a search exactly).
-            tie_break: unused (ties in the Gumbel search go to the lowest index, as in
-                mctx's argmax).
-        """
-        cfg = self.config
-        num_sims, num_actions, support_size = cfg.num_simulations, self.num_actions, self.support_size
-        legal = np.ascontiguousarray(legal_actions, dtype=bool)
-        k_trees = legal.shape[0]
-        if legal.ndim != 2 or legal.shape[1] != num_actions:
-            raise ValueError(f"legal_actions must be (K, {num_actions}) bool, got shape {legal.shape}")
-        if not legal.any(axis=1).all():
-            raise ValueError(f"legal_actions: roots {np.flatnonzero(~legal.any(axis=1)).tolist()} have no legal action")
+    def draw(self, legal, add_exploration_noise, rng, root_noise, tie_break) -> GumbelDraws:
         if add_exploration_noise:
-            gumbel = cfg.gumbel_scale * rng.gumbel(size=legal.shape) if root_noise is None else root_noise
+            gumbel = self.config.gumbel_scale * rng.gumbel(size=legal.shape) if root_noise is None else root_noise
             gumbel = np.ascontiguousarray(gumbel, dtype=np.float64)
             if gumbel.shape != legal.shape:
                 raise ValueError(f"root_noise must be (K, A) = {legal.shape}, got shape {gumbel.shape}")
         else:
             gumbel = np.zeros(legal.shape)
-        param = next(iter(network.parameters()), None)
-        device = param.device if param is not None else torch.device("cpu")
-
-        num_nodes = num_sims + 1
-        visit_count = np.zeros((k_trees, num_nodes), dtype=np.int64)
-        value_sum = np.zeros((k_trees, num_nodes))
-        reward = np.zeros((k_trees, num_nodes))
-        raw_value = np.zeros((k_trees, num_nodes))  # the network's value of each node
-        node_to_play = np.zeros((k_trees, num_nodes), dtype=np.int64)
-        prior = np.zeros((k_trees, num_nodes, num_actions))
-        children = np.full((k_trees, num_nodes, num_actions), -1, dtype=np.int64)
-        q_min = np.full(k_trees, np.inf)  # kept by the shared backup kernel (history), unused here
-        q_max = np.full(k_trees, -np.inf)
-        tree_bounds = cfg.gumbel_q_bounds == "tree"
-        path = np.zeros((k_trees, num_nodes + 1), dtype=np.int64)
-        depth = np.zeros(k_trees, dtype=np.int64)
-        parent = np.zeros(k_trees, dtype=np.int64)
-        action = np.zeros(k_trees, dtype=np.int64)
         num_considered = np.minimum(self.table.shape[0] - 1, legal.sum(axis=1)).astype(np.int64)
+        return GumbelDraws(gumbel, num_considered, np.empty(self.num_actions))
 
-        out = network.initial_inference(torch.as_tensor(np.asarray(observations, dtype=np.float32), device=device))
-        logits = out.policy_logits.masked_fill(~torch.as_tensor(legal, device=device), -torch.inf)
-        root = torch.cat([support_to_scalar(out.value_logits, support_size)[:, None], torch.softmax(logits, dim=1)], 1)
-        root = root.cpu().numpy().astype(np.float64)
-        raw_value[:, 0] = root[:, 0]
-        prior[:, 0] = root[:, 1:]
-        node_to_play[:, 0] = np.asarray(to_play, dtype=np.int64).reshape(k_trees)
-        hidden = torch.empty((k_trees, num_nodes, *out.hidden_state.shape[1:]), dtype=out.hidden_state.dtype, device=device)  # fmt: skip
-        hidden[:, 0] = out.hidden_state
+    def root_prior(self, prior, legal, draws):
+        return prior
 
-        trees_t = torch.arange(k_trees, device=device)
-        parent_t, action_t = torch.from_numpy(parent), torch.from_numpy(action)  # views: refreshed by _gumbel_select
-        value_sign = -1.0 if self.two_player else 1.0
-        scratch = np.empty(num_actions)
-        max_tree_depth = 0
-        for sim in range(num_sims):
-            sim_depth = _gumbel_select(
-                children, visit_count, value_sum, reward, raw_value, prior, legal, gumbel, self.table,
-                num_considered, cfg.discount, value_sign, cfg.c_visit, cfg.c_scale, tree_bounds, path, depth, parent,
-                action, scratch,
-            )  # fmt: skip
-            max_tree_depth = max(max_tree_depth, sim_depth)
-            out = network.recurrent_inference(hidden[trees_t, parent_t.to(device)], action_t.to(device))
-            hidden[:, sim + 1] = out.hidden_state
-            logits = torch.cat([out.value_logits, out.reward_logits, out.policy_logits], 1).cpu().numpy()
-            _expand_and_backup(
-                sim + 1, logits, support_size, parent, action, path, depth, self.two_player, cfg.discount,
-                children, visit_count, value_sum, reward, node_to_play, prior, q_min, q_max, raw_value,
-            )  # fmt: skip
+    def select(self, tree: Tree, draws: GumbelDraws) -> int:
+        cfg = self.config
+        return _gumbel_select(tree.children, tree.visit_count, tree.value_sum, tree.reward, tree.raw_value,
+                              tree.prior, tree.legal, draws.gumbel, self.table, draws.num_considered, cfg.discount,
+                              self.value_sign, cfg.c_visit, cfg.c_scale, self.tree_bounds, tree.path, tree.depth,
+                              tree.parent, tree.action, draws.scratch)  # fmt: skip
 
+    def decide(self, tree: Tree, draws: GumbelDraws):
+        k_trees = tree.legal.shape[0]
         actions = np.empty(k_trees, dtype=np.int64)
-        policy = np.empty((k_trees, num_actions))
-        _gumbel_decide(children, visit_count, value_sum, reward, raw_value, prior, legal, gumbel,
-                       cfg.discount, value_sign, cfg.c_visit, cfg.c_scale, tree_bounds, actions, policy,
-                       scratch)  # fmt: skip
-        root_children = children[:, 0]
-        visit_counts = np.where(root_children >= 0, np.take_along_axis(visit_count, np.maximum(root_children, 0), 1), 0)
-        return SearchResult(
-            root_values=value_sum[:, 0] / visit_count[:, 0],
-            child_visits=visit_counts / visit_counts.sum(axis=1, keepdims=True),
-            visit_counts=visit_counts,
-            root_predicted_values=root[:, 0],
-            max_tree_depth=max_tree_depth,
-            policy_target=policy,
-            actions=actions,
-        )
+        policy = np.empty((k_trees, self.num_actions))
+        cfg = self.config
+        _gumbel_decide(tree.children, tree.visit_count, tree.value_sum, tree.reward, tree.raw_value, tree.prior,
+                       tree.legal, draws.gumbel, cfg.discount, self.value_sign, cfg.c_visit, cfg.c_scale,
+                       self.tree_bounds, actions, policy, draws.scratch)  # fmt: skip
+        return policy, actions
 
 
 # --------------------------------------------------------------------------------------
@@ -216,11 +150,15 @@ _LOW_LOGIT = -1e9  # mctx's floor of the root score, so that -inf appears only a
 
 
 @numba.njit(cache=True, nogil=True)
-def _tree_q_bounds(k, children, visit_count, value_sum, reward, discount, value_sign):
-    """(min, max) over tree ``k`` of every visited edge's ``r + discount * V(child)``
-    (from the side of the player taking the edge); (inf, -inf) before any visit."""
+def _q_bounds(k, tree_bounds, children, visit_count, value_sum, reward, discount, value_sign):
+    """The bounds that widen every node's own in the Q rescaling of tree ``k``: with
+    ``tree_bounds``, (min, max) over the tree of every visited edge's ``r + discount *
+    V(child)`` (from the side of the player taking the edge); otherwise, or before any
+    visit, (inf, -inf)."""
     low = np.inf
     high = -np.inf
+    if not tree_bounds:
+        return low, high
     _, num_nodes, num_actions = children.shape
     for node in range(num_nodes):
         for a in range(num_actions):
@@ -288,21 +226,20 @@ def _root_score(k, children, visit_count, prior, legal, gumbel, q, considered_vi
 def _gumbel_select(children, visit_count, value_sum, reward, raw_value, prior, legal, gumbel, table,
                    num_considered, discount, value_sign, c_visit, c_scale, tree_bounds, path, depth, parent, action,
                    q):  # fmt: skip
-    """Walk every tree from the root to an unexpanded child: Sequential Halving with
-    Gumbel at the root, the deterministic improved-policy rule below it. Writes
-    ``path``, ``depth``, ``parent`` and ``action`` as ``mcts._select`` does; returns
-    the largest new-leaf depth. ``tree_bounds``: rescale Q by the whole tree's bounds
-    (``mcts.gumbel_q_bounds: "tree"``). ``q`` is scratch space (A,)."""
+    """Walk every tree from the root to an unexpanded child (:func:`.tree.step_down`
+    writes the walk): Sequential Halving with Gumbel at the root, the deterministic
+    improved-policy rule below it. ``tree_bounds``: rescale Q by the whole tree's bounds
+    (``mcts.gumbel_q_bounds: "tree"``). ``q`` is scratch space (A,). Returns the deepest
+    new leaf's depth.
+
+    The rules are written here, not in functions of their own: a compiled call per node
+    that takes the tree's arrays costs more than the choice itself."""
     k_trees, _, num_actions = children.shape
     deepest = 0
     for k in range(k_trees):
-        node = 0
-        d = 0
-        path[k, 0] = 0
-        low, high = np.inf, -np.inf
-        if tree_bounds:
-            low, high = _tree_q_bounds(k, children, visit_count, value_sum, reward, discount, value_sign)
-        while True:
+        low, high = _q_bounds(k, tree_bounds, children, visit_count, value_sum, reward, discount, value_sign)
+        node, d = 0, 0
+        while node >= 0:
             _completed_q(k, node, children, visit_count, value_sum, reward, raw_value, prior,
                          discount, value_sign, c_visit, c_scale, low, high, q)  # fmt: skip
             best = -1
@@ -343,16 +280,8 @@ def _gumbel_select(children, visit_count, value_sum, reward, raw_value, prior, l
                     if score > best_score:
                         best_score = score
                         best = a
-            child = children[k, node, best]
-            if child < 0:
-                parent[k] = node
-                action[k] = best
-                depth[k] = d + 1
-                break
-            node = child
-            d += 1
-            path[k, d] = node
-        deepest = max(deepest, d + 1)
+            node, d = step_down(k, node, best, d, children, path, depth, parent, action)
+        deepest = max(deepest, d)
     return deepest
 
 
@@ -364,9 +293,7 @@ def _gumbel_decide(children, visit_count, value_sum, reward, raw_value, prior, l
     ``softmax(logits + sigma(q_hat))`` over the legal actions."""
     k_trees, _, num_actions = children.shape
     for k in range(k_trees):
-        low, high = np.inf, -np.inf
-        if tree_bounds:
-            low, high = _tree_q_bounds(k, children, visit_count, value_sum, reward, discount, value_sign)
+        low, high = _q_bounds(k, tree_bounds, children, visit_count, value_sum, reward, discount, value_sign)
         most = _completed_q(k, 0, children, visit_count, value_sum, reward, raw_value, prior,
                             discount, value_sign, c_visit, c_scale, low, high, q)  # fmt: skip
         best_logit = -np.inf

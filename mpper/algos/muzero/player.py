@@ -23,7 +23,7 @@ from ..base import EpisodeRows, as_stored
 from .mcts import select_action, temperature_at
 from .networks import support_to_scalar
 from .search import make_search
-from .targets import MuZeroTargets, stacked_observations
+from .targets import MuZeroTargets, latest_stacked_observation
 
 __all__ = ["BatchedPlayer", "Episode", "initial_priorities"]
 
@@ -110,11 +110,7 @@ class BatchedPlayer:
         with ``muzero.stacked_observations`` N, it and the N before with their actions."""
         if self.stacked == 0:
             return ep.observation[-1]
-        t = len(ep.observation) - 1
-        obs = np.stack(ep.observation)
-        act = np.asarray(ep.action, np.int64)
-        one = np.array([t])
-        return stacked_observations(obs, act, one, one, self.stacked, self.num_actions)[0]
+        return latest_stacked_observation(ep.observation, ep.action, self.stacked, self.num_actions)
 
     def step(self, progress: float = 0.0) -> list[Episode]:
         """Search, act and step every env once; returns the episodes that just ended

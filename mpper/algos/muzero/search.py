@@ -1,6 +1,6 @@
 """The search a MuZero player runs, by ``mcts.kind``: the pUCT search
-(:class:`~.mcts.BatchedMCTS`) or Gumbel MuZero's (:class:`~.gumbel.GumbelMCTS`), both
-batched over K roots behind one ``run`` signature."""
+(:class:`~.mcts.BatchedMCTS`) or Gumbel MuZero's (:class:`~.gumbel.GumbelMCTS`), two
+policies over one batched tree (:class:`~.tree.BatchedSearch`) behind its ``run``."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import numpy as np
 
 from .config import MCTSConfig
 from .gumbel import GumbelMCTS
-from .mcts import BatchedMCTS, SearchResult
+from .mcts import BatchedMCTS
+from .tree import SearchResult
 
 __all__ = ["Search", "make_search"]
 

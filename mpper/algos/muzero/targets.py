@@ -18,7 +18,7 @@ import numpy as np
 
 from ...replay.targets import gather_rows
 
-__all__ = ["MuZeroTargets", "muzero_schema", "stacked_observations"]
+__all__ = ["MuZeroTargets", "latest_stacked_observation", "muzero_schema", "stacked_observations"]
 
 
 @numba.njit(cache=True, nogil=True)
@@ -172,6 +172,18 @@ def stacked_observations(
         plane = action[took].astype(np.float32) / num_actions * valid
         out[:, base + channels] = plane.reshape((-1,) + (1,) * len(rest))
     return out
+
+
+def latest_stacked_observation(observations: list, actions: list, num_stacked: int, num_actions: int) -> np.ndarray:
+    """The network input at the last of an episode's rows, :func:`stacked_observations`
+    of row t for ``observations`` o_0 .. o_t and ``actions`` in row layout (``actions[i]``
+    is a_{i-1}, row 0: 0), both t + 1 long. Only the last ``num_stacked + 1`` rows are
+    read, so that a move late in a long game costs what the first does."""
+    t = len(observations) - 1
+    start = max(0, t - num_stacked)
+    row = np.array([t - start])  # row t in the window, with every row of the window before it valid
+    return stacked_observations(np.stack(observations[start:]), np.asarray(actions[start:], np.int64), row, row,
+                                num_stacked, num_actions)[0]  # fmt: skip
 
 
 @dataclass(frozen=True)
