@@ -5,11 +5,10 @@ config side; the runs are in test_env_steps.py), and ``--help-config`` within 10
 from __future__ import annotations
 
 import json
-import sys
-import types
 from pathlib import Path
 
 import pytest
+from test_cli import train  # noqa: F401 (a fixture: a stand-in runtime that records its calls)
 
 from mpper import cli
 from mpper.algos.configs import config_from_dict, load_config, load_run_config
@@ -18,25 +17,6 @@ from mpper.config_files import resolve_bases
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = ROOT / "mpper" / "configs"
-
-
-class TrainStub:
-    def __init__(self):
-        self.calls = []
-
-    def __call__(self, config, *, run_dir, resume):
-        self.calls.append({"config": config, "run_dir": run_dir, "resume": resume})
-        return 0
-
-
-@pytest.fixture
-def train(monkeypatch):
-    """A stand-in ``mpper.runtime.supervisor`` whose ``train`` records its calls: nothing runs."""
-    stub = TrainStub()
-    module = types.ModuleType("mpper.runtime.supervisor")
-    module.train = stub
-    monkeypatch.setitem(sys.modules, "mpper.runtime.supervisor", module)
-    return stub
 
 
 def write(path: Path, data) -> Path:

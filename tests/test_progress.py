@@ -142,18 +142,13 @@ def test_a_learner_without_a_new_step_is_shown_as_stalled_not_at_its_last_rate()
     clock.now += 100
     assert "stalled" not in line.text(figures(11, "done"))  # the learner finished: not stalled
     resumed = ProgressLine(io.StringIO(), clock)  # a resumed run's learner waits for data at its old step
-    clock.now += 100
-    assert "train wait" in resumed.text(figures(11, "waiting_for_data"))
-    clock.now += 1
-    assert "stalled" not in resumed.text(figures(11))  # its wait ended a moment ago: not stalled yet
-    clock.now += STALLED_AFTER_S
-    assert "stalled" in resumed.text(figures(11))
-    clock.now += 100
-    assert "train wait" in resumed.text(figures(11, "waiting_for_data"))
-    clock.now += 1
-    assert "stalled" not in resumed.text(figures(11))  # its wait ended a moment ago: not stalled yet
-    clock.now += STALLED_AFTER_S
-    assert "stalled" in resumed.text(figures(11))
+    for _ in range(2):  # a wait for data, then a stall; and again: each wait restarts the clock
+        clock.now += 100
+        assert "train wait" in resumed.text(figures(11, "waiting_for_data"))
+        clock.now += 1
+        assert "stalled" not in resumed.text(figures(11))  # its wait ended a moment ago: not stalled yet
+        clock.now += STALLED_AFTER_S
+        assert "stalled" in resumed.text(figures(11))
 
 
 class Terminal(io.StringIO):
