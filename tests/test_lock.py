@@ -9,6 +9,7 @@ that loads.
 
 from __future__ import annotations
 
+import json
 import multiprocessing as mp
 import os
 import pickle
@@ -266,3 +267,42 @@ def test_writers_sigkilled_at_random_moments_beside_a_sampling_learner(tmp_path)
         _assert_whole_and_consistent(buf)
         assert buf.counters["games"] > 0
         _assert_snapshot_round_trip(buf, tmp_path / "snap")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_run_whose_worker_dies_inside_the_lock_trains_on_and_ends_at_its_limit(tmp_path):
+    """``run.py --workers 2 --time-limit 40``, where the first worker to publish its 15th
+    episode SIGKILLs itself inside the lock, half-way through the publication (the
+    test-only fault ``MPPER_FAULT_DIE_IN_LOCK``; the claim file makes it happen once in
+    the run). The next locker repairs with one line naming the dead pid, the supervisor
+    restarts the worker, training goes on, and the run ends at its limit with exit 0,
+    checkpoint.pt and a consistent snapshot, leaving nothing in /dev/shm."""
+    from test_train_e2e import ROOT, assert_no_process_left, complete_lines, run_args, segments_of
+
+    run_dir, claim = tmp_path / "run", tmp_path / "fault-claimed"
+    env = {**_ENV, FAULT_ENV: f"publish:15:{claim}"}
+    proc = subprocess.run(run_args(run_dir, "--workers", "2", "--time-limit", "40"), cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=280)  # fmt: skip
+    err = proc.stderr
+    assert proc.returncode == 0, proc.stdout[-2000:] + err[-4000:]
+    assert claim.exists(), "the fault never fired"
+    died = [line for line in err.splitlines() if _DIED in line]
+    assert len(died) == 1 and "while publishing episode" in died[0] and "dropped" in died[0], err[-4000:]
+    dead_pid = int(died[0].split("process ", 1)[1].split()[0])
+    pids = json.loads((run_dir / "processes.json").read_text())
+    assert any(f"mpper: {name} died (killed by SIGKILL)" in err for name in pids if name.startswith("worker")), err
+    assert "time limit of 40 s reached" in proc.stdout + err
+    assert (run_dir / "checkpoint.pt").is_file()
+    records = [json.loads(x) for x in complete_lines(run_dir / "metrics.jsonl")]
+    killed_at = claim.stat().st_mtime
+    before = max((r["learner"].get("training_step", 0) for r in records if r["unix_time"] <= killed_at), default=0)
+    later = [r for r in records if r["unix_time"] > killed_at and r["learner"].get("training_step", 0) > before]
+    assert later, "training did not go on after the worker died inside the lock"
+    print(f"worker {dead_pid} died inside the lock at step {before}; training stepped again "
+          f"{later[0]['unix_time'] - killed_at:.1f} s later (metrics every second)")
+    with ReplayBuffer.load(run_dir / "buffer") as snap:  # the final snapshot, checksums and all
+        assert snap.check_consistency() == []
+        assert snap.counters["episodes_abandoned"] >= 1 and len(snap.episodes()) > 0
+    assert_no_process_left(run_dir)
+    assert not segments_of(pids["supervisor"])
