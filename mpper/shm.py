@@ -349,11 +349,11 @@ class RobustLock:
         ``timeout`` seconds passed."""
         rc = self._trylock(self._ptr)
         if rc == 0:
-            self._holder.value = _my_pid
+            self._holder.value = PID
             return True
         if rc == errno.EBUSY and block:
             rc = self._wait(timeout)
-        return self._outcome(rc)
+        return self.settle(rc)
 
     def _wait(self, timeout: float | None) -> int:
         deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
@@ -365,15 +365,17 @@ class RobustLock:
             if rc != errno.ETIMEDOUT or (deadline is not None and time.monotonic() >= deadline):
                 return rc
 
-    def _outcome(self, rc: int) -> bool:
+    def settle(self, rc: int) -> bool:
+        """Whether a lock call that returned ``rc`` took the lock; on ``EOWNERDEAD`` (taken,
+        its previous holder dead) runs ``on_owner_death`` and marks the mutex consistent."""
         if rc == 0:
-            self._holder.value = _my_pid
+            self._holder.value = PID
             return True
         if rc in (errno.EBUSY, errno.ETIMEDOUT):
             return False
         if rc == errno.EOWNERDEAD:
             dead = int(self._holder.value)
-            self._holder.value = _my_pid
+            self._holder.value = PID
             try:
                 if self.on_owner_death is not None:
                     self.on_owner_death(dead)
@@ -390,6 +392,12 @@ class RobustLock:
         rc = self._unlock(self._ptr)
         if rc != 0:
             raise OSError(rc, f"pthread_mutex_unlock: {os.strerror(rc)}")
+
+    def raw_calls(self) -> tuple:
+        """``(trylock, unlock, mutex, holder)`` for a caller that inlines the uncontended
+        path: ``trylock(mutex)`` returns 0 (then set ``holder.value = PID``), ``EBUSY``, or
+        another code for ``settle``; before ``unlock(mutex)``, set ``holder.value = 0``."""
+        return self._trylock, self._unlock, self._ptr, self._holder
 
     def holder(self) -> int:
         """The pid that holds the lock now (0: nobody, or not known yet)."""
@@ -414,12 +422,12 @@ _PTHREAD_MUTEX_ROBUST = 1
 _CLOCK_MONOTONIC = 1
 _lib = None
 _lib_lock = threading.Lock()
-_my_pid = os.getpid()
+PID = os.getpid()  # this process's pid, kept current across fork (os.getpid() is a system call)
 
 
 def _after_fork() -> None:
-    global _my_pid
-    _my_pid = os.getpid()
+    global PID
+    PID = os.getpid()
 
 
 os.register_at_fork(after_in_child=_after_fork)

@@ -36,6 +36,7 @@ divided by the batch maximum, N the number of sampleable positions.
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 import time
@@ -191,7 +192,7 @@ class _SpinThenBlock:
     costs one list increment more; only a contended one reads the clock.
     """
 
-    __slots__ = ("lock", "wait_hist", "wait_max_ns")
+    __slots__ = ("lock", "wait_hist", "wait_max_ns", "_trylock", "_unlock", "_mutex", "_holder")
     SPINS = 200  # about 20-40 us of retries
     BINS = 40
 
@@ -199,8 +200,21 @@ class _SpinThenBlock:
         self.lock = lock
         self.wait_hist = [0] * self.BINS
         self.wait_max_ns = 0
+        # A RobustLock's own C calls, made from here: a frame fewer on every acquisition
+        calls = lock.raw_calls() if isinstance(lock, shm_mod.RobustLock) else None
+        self._trylock, self._unlock, self._mutex, self._holder = calls or (None, None, None, None)
 
     def __enter__(self):
+        if self._trylock is not None:
+            rc = self._trylock(self._mutex)
+            if rc == 0:
+                self._holder.value = shm_mod.PID
+                self.wait_hist[0] += 1
+                return self
+            if rc != errno.EBUSY:  # the owner died (repaired now), or an error
+                self.lock.settle(rc)
+                self.wait_hist[0] += 1
+                return self
         acquire = self.lock.acquire
         if acquire(False):
             self.wait_hist[0] += 1
@@ -218,7 +232,13 @@ class _SpinThenBlock:
         return self
 
     def __exit__(self, *exc) -> None:
-        self.lock.release()
+        if self._unlock is not None:
+            self._holder.value = 0
+            rc = self._unlock(self._mutex)
+            if rc != 0:
+                raise OSError(rc, f"pthread_mutex_unlock: {os.strerror(rc)}")
+        else:
+            self.lock.release()
 
 
 def _empty_draw(n: int) -> tuple[np.ndarray, ...]:
