@@ -306,3 +306,28 @@ def test_a_run_whose_worker_dies_inside_the_lock_trains_on_and_ends_at_its_limit
         assert snap.counters["episodes_abandoned"] >= 1 and len(snap.episodes()) > 0
     assert_no_process_left(run_dir)
     assert not segments_of(pids["supervisor"])
+
+
+def test_an_error_inside_a_critical_section_is_repaired_before_the_lock_goes(small_buffer, monkeypatch, capfd):
+    """An exception half-way through a reservation (the table row written, the ring not
+    yet advanced) leaves its journal entry open: the buffer finishes it as a hole before
+    releasing the lock, says so, and the next writer finds everything consistent."""
+    buf = small_buffer
+    buf.add_episode(_episode(1, 6))
+    import mpper.replay.episode_ring as ring_module
+
+    class FailAtReserve:
+        def reached(self, point, tear=None):
+            if point == "reserve":
+                raise MemoryError("simulated failure inside the lock")
+
+    monkeypatch.setattr(ring_module, "_fault", FailAtReserve())
+    with pytest.raises(MemoryError, match="simulated"):
+        buf.add_episode(_episode(2, 6))
+    monkeypatch.undo()
+    err = capfd.readouterr().err
+    assert "an error stopped process" in err and "while reserving episode 1" in err and "dropped" in err, err
+    assert buf.counters["episodes_abandoned"] == 1
+    _assert_whole_and_consistent(buf)
+    assert buf.add_episode(_episode(3, 6))
+    _assert_whole_and_consistent(buf)

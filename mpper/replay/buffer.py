@@ -36,7 +36,6 @@ divided by the batch maximum, N the number of sampleable positions.
 
 from __future__ import annotations
 
-import errno
 import os
 import sys
 import time
@@ -49,14 +48,12 @@ import numpy as np
 from .. import shm as shm_mod
 from . import episode_ring
 from .consistency import problems as consistency_problems
-from .consistency import restore_leaves
+from .consistency import repair
 from .episode_ring import (
     ID,
-    J_EPISODE,
     J_OP,
     MAX_CAPACITY,
     NUM_POSITIONS,
-    OP_NAMES,
     OP_PRIORITIES,
     OP_REANALYSE,
     PUBLISHED,
@@ -68,6 +65,7 @@ from .episode_ring import (
     RingBusy,
 )
 from .layout import COUNTER_INDEX, COUNTERS, record_dtype, segment_bytes, segment_layout, segment_offsets
+from .locking import SpinThenBlock, weak_call
 from .schema import Field, normalize_schema
 from .snapshot import load_buffer, save_snapshot
 from .sum_tree import SumTree, descend, set_leaves
@@ -178,69 +176,6 @@ def _tear_update(tree: SumTree, generation, info_of, indices, gens) -> None:
     tree.tree[tree._leaf_base + live[: max(1, live.size // 2)]] = 1e3
 
 
-class _SpinThenBlock:
-    """Context manager over the buffer's lock that tries briefly before sleeping.
-
-    Critical sections last microseconds, while putting a process to sleep on the
-    mutex and waking it again costs tens of microseconds to milliseconds on a busy
-    machine; so a waiter first retries without blocking (userspace, no system call),
-    and only then blocks.
-
-    It also keeps this process's lock waits: ``wait_hist[i]`` counts acquisitions that
-    waited ``[2^(i-1), 2^i)`` microseconds (``wait_hist[0]``: under 1 us, which is every
-    acquisition whose first try succeeded), and ``wait_max_ns`` the longest. A free lock
-    costs one list increment more; only a contended one reads the clock.
-    """
-
-    __slots__ = ("lock", "wait_hist", "wait_max_ns", "_trylock", "_unlock", "_mutex", "_holder")
-    SPINS = 200  # about 20-40 us of retries
-    BINS = 40
-
-    def __init__(self, lock) -> None:
-        self.lock = lock
-        self.wait_hist = [0] * self.BINS
-        self.wait_max_ns = 0
-        # A RobustLock's own C calls, made from here: a frame fewer on every acquisition
-        calls = lock.raw_calls() if isinstance(lock, shm_mod.RobustLock) else None
-        self._trylock, self._unlock, self._mutex, self._holder = calls or (None, None, None, None)
-
-    def __enter__(self):
-        if self._trylock is not None:
-            rc = self._trylock(self._mutex)
-            if rc == 0:
-                self._holder.value = shm_mod.PID
-                self.wait_hist[0] += 1
-                return self
-            if rc != errno.EBUSY:  # the owner died (repaired now), or an error
-                self.lock.settle(rc)
-                self.wait_hist[0] += 1
-                return self
-        acquire = self.lock.acquire
-        if acquire(False):
-            self.wait_hist[0] += 1
-            return self
-        t0 = time.perf_counter_ns()
-        for _ in range(self.SPINS):
-            if acquire(False):
-                break
-        else:
-            acquire()
-        waited = time.perf_counter_ns() - t0
-        self.wait_hist[min(self.BINS - 1, (waited // 1000).bit_length())] += 1
-        if waited > self.wait_max_ns:
-            self.wait_max_ns = waited
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self._unlock is not None:
-            self._holder.value = 0
-            rc = self._unlock(self._mutex)
-            if rc != 0:
-                raise OSError(rc, f"pthread_mutex_unlock: {os.strerror(rc)}")
-        else:
-            self.lock.release()
-
-
 def _empty_draw(n: int) -> tuple[np.ndarray, ...]:
     """Output arrays of _draw_kernel: slot, generation, info, P(i), position, T, terminated."""
     i64 = np.empty((5, n), np.int64)
@@ -329,9 +264,9 @@ class ReplayBuffer(shm_mod.SharedObject):
         self.handle = handle
         params = params or handle
         if lock is None:
-            lock = shm_mod.RobustLock(arrays["_lock"], on_owner_death=self._repair)
+            lock = shm_mod.RobustLock(arrays["_lock"], on_owner_death=weak_call(self, "_repair"))
         self._lock = lock
-        self._locked = _SpinThenBlock(lock)
+        self._locked = SpinThenBlock(lock, on_error=weak_call(self, "_repair_after_error"))
         self._segment = segment
         self._owner = owner
         self.read_only = read_only
@@ -767,18 +702,18 @@ class ReplayBuffer(shm_mod.SharedObject):
     def _repair(self, dead_pid: int) -> None:
         """Called with the lock held when its previous holder died holding it: make the
         buffer consistent again and say so in one line on stderr."""
-        journal = self._ring.journal
-        op, episode_id = int(journal[J_OP]), int(journal[J_EPISODE])
-        if op in OP_NAMES:
-            doing = f"while {OP_NAMES[op]}" + (f" {episode_id}" if "episode" in OP_NAMES[op] else "")
-        else:
-            doing = "while reading"
-        done = self._ring.repair()
-        done += restore_leaves(self)
-        self._tree.rebuild()
+        doing, done = repair(self)
         who = f"process {dead_pid}" if dead_pid > 0 else "a process"
         print(f"mpper: {who} died holding the replay buffer's lock ({doing}); process {os.getpid()} repaired it: "
-              f"{'; '.join(done + ['sum tree rebuilt from its leaves'])}", file=sys.stderr, flush=True)  # fmt: skip
+              f"{done}", file=sys.stderr, flush=True)  # fmt: skip
+
+    def _repair_after_error(self) -> None:
+        """An exception left a critical section of this process half-way (its journal
+        entry still open): finish it as a dead holder's would be, before the lock goes."""
+        if self._ring is not None and self._ring.journal[J_OP] != 0:
+            doing, done = repair(self)
+            print(f"mpper: an error stopped process {os.getpid()} inside the replay buffer's lock ({doing}); "
+                  f"repaired: {done}", file=sys.stderr, flush=True)  # fmt: skip
 
     def check_consistency(self) -> list[str]:
         """Problems with the buffer's bookkeeping, none when consistent (takes the lock;

@@ -23,8 +23,11 @@ from .episode_ring import (
     FREE,
     HEAD_ID,
     ID,
+    J_EPISODE,
+    J_OP,
     NEXT_ID,
     NUM_POSITIONS,
+    OP_NAMES,
     PUBLISHED,
     RESERVED,
     ROWS,
@@ -34,7 +37,7 @@ from .episode_ring import (
     pack_info,
 )
 
-__all__ = ["problems", "restore_leaves", "sampleable_mask"]
+__all__ = ["problems", "repair", "restore_leaves", "sampleable_mask"]
 
 
 def sampleable_mask(buf) -> np.ndarray:
@@ -102,3 +105,19 @@ def problems(buf) -> list[str]:
     if int(ring[NUM_POSITIONS]) != positions:
         out.append(f"NUM_POSITIONS is {int(ring[NUM_POSITIONS])}, the published episodes hold {positions}")
     return out
+
+
+def repair(buf) -> tuple[str, str]:
+    """Repair ``buf`` from its ring's journal (lock held; see ``EpisodeRing.repair``), zero
+    stray leaves and rebuild the sum tree from its leaves. Returns (what the lock holder
+    was doing, what was repaired), as phrases for the one line the buffer prints."""
+    journal = buf._ring.journal
+    op, episode_id = int(journal[J_OP]), int(journal[J_EPISODE])
+    if op in OP_NAMES:
+        doing = f"while {OP_NAMES[op]}" + (f" {episode_id}" if "episode" in OP_NAMES[op] else "")
+    else:
+        doing = "while reading"
+    done = buf._ring.repair()
+    done += restore_leaves(buf)
+    buf._tree.rebuild()
+    return doing, "; ".join(done + ["sum tree rebuilt from its leaves"])
