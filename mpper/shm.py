@@ -327,7 +327,7 @@ class RobustLock:
         self._region = region  # keeps the mapping alive while the addresses below are used
         self._ptr = ctypes.c_void_p(region.ctypes.data)
         self._holder = ctypes.c_int64.from_address(region.ctypes.data + self._HOLDER_OFFSET)
-        self._trylock, self._unlock = lib.pthread_mutex_trylock, lib.pthread_mutex_unlock
+        self._trylock, self._unlock = lib.trylock_keeping_gil, lib.unlock_keeping_gil
         self.on_owner_death = on_owner_death
 
     @classmethod
@@ -456,6 +456,12 @@ def _pthread():
             lib.pthread_mutex_timedlock.argtypes = [ptr, ctypes.POINTER(_Timespec)]
             if hasattr(lib, "pthread_mutex_clocklock"):  # glibc >= 2.30: waits on the monotonic clock
                 lib.pthread_mutex_clocklock.argtypes = [ptr, ctypes.c_int, ctypes.POINTER(_Timespec)]
+            # trylock and unlock never wait: called keeping the GIL (PyDLL), which spares
+            # the release and re-take of CDLL around each call; everything that may wait
+            # (lock, clocklock, timedlock) goes through CDLL and lets other threads run
+            nowait = ctypes.PyDLL(None)
+            lib.trylock_keeping_gil, lib.unlock_keeping_gil = nowait.pthread_mutex_trylock, nowait.pthread_mutex_unlock
+            lib.trylock_keeping_gil.argtypes = lib.unlock_keeping_gil.argtypes = [ptr]
             _lib = lib
     return _lib
 

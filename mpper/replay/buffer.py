@@ -534,7 +534,7 @@ class ReplayBuffer(shm_mod.SharedObject):
         clip = np.inf if self.priority_clip is None else self.priority_clip
         tree = self._tree
         with self._locked:
-            self._ring.begin(OP_PRIORITIES)
+            self._ring.mark(OP_PRIORITIES)
             if episode_ring._fault is not None:  # test-only: die with half the leaves written, no sums
                 episode_ring._fault.reached("priorities", tear=lambda: _tear_update(tree, self._generation, self._info,
                                                                                     idx, gen))  # fmt: skip
@@ -664,7 +664,7 @@ class ReplayBuffer(shm_mod.SharedObject):
             if not np.isfinite(policies).all():
                 raise ValueError(f"reanalysed policies for episode {ref.episode_id} must be finite")
         with self._locked:
-            self._ring.begin(OP_REANALYSE, ref.episode_id)
+            self._ring.mark(OP_REANALYSE)
             row = self._episodes[ref.episode_id % self._episodes.shape[0]]
             ok = (self._generation[ref.start] == ref.generation and row[ID] == ref.episode_id
                   and row[STATE] == PUBLISHED)  # fmt: skip

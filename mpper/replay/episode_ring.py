@@ -22,7 +22,8 @@ State (all numpy arrays, normally views into shared memory):
 
 - ``journal``: int64 ``(JOURNAL_FIELDS,)``, what the holder of the buffer's lock is
   changing: every critical section that writes starts with ``begin`` (the ring and the
-  counters as they were, then the operation and its episode) and ends with ``end``. If
+  counters as they were, then the operation and its episode; ``mark``, the operation
+  alone, for priority updates and reanalysed values) and ends with ``end``. If
   the holder dies in between (the lock is a robust mutex: the next locker learns it),
   ``repair`` restores the ring and counters from the journal and redoes the operation to
   a consistent end, whichever of its writes had happened: a reservation or a publication
@@ -241,6 +242,11 @@ class EpisodeRing:
         j[J_PID] = pid
         j[J_OP] = op  # last: the entry counts only once it is whole
 
+    def mark(self, op: int) -> None:
+        """``begin`` for an operation whose repair needs no copies: it writes only leaves
+        (rebuilt after any death) or values and statistics (kept as they are)."""
+        self._journal_view[J_OP] = op
+
     def end(self) -> None:
         """The operation recorded by ``begin`` is complete."""
         self._journal_view[J_OP] = OP_NONE
@@ -256,7 +262,11 @@ class EpisodeRing:
         j = self.journal
         op = int(j[J_OP])
         done = []
-        if op != OP_NONE:
+        if op in (OP_PRIORITIES, OP_REANALYSE):  # marked only: leaves and values stay as written
+            done.append("a half-applied priority update kept as written" if op == OP_PRIORITIES
+                        else "a half-stored reanalysed episode kept as written")  # fmt: skip
+            self.end()
+        elif op != OP_NONE:
             # undo the counters and ring positions, then redo the operation to a consistent end
             self.ring[:] = j[J_RING : J_RING + RING_FIELDS]
             saved = j[J_COUNTERS : J_COUNTERS + self.counters.shape[0]].copy()
@@ -277,10 +287,6 @@ class EpisodeRing:
             elif op == OP_EVICT:
                 self._evict(row, int(j[J_STATE]), start, rows)
                 done.append(f"the eviction of episode {episode_id} completed")
-            elif op == OP_PRIORITIES:
-                done.append("a half-applied priority update kept as written")
-            elif op == OP_REANALYSE:
-                done.append("a half-stored reanalysed episode kept as written")
             self.end()
         # reservations of writers that are gone (died copying, outside the lock): holes now,
         # rather than at their eviction
