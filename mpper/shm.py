@@ -308,13 +308,16 @@ class RobustLock:
     so any process that maps the segment (forked, spawned, forkserver-started, or one
     multiprocessing did not start at all) locks the very same mutex; nothing to inherit
     and nothing to unlink. Owned by a thread, not a process: two threads of one process
-    exclude each other. The calls go through ``ctypes.CDLL``, which releases the GIL, so
-    a blocked locker never stops its process's other threads; a blocking ``acquire``
-    waits in slices of ``_SLICE_S`` so that Ctrl-C still interrupts it.
+    exclude each other. The calls that may wait go through ``ctypes.CDLL``, which releases
+    the GIL, so a blocked locker never stops its process's other threads (``trylock`` and
+    ``unlock``, which never wait, keep it); a blocking ``acquire`` waits in slices of
+    ``_SLICE_S`` so that Ctrl-C still interrupts it.
     """
 
     SIZE = 64
-    _HOLDER_OFFSET = 56  # int64 pid of the holder (0: free, or its holder died before writing it)
+    # int64 pid of the holder (0: free, or its holder died before writing it), past the
+    # pthread_mutex_t (40 bytes on x86-64 glibc, 48 on aarch64)
+    _HOLDER_OFFSET = 56
     _SLICE_S = 0.25
 
     def __init__(self, region, on_owner_death=None) -> None:
