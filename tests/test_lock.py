@@ -196,7 +196,7 @@ def test_threads_exclude_each_other_and_a_blocked_locker_does_not_hold_the_gil(s
 @pytest.mark.slow
 def test_writers_sigkilled_at_random_moments_beside_a_sampling_learner(tmp_path):
     """Three writer processes add episodes while a learner thread samples and updates
-    priorities; writers are SIGKILLed at random moments (some inside the lock) and
+    priorities; writers are SIGKILLed at random moments (inside the lock or outside) and
     restarted. The learner never stops for good, and at the end every stored episode is
     whole, the bookkeeping consistent, and a snapshot saves and loads."""
     ctx = mp.get_context("spawn")
