@@ -19,17 +19,20 @@ children are gone. Other processes attach without registering (see ``attach``).
 from __future__ import annotations
 
 import atexit
+import ctypes
+import errno
 import fcntl
 import os
 import secrets
 import signal
 import sys
 import threading
+import time
 from contextlib import contextmanager
 from multiprocessing import resource_tracker, shared_memory
 
 __all__ = [
-    "NamedLock",
+    "RobustLock",
     "SharedObject",
     "SharedMemoryRoomError",
     "SHM_DIR",
@@ -290,54 +293,122 @@ def remove_stale_segments() -> list[str]:
     return removed
 
 
-class NamedLock:
-    """A ``multiprocessing`` lock opened by its name, for a process that multiprocessing
-    did not start (a Ray actor on this machine) and so cannot inherit the lock.
+class RobustLock:
+    """A process-shared, robust pthread mutex living in a shared-memory segment.
 
-    On POSIX a lock of a ``spawn`` or ``forkserver`` context is a named semaphore
-    (``/dev/shm/sem.mp-...``) that lives until its creator drops it; multiprocessing
-    only refuses to pickle it outside a child's start. A ``NamedLock`` pickles as the
-    semaphore's name and reopens it on first use: both sides then lock the very same
-    semaphore. It never unlinks it (its creator does). A lock of a ``fork`` context has
-    no name left (it is unlinked at once) and is refused.
+    The kernel tracks its owner: every thread keeps a list of the robust mutexes it
+    holds, and when the thread dies, however it dies (SIGKILL included), the kernel marks
+    each one "owner died" and wakes a waiter. The next locker then gets the lock together
+    with ``EOWNERDEAD``; ``acquire`` calls ``on_owner_death(pid)`` (the data it guards may
+    be half-updated: the callback repairs it), then marks the mutex consistent. So a
+    holder's death never leaves the lock held, and the one who finds it dead knows.
+
+    The mutex is plain bytes of the segment (``SIZE`` bytes: the ``pthread_mutex_t`` and
+    the holder's pid, which the owner-died path of glibc overwrites in the mutex itself),
+    so any process that maps the segment (forked, spawned, forkserver-started, or one
+    multiprocessing did not start at all) locks the very same mutex; nothing to inherit
+    and nothing to unlink. Owned by a thread, not a process: two threads of one process
+    exclude each other. The calls that may wait go through ``ctypes.CDLL``, which releases
+    the GIL, so a blocked locker never stops its process's other threads (``trylock`` and
+    ``unlock``, which never wait, keep it); a blocking ``acquire`` waits in slices of
+    ``_SLICE_S`` so that Ctrl-C still interrupts it.
     """
 
-    def __init__(self, state: tuple) -> None:
-        self._state = tuple(state)  # (handle, kind, maxvalue, name), as SemLock pickles itself
-        self._lock = None
+    SIZE = 64
+    # int64 pid of the holder (0: free, or its holder died before writing it), past the
+    # pthread_mutex_t (40 bytes on x86-64 glibc, 48 on aarch64)
+    _HOLDER_OFFSET = 56
+    _SLICE_S = 0.25
+
+    def __init__(self, region, on_owner_death=None) -> None:
+        """``region``: a writable numpy uint8 array of ``SIZE`` bytes, already
+        ``initialize``d by the segment's creator. ``on_owner_death(pid)``: called with the
+        lock held when the previous holder died holding it (``pid``: 0 if unknown)."""
+        if region.nbytes < self.SIZE or region.ctypes.data % 8:
+            raise ValueError(f"a RobustLock needs {self.SIZE} 8-byte aligned bytes")
+        lib = _pthread()
+        self._region = region  # keeps the mapping alive while the addresses below are used
+        self._ptr = ctypes.c_void_p(region.ctypes.data)
+        self._holder = ctypes.c_int64.from_address(region.ctypes.data + self._HOLDER_OFFSET)
+        self._trylock, self._unlock = lib.trylock_keeping_gil, lib.unlock_keeping_gil
+        self.on_owner_death = on_owner_death
 
     @classmethod
-    def of(cls, lock) -> "NamedLock":
-        """The name of ``lock`` (a ``multiprocessing`` Lock of a spawn or forkserver context)."""
-        if isinstance(lock, NamedLock):
-            return lock
-        semlock = getattr(lock, "_semlock", None)
-        if semlock is None or getattr(lock, "_is_fork_ctx", False) or not getattr(semlock, "name", None):
-            raise ValueError(f"{lock!r} cannot be opened by name: expected a Lock of a spawn or forkserver "
-                             "multiprocessing context")  # fmt: skip
-        return cls((semlock.handle, semlock.kind, semlock.maxvalue, semlock.name))
-
-    @property
-    def name(self) -> str:
-        return self._state[3]
-
-    def _opened(self):
-        if self._lock is None:
-            from multiprocessing import synchronize
-
-            lock = synchronize.Lock.__new__(synchronize.Lock)
-            try:
-                lock.__setstate__(self._state)  # sem_open(name): the creator's semaphore
-            except FileNotFoundError:
-                raise FileNotFoundError(f"the lock {self.name} is gone (its creator exited)") from None
-            self._lock = lock
-        return self._lock
+    def initialize(cls, region) -> None:
+        """Make ``region`` (``SIZE`` zeroed bytes of a shared segment) a robust,
+        process-shared mutex, unlocked. Done once, by the segment's creator."""
+        lib = _pthread()
+        attr = ctypes.create_string_buffer(64)  # pthread_mutexattr_t is 4 or 8 bytes
+        _check(lib.pthread_mutexattr_init(attr), "pthread_mutexattr_init")
+        try:
+            _check(lib.pthread_mutexattr_setpshared(attr, _PTHREAD_PROCESS_SHARED), "pthread_mutexattr_setpshared")
+            _check(lib.pthread_mutexattr_setrobust(attr, _PTHREAD_MUTEX_ROBUST), "pthread_mutexattr_setrobust")
+            _check(lib.pthread_mutex_init(ctypes.c_void_p(region.ctypes.data), attr), "pthread_mutex_init")
+        finally:
+            lib.pthread_mutexattr_destroy(attr)
 
     def acquire(self, block: bool = True, timeout: float | None = None) -> bool:
-        return self._opened().acquire(block, timeout)
+        """Take the lock; False when ``block`` is False and it is held, or when
+        ``timeout`` seconds passed."""
+        rc = self._trylock(self._ptr)
+        if rc == 0:
+            self._holder.value = PID
+            return True
+        if rc == errno.EBUSY and block:
+            rc = self._wait(timeout)
+        return self.settle(rc)
+
+    def _wait(self, timeout: float | None) -> int:
+        deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
+        while True:
+            until = time.monotonic() + self._SLICE_S
+            if deadline is not None:
+                until = min(until, deadline)
+            rc = _timed_lock(_pthread(), self._ptr, until)
+            if rc != errno.ETIMEDOUT or (deadline is not None and time.monotonic() >= deadline):
+                return rc
+
+    def settle(self, rc: int) -> bool:
+        """Whether a lock call that returned ``rc`` took the lock; on ``EOWNERDEAD`` (taken,
+        its previous holder dead) runs ``on_owner_death`` and marks the mutex consistent."""
+        if rc == 0:
+            self._holder.value = PID
+            return True
+        if rc in (errno.EBUSY, errno.ETIMEDOUT):
+            return False
+        if rc == errno.EOWNERDEAD:
+            dead = int(self._holder.value)
+            self._holder.value = PID
+            try:
+                if self.on_owner_death is not None:
+                    self.on_owner_death(dead)
+            finally:
+                _pthread().pthread_mutex_consistent(self._ptr)
+            return True
+        if rc == errno.ENOTRECOVERABLE:
+            raise RuntimeError("the shared lock is unusable: a process found its holder dead and released it "
+                               "without marking it consistent")  # fmt: skip
+        raise OSError(rc, f"pthread_mutex_lock: {os.strerror(rc)}")
 
     def release(self) -> None:
-        self._opened().release()
+        self._holder.value = 0
+        rc = self._unlock(self._ptr)
+        if rc != 0:
+            raise OSError(rc, f"pthread_mutex_unlock: {os.strerror(rc)}")
+
+    def raw_calls(self) -> tuple:
+        """``(trylock, unlock, mutex, holder)`` for a caller that inlines the uncontended
+        path: ``trylock(mutex)`` returns 0 (then set ``holder.value = PID``), ``EBUSY``, or
+        another code for ``settle``; before ``unlock(mutex)``, set ``holder.value = 0``."""
+        return self._trylock, self._unlock, self._ptr, self._holder
+
+    def holder(self) -> int:
+        """The pid that holds the lock now (0: nobody, or not known yet)."""
+        return int(self._holder.value)
+
+    def close(self) -> None:
+        """Drop the view of the segment (so that it can be unmapped); the lock is unusable after."""
+        self._region = self._holder = self._ptr = None
 
     def __enter__(self) -> bool:
         return self.acquire()
@@ -345,8 +416,68 @@ class NamedLock:
     def __exit__(self, *exc) -> None:
         self.release()
 
-    def __getstate__(self) -> dict:
-        return {"_state": self._state, "_lock": None}
+    def __reduce__(self):
+        raise TypeError("a RobustLock lives in its segment: attach the segment instead of pickling the lock")
 
-    def __repr__(self) -> str:
-        return f"NamedLock({self.name!r})"
+
+_PTHREAD_PROCESS_SHARED = 1
+_PTHREAD_MUTEX_ROBUST = 1
+_CLOCK_MONOTONIC = 1
+_lib = None
+_lib_lock = threading.Lock()
+PID = os.getpid()  # this process's pid, kept current across fork (os.getpid() is a system call)
+
+
+def _after_fork() -> None:
+    global PID
+    PID = os.getpid()
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+
+class _Timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+
+def _pthread():
+    """glibc's pthread functions (in libc since glibc 2.34, in libpthread before: both
+    are loaded in a CPython process, so the global namespace has them)."""
+    global _lib
+    if _lib is not None:
+        return _lib
+    with _lib_lock:
+        if _lib is None:
+            lib = ctypes.CDLL(None)
+            ptr = ctypes.c_void_p
+            for name in ("pthread_mutex_lock", "pthread_mutex_trylock", "pthread_mutex_unlock",
+                         "pthread_mutex_consistent", "pthread_mutexattr_init", "pthread_mutexattr_destroy"):  # fmt: skip
+                getattr(lib, name).argtypes = [ptr]
+            for name in ("pthread_mutexattr_setpshared", "pthread_mutexattr_setrobust"):
+                getattr(lib, name).argtypes = [ptr, ctypes.c_int]
+            lib.pthread_mutex_init.argtypes = [ptr, ptr]
+            lib.pthread_mutex_timedlock.argtypes = [ptr, ctypes.POINTER(_Timespec)]
+            if hasattr(lib, "pthread_mutex_clocklock"):  # glibc >= 2.30: waits on the monotonic clock
+                lib.pthread_mutex_clocklock.argtypes = [ptr, ctypes.c_int, ctypes.POINTER(_Timespec)]
+            # trylock and unlock never wait: called keeping the GIL (PyDLL), which spares
+            # the release and re-take of CDLL around each call; everything that may wait
+            # (lock, clocklock, timedlock) goes through CDLL and lets other threads run
+            nowait = ctypes.PyDLL(None)
+            lib.trylock_keeping_gil, lib.unlock_keeping_gil = nowait.pthread_mutex_trylock, nowait.pthread_mutex_unlock
+            lib.trylock_keeping_gil.argtypes = lib.unlock_keeping_gil.argtypes = [ptr]
+            _lib = lib
+    return _lib
+
+
+def _timed_lock(lib, ptr, until_monotonic: float) -> int:
+    if hasattr(lib, "pthread_mutex_clocklock"):
+        sec = int(until_monotonic)
+        return lib.pthread_mutex_clocklock(ptr, _CLOCK_MONOTONIC, _Timespec(sec, int((until_monotonic - sec) * 1e9)))
+    until = time.time() + (until_monotonic - time.monotonic())  # timedlock waits on the realtime clock
+    sec = int(until)
+    return lib.pthread_mutex_timedlock(ptr, _Timespec(sec, int((until - sec) * 1e9)))
+
+
+def _check(rc: int, what: str) -> None:
+    if rc != 0:
+        raise OSError(rc, f"{what}: {os.strerror(rc)}")

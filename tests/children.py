@@ -18,6 +18,17 @@ def hold_the_buffer_lock_and_exit(handle) -> None:
     os._exit(0)
 
 
+def hold_the_buffer_lock_until(handle, holding, release) -> None:
+    """Attach the buffer, take its lock, set ``holding``, and keep the lock (alive) until
+    ``release`` is set: a live holder, stuck."""
+    buf = ReplayBuffer.attach(handle)
+    buf._locked.lock.acquire()  # noqa: SLF001
+    holding.set()
+    release.wait(600)
+    buf._locked.lock.release()  # noqa: SLF001
+    buf.close()
+
+
 def report_then_wait(reports, stop, queued, count: int) -> None:
     """Queue ``count`` reports of ~1 KB (the pipe holds 64 KiB: the rest waits in the
     queue's feeder thread), set ``queued``, and return once ``stop`` is set."""
@@ -28,3 +39,22 @@ def report_then_wait(reports, stop, queued, count: int) -> None:
         queued.set()
         while not stop.wait(0.05):
             pass
+
+
+def write_tagged_episodes(handle, ready, stop, tag: int) -> None:
+    """Attach the buffer and add episodes until ``stop`` is set; episode k of this writer
+    holds ``observation[:, 0] = tag * 1e6 + k`` and ``observation[:, 1] = row index``, so
+    that a reader can tell a whole episode from a torn one. Sets ``ready`` after the first."""
+    import numpy as np
+
+    buf = ReplayBuffer.attach(handle)
+    rng = np.random.default_rng(tag)
+    k = 0
+    while not stop.is_set():
+        rows = int(rng.integers(2, 12))
+        obs = np.zeros((rows, 4), np.float32)
+        obs[:, 0], obs[:, 1] = tag * 1e6 + k, np.arange(rows)
+        buf.add_episode({"observation": obs}, priorities=rng.random(rows - 1) + 0.1)
+        k += 1
+        ready.set()
+    buf.close()

@@ -11,7 +11,6 @@ the same stderr) to finish, and assert the tracker reported nothing.
 
 from __future__ import annotations
 
-import dataclasses
 import multiprocessing as mp
 import os
 import pickle
@@ -158,8 +157,7 @@ def test_independent_process_attach_and_exit_keeps_segment(small_buffer, tmp_pat
     buf.add_episode(ep)
     [ref] = buf.episodes()
     handle_file = tmp_path / "handle.pkl"
-    # the lock only pickles for spawning; this reader takes no lock
-    handle_file.write_bytes(pickle.dumps(dataclasses.replace(buf.handle, lock=None)))
+    handle_file.write_bytes(pickle.dumps(buf.handle))
     res = subprocess.run(
         [sys.executable, "-c", _ATTACH_SCRIPT, str(handle_file), str(ref.start + 2), how],
         check=False, capture_output=True, text=True, timeout=30, env=_ENV,
@@ -181,7 +179,7 @@ sys.path.insert(0, sys.argv[2])
 from conftest import make_episode
 from mpper import ReplayBuffer
 buf = ReplayBuffer.attach(pickle.loads(open(sys.argv[1], "rb").read()))
-print("locked" if not buf.handle.lock.acquire(False) else "free", flush=True)  # the parent holds it
+print("locked" if not buf._lock.acquire(False) else "free", flush=True)  # the parent holds it
 t0 = time.monotonic()
 buf.add_episode(make_episode(np.random.default_rng(5), 4))  # waits for the parent's release
 print(f"{time.monotonic() - t0:.3f}", buf.counters["games"], flush=True)
@@ -193,15 +191,12 @@ buf.close()
 def test_a_portable_handle_shares_the_writers_lock_with_a_process_multiprocessing_did_not_start(small_buffer, tmp_path):
     """``BufferHandle.portable()`` (for a Ray actor beside the learner): it pickles like any
     data, and the independent process that attaches it takes the very lock the other
-    writers take: while this process holds it, that process cannot write."""
+    writers take (the mutex lives in the segment): while this process holds it, that
+    process cannot write."""
     buf = small_buffer
     handle_file = tmp_path / "handle.pkl"
     handle_file.write_bytes(pickle.dumps(buf.handle.portable()))
-    with pytest.raises(Exception, match="inheritance|spawning"):  # what portable() is for
-        pickle.dumps(buf.handle)
-    with pytest.raises(ValueError, match="cannot be opened by name"):
-        mpper_shm.NamedLock.of(mp.get_context("fork").Lock())
-    buf.handle.lock.acquire()
+    buf._lock.acquire()
     proc = subprocess.Popen([sys.executable, "-c", _PORTABLE_SCRIPT, str(handle_file), os.path.dirname(__file__)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_ENV)  # fmt: skip
     try:
@@ -209,7 +204,7 @@ def test_a_portable_handle_shares_the_writers_lock_with_a_process_multiprocessin
         time.sleep(0.5)
         assert buf.counters["games"] == 0  # its write waits for our lock
     finally:
-        buf.handle.lock.release()
+        buf._lock.release()
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err
     waited, games = out.split()

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from children import hold_the_buffer_lock_and_exit
+from children import hold_the_buffer_lock_and_exit, hold_the_buffer_lock_until
 from conftest import make_episode
 
 import mpper.replay.snapshot
@@ -709,25 +709,52 @@ def test_a_save_cut_between_its_two_renames_puts_the_previous_snapshot_back(tmp_
         assert loaded.counters["games"] == 1
 
 
-def test_a_save_whose_lock_a_dead_process_holds_fails_in_bounded_time(tmp_path, monkeypatch):
+def test_a_save_whose_lock_a_dead_process_held_repairs_and_saves(tmp_path, capfd):
     """A process that died holding the buffer's lock (a real child takes the real lock and
-    exits): the save gives up after ``LOCK_TIMEOUT_S`` with an error naming the lock,
-    rather than waiting for ever, and the previous snapshot is untouched."""
+    exits): the save gets the lock at once (the kernel tells it the owner died), the
+    buffer is repaired with one line naming the dead pid, and the snapshot is written."""
     path = tmp_path / "snap"
-    monkeypatch.setattr(mpper.replay.snapshot, "LOCK_TIMEOUT_S", 1.0)
     with ReplayBuffer.create({"observation": ((8,), "float32")}, capacity=256) as buf:
         buf.add_episode({"observation": np.ones((11, 8), np.float32)})
-        buf.save(path, extra={"n": 1})
         child = mp.get_context("spawn").Process(target=hold_the_buffer_lock_and_exit, args=(buf.handle,))
         child.start()
         child.join(120)
         assert child.exitcode == 0
-        t0 = time.monotonic()
-        with pytest.raises(TimeoutError, match="the buffer's lock was not released within 1 s"):
-            buf.save(path, extra={"n": 2})
-        assert time.monotonic() - t0 < 30
+        buf.save(path, extra={"n": 2})
+        assert buf.check_consistency() == []
+    err = capfd.readouterr().err
+    assert f"mpper: process {child.pid} died holding the replay buffer's lock" in err, err
+    assert _manifest(path)["extra"] == {"n": 2}
+    with ReplayBuffer.load(path) as loaded:
+        assert loaded.counters["games"] == 1 and loaded.check_consistency() == []
+
+
+def test_a_save_whose_lock_a_live_process_keeps_fails_in_bounded_time(tmp_path, monkeypatch):
+    """A live process that keeps the buffer's lock (stuck, or stopped): the save gives up
+    after ``LOCK_TIMEOUT_S`` with an error naming the lock, rather than waiting for ever,
+    and the previous snapshot is untouched."""
+    path = tmp_path / "snap"
+    monkeypatch.setattr(mpper.replay.snapshot, "LOCK_TIMEOUT_S", 1.0)
+    ctx = mp.get_context("spawn")
+    holding, release = ctx.Event(), ctx.Event()
+    with ReplayBuffer.create({"observation": ((8,), "float32")}, capacity=256) as buf:
+        buf.add_episode({"observation": np.ones((11, 8), np.float32)})
+        buf.save(path, extra={"n": 1})
+        child = ctx.Process(target=hold_the_buffer_lock_until, args=(buf.handle, holding, release))
+        child.start()
+        try:
+            assert holding.wait(120)
+            t0 = time.monotonic()
+            with pytest.raises(TimeoutError, match="the buffer's lock was not released within 1 s"):
+                buf.save(path, extra={"n": 2})
+            assert time.monotonic() - t0 < 30
+        finally:
+            release.set()
+            child.join(120)
+        assert child.exitcode == 0
+        buf.save(path, extra={"n": 3})  # released: the save goes through
     assert sorted(p.name for p in tmp_path.iterdir()) == ["snap"]
-    assert _manifest(path)["extra"] == {"n": 1}
+    assert _manifest(path)["extra"] == {"n": 3}
 
 
 @pytest.fixture

@@ -7,9 +7,14 @@ plus generations, counters and the episode table, lives in one shared-memory seg
 whose layout follows from the schema and capacity, so another process attaches from a
 small handle and copies nothing.
 
-Concurrency: one ``multiprocessing.Lock`` serialises the *writers* of the tree, the
-episode table and the ring (``add_episode``, ``update_priorities``, reanalysed values);
-sampling takes no lock at all:
+Concurrency: one lock serialises the *writers* of the tree, the episode table and the
+ring (``add_episode``, ``update_priorities``, reanalysed values); sampling takes no lock
+at all. The lock is a robust, process-shared pthread mutex in the segment itself
+(``mpper.shm.RobustLock``): any process that maps the segment shares it, and if its
+holder dies inside a critical section (SIGKILL), the next locker is told, repairs what
+was half-written from the ring's journal (``EpisodeRing.repair``: the episode being
+reserved or published is dropped, an eviction completed, the sum tree rebuilt from its
+leaves), prints one line on stderr naming the dead pid, and goes on:
 
 - a writer reserves slots under the lock (evicting, zeroing priorities, making the
   slots' generations odd), copies its episode *without* the lock, then publishes its
@@ -31,19 +36,26 @@ divided by the batch maximum, N the number of sampleable positions.
 
 from __future__ import annotations
 
-import multiprocessing as mp
+import os
+import sys
 import time
-from dataclasses import dataclass, field, replace
-from typing import Any, Mapping
+from dataclasses import dataclass
+from typing import Mapping
 
 import numba
 import numpy as np
 
 from .. import shm as shm_mod
+from . import episode_ring
+from .consistency import problems as consistency_problems
+from .consistency import repair
 from .episode_ring import (
     ID,
+    J_OP,
     MAX_CAPACITY,
     NUM_POSITIONS,
+    OP_PRIORITIES,
+    OP_REANALYSE,
     PUBLISHED,
     ROWS,
     START,
@@ -53,6 +65,7 @@ from .episode_ring import (
     RingBusy,
 )
 from .layout import COUNTER_INDEX, COUNTERS, record_dtype, segment_bytes, segment_layout, segment_offsets
+from .locking import SpinThenBlock, weak_call
 from .schema import Field, normalize_schema
 from .snapshot import load_buffer, save_snapshot
 from .sum_tree import SumTree, descend, set_leaves
@@ -155,48 +168,12 @@ def _apply_update(tree, leaf_base, generation, info_of, indices, gens, prioritie
     return applied, top
 
 
-class _SpinThenBlock:
-    """Context manager over the buffer's lock that tries briefly before sleeping.
-
-    Critical sections last microseconds, while putting a process to sleep on the
-    semaphore and waking it again costs tens of microseconds to milliseconds on a busy
-    machine; so a waiter first retries without blocking (userspace, no system call),
-    and only then blocks.
-
-    It also keeps this process's lock waits: ``wait_hist[i]`` counts acquisitions that
-    waited ``[2^(i-1), 2^i)`` microseconds (``wait_hist[0]``: under 1 us, which is every
-    acquisition whose first try succeeded), and ``wait_max_ns`` the longest. A free lock
-    costs one list increment more; only a contended one reads the clock.
-    """
-
-    __slots__ = ("lock", "wait_hist", "wait_max_ns")
-    SPINS = 200  # tens of microseconds of retries before a blocking wait
-    BINS = 40
-
-    def __init__(self, lock) -> None:
-        self.lock = lock
-        self.wait_hist = [0] * self.BINS
-        self.wait_max_ns = 0
-
-    def __enter__(self):
-        acquire = self.lock.acquire
-        if acquire(False):
-            self.wait_hist[0] += 1
-            return self
-        t0 = time.perf_counter_ns()
-        for _ in range(self.SPINS):
-            if acquire(False):
-                break
-        else:
-            acquire()
-        waited = time.perf_counter_ns() - t0
-        self.wait_hist[min(self.BINS - 1, (waited // 1000).bit_length())] += 1
-        if waited > self.wait_max_ns:
-            self.wait_max_ns = waited
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.lock.release()
+def _tear_update(tree: SumTree, generation, info_of, indices, gens) -> None:
+    """Test-only: what ``_apply_update`` leaves when killed half-way: the first half of
+    the leaves it would write, written, and none of their ancestors."""
+    t, moves = info_of[indices] >> 32, (info_of[indices] & 0xFFFFFFFF) >> 2
+    live = indices[(generation[indices] == gens) & (gens % 2 == 0) & (t < moves)]
+    tree.tree[tree._leaf_base + live[: max(1, live.size // 2)]] = 1e3
 
 
 def _empty_draw(n: int) -> tuple[np.ndarray, ...]:
@@ -234,8 +211,8 @@ def warm_kernels() -> None:
 
 @dataclass(frozen=True)
 class BufferHandle:
-    """Everything another process needs to attach. Picklable when handed to a child
-    process at spawn time (the lock travels the way multiprocessing locks do)."""
+    """Everything another process needs to attach: plain data, picklable anywhere (the
+    lock lives in the segment, so attaching the segment shares it)."""
 
     segment: str
     fields: tuple[Field, ...]
@@ -245,14 +222,13 @@ class BufferHandle:
     priority_eps: float
     priority_clip: float | None
     initial_priority: str | float
-    lock: Any = field(repr=False)
 
     def portable(self) -> "BufferHandle":
         """This handle for a process of this machine that multiprocessing did not start
-        (a Ray actor beside the learner): the lock travels by its name
-        (:class:`mpper.shm.NamedLock`), so the handle pickles anywhere, and the process
-        that attaches it locks the same semaphore as every other writer."""
-        return replace(self, lock=shm_mod.NamedLock.of(self.lock))
+        (a Ray actor beside the learner). The handle is plain data and the lock lives in
+        the segment, so it is the handle itself: the process that attaches it locks the
+        same mutex as every other writer."""
+        return self
 
 
 @dataclass
@@ -281,12 +257,16 @@ class ReplayBuffer(shm_mod.SharedObject):
     """Prioritized episode replay in shared memory. Build with ``create``, ``attach``
     or ``load``; see the module docstring for the concurrency rules."""
 
-    def __init__(self, handle: BufferHandle | None, arrays: dict[str, np.ndarray], lock,
+    def __init__(self, handle: BufferHandle | None, arrays: dict[str, np.ndarray], lock=None,
                  *, segment=None, owner=False, read_only=False, params=None) -> None:  # fmt: skip
+        """``lock``: None for the segment's own mutex (``arrays["_lock"]``), or a lock
+        object for a buffer outside shared memory (a read-only snapshot)."""
         self.handle = handle
         params = params or handle
+        if lock is None:
+            lock = shm_mod.RobustLock(arrays["_lock"], on_owner_death=weak_call(self, "_repair"))
         self._lock = lock
-        self._locked = _SpinThenBlock(lock)
+        self._locked = SpinThenBlock(lock, on_error=weak_call(self, "_repair_after_error"))
         self._segment = segment
         self._owner = owner
         self.read_only = read_only
@@ -306,7 +286,8 @@ class ReplayBuffer(shm_mod.SharedObject):
         self._counters = arrays["_counters"]
         self._max_priority = arrays["_max_priority"]
         self._ring = EpisodeRing(self.capacity, self._episodes, self._ring_state, self._generation,
-                                 self._info, self._tree, self._counters, COUNTER_INDEX)  # fmt: skip
+                                 self._info, self._tree, self._counters, COUNTER_INDEX,
+                                 arrays.get("_journal"))  # fmt: skip
         self._rng = np.random.default_rng()
         self.snapshot_manifest: dict | None = None  # set by load(): the manifest it came from
         self._raw_rows = RawRows()
@@ -338,6 +319,8 @@ class ReplayBuffer(shm_mod.SharedObject):
                 or a number, for episodes added without priorities.
             max_episodes: rows in the episode table (default: capacity // 2, enough for
                 episodes of 2 rows, the shortest possible).
+            mp_context: accepted and unused: the lock lives in the segment, so every start
+                method (fork, forkserver, spawn) and any other process shares it alike.
         """
         fields = normalize_schema(schema)
         capacity = int(capacity)
@@ -358,15 +341,15 @@ class ReplayBuffer(shm_mod.SharedObject):
         offsets, nbytes = segment_offsets(layout)
         segment = shm_mod.create(nbytes, tag, what=f"a replay buffer of {capacity} steps")
         try:
-            lock = (mp_context or mp.get_context("spawn")).Lock()
             handle = BufferHandle(segment.name, fields, capacity, max_episodes, float(alpha),
-                                  float(priority_eps), priority_clip, initial_priority, lock)  # fmt: skip
+                                  float(priority_eps), priority_clip, initial_priority)  # fmt: skip
             arrays = _map_arrays(segment.buf, layout, offsets)
+            shm_mod.RobustLock.initialize(arrays["_lock"])
             for f in fields:
                 if f.fill != 0:
                     arrays[f.name][...] = f.fill
             arrays["_max_priority"][0] = 1.0
-            return cls(handle, arrays, lock, segment=segment, owner=True)
+            return cls(handle, arrays, segment=segment, owner=True)
         except BaseException:
             shm_mod.release(segment, unlink=True)
             raise
@@ -380,7 +363,7 @@ class ReplayBuffer(shm_mod.SharedObject):
         if segment.size < nbytes:
             shm_mod.release(segment, unlink=False)
             raise ValueError(f"segment {handle.segment} holds {segment.size} bytes, the handle describes {nbytes}")
-        return cls(handle, _map_arrays(segment.buf, layout, offsets), handle.lock, segment=segment)
+        return cls(handle, _map_arrays(segment.buf, layout, offsets), segment=segment)
 
     @classmethod
     def load(cls, path, mmap: bool = False, **kwargs) -> "ReplayBuffer":
@@ -408,6 +391,8 @@ class ReplayBuffer(shm_mod.SharedObject):
         """Detach; the owner also unlinks the shared memory. Idempotent."""
         segment, self._segment = self._segment, None
         if segment is not None:
+            if isinstance(self._lock, shm_mod.RobustLock):
+                self._lock.close()
             self.fields = {}
             self._arrays = {}
             self._tree = self._ring = None
@@ -549,12 +534,17 @@ class ReplayBuffer(shm_mod.SharedObject):
         clip = np.inf if self.priority_clip is None else self.priority_clip
         tree = self._tree
         with self._locked:
+            self._ring.mark(OP_PRIORITIES)
+            if episode_ring._fault is not None:  # test-only: die with half the leaves written, no sums
+                episode_ring._fault.reached("priorities", tear=lambda: _tear_update(tree, self._generation, self._info,
+                                                                                    idx, gen))  # fmt: skip
             applied, top = _apply_update(tree.tree, tree._leaf_base, self._generation, self._info, idx, gen, p,
                                          self.priority_eps, clip, self.alpha)  # fmt: skip
             if top > self._max_priority[0]:
                 self._max_priority[0] = top
             self._counters[COUNTER_INDEX["priority_updates_applied"]] += applied
             self._counters[COUNTER_INDEX["priority_updates_dropped"]] += idx.shape[0] - applied
+            self._ring.end()
         return applied, idx.shape[0] - applied
 
     # ---- sampling ------------------------------------------------------------------
@@ -674,6 +664,7 @@ class ReplayBuffer(shm_mod.SharedObject):
             if not np.isfinite(policies).all():
                 raise ValueError(f"reanalysed policies for episode {ref.episode_id} must be finite")
         with self._locked:
+            self._ring.mark(OP_REANALYSE)
             row = self._episodes[ref.episode_id % self._episodes.shape[0]]
             ok = (self._generation[ref.start] == ref.generation and row[ID] == ref.episode_id
                   and row[STATE] == PUBLISHED)  # fmt: skip
@@ -682,6 +673,7 @@ class ReplayBuffer(shm_mod.SharedObject):
                 if policies is not None:
                     self.fields["reanalysed_policy"][ref.start : ref.start + policies.shape[0]] = policies
             self._counters[COUNTER_INDEX["reanalysed_episodes" if ok else "reanalysed_dropped"]] += 1
+            self._ring.end()
         return bool(ok)
 
     # ---- statistics ----------------------------------------------------------------
@@ -706,6 +698,28 @@ class ReplayBuffer(shm_mod.SharedObject):
         while len(hist) > 1 and hist[-1] == 0:
             hist.pop()
         return {"lock_wait_hist_us": hist, "lock_wait_max_us": self._locked.wait_max_ns / 1000}
+
+    def _repair(self, dead_pid: int) -> None:
+        """Called with the lock held when its previous holder died holding it: make the
+        buffer consistent again and say so in one line on stderr."""
+        doing, done = repair(self)
+        who = f"process {dead_pid}" if dead_pid > 0 else "a process"
+        print(f"mpper: {who} died holding the replay buffer's lock ({doing}); process {os.getpid()} repaired it: "
+              f"{done}", file=sys.stderr, flush=True)  # fmt: skip
+
+    def _repair_after_error(self) -> None:
+        """An exception left a critical section of this process half-way (its journal
+        entry still open): finish it as a dead holder's would be, before the lock goes."""
+        if self._ring is not None and self._ring.journal[J_OP] != 0:
+            doing, done = repair(self)
+            print(f"mpper: an error stopped process {os.getpid()} inside the replay buffer's lock ({doing}); "
+                  f"repaired: {done}", file=sys.stderr, flush=True)  # fmt: skip
+
+    def check_consistency(self) -> list[str]:
+        """Problems with the buffer's bookkeeping, none when consistent (takes the lock;
+        see ``mpper.replay.consistency.problems``)."""
+        with self._locked:
+            return consistency_problems(self)
 
     @property
     def total_priority(self) -> float:

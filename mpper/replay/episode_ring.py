@@ -20,6 +20,16 @@ State (all numpy arrays, normally views into shared memory):
   ``info[s]`` packs ``position << 32 | T << 2 | terminated << 1`` (position of the slot
   in its episode and the episode's number of moves T).
 
+- ``journal``: int64 ``(JOURNAL_FIELDS,)``, what the holder of the buffer's lock is
+  changing: every critical section that writes starts with ``begin`` (the ring and the
+  counters as they were, then the operation and its episode; ``mark``, the operation
+  alone, for priority updates and reanalysed values) and ends with ``end``. If
+  the holder dies in between (the lock is a robust mutex: the next locker learns it),
+  ``repair`` restores the ring and counters from the journal and redoes the operation to
+  a consistent end, whichever of its writes had happened: a reservation or a publication
+  becomes a hole (dropped, never sampled), an eviction is completed, a priority update
+  keeps the leaves it wrote and the sum tree is rebuilt from its leaves.
+
 Episodes are reserved in order under the lock, so they sit in the ring in the order of
 their ids: the oldest is always the first one at or after the write position. Writing
 ``rows`` slots therefore evicts from the head of the table until the head no longer
@@ -30,6 +40,7 @@ tail when it wraps to slot 0), or until the table has a free row.
 from __future__ import annotations
 
 import os
+import signal
 from dataclasses import dataclass
 
 import numpy as np
@@ -48,6 +59,19 @@ RING_FIELDS = 4
 # Bits of a slot's info.
 TERMINATED_BIT, MOVES_SHIFT, POS_SHIFT = 2, 2, 32
 MAX_CAPACITY = 1 << 30  # T must fit the 30 bits between MOVES_SHIFT and POS_SHIFT
+# Journal entries: the operation, its episode, then copies of the ring and the counters.
+J_OP, J_EPISODE, J_ROW, J_START, J_ROWS, J_STATE, J_TERMINATED, J_PID = range(8)
+J_RING, J_COUNTERS = 8, 16
+JOURNAL_FIELDS = 32  # J_COUNTERS + the 16 counter slots of the segment
+# Journal operations (OP_NONE: the lock holder is writing nothing).
+OP_NONE, OP_RESERVE, OP_PUBLISH, OP_ABANDON, OP_EVICT, OP_PRIORITIES, OP_REANALYSE = range(7)
+OP_NAMES = {OP_RESERVE: "reserving episode", OP_PUBLISH: "publishing episode", OP_ABANDON: "abandoning episode",
+            OP_EVICT: "evicting episode", OP_PRIORITIES: "updating priorities", OP_REANALYSE: "storing reanalysed values"}
+# Test-only fault injection: "POINT[:N[:CLAIM]]" makes the process SIGKILL itself, lock held, at the
+# N-th time (default 1) it reaches POINT ("reserve", "publish", "evict" or "priorities") inside a
+# critical section; with CLAIM (a file path), only the first process to create that file does, once.
+FAULT_ENV = "MPPER_FAULT_DIE_IN_LOCK"
+_UNLOCKED_COUNTERS = ("samples", "torn_rows_redrawn")
 
 
 def pack_info(rows: int, terminated: bool) -> np.ndarray:
@@ -90,6 +114,7 @@ class EpisodeRing:
         tree: SumTree,
         counters: np.ndarray,
         counter_index: dict[str, int],
+        journal: np.ndarray | None = None,
     ) -> None:
         self.capacity = capacity
         self.max_episodes = table.shape[0]
@@ -100,6 +125,9 @@ class EpisodeRing:
         self.tree = tree
         self.counters = counters
         self._c = counter_index
+        self.journal = np.zeros(JOURNAL_FIELDS, np.int64) if journal is None else journal
+        self._journal_view, self._ring_view, self._counters_view = (
+            memoryview(a).cast("B").cast("q") for a in (self.journal, ring, counters))  # fmt: skip
 
     # ---- writing ---------------------------------------------------------------------
     def reserve(self, rows: int, terminated: bool, pid: int | None = None) -> Reservation:
@@ -124,11 +152,16 @@ class EpisodeRing:
 
         episode_id = int(ring[NEXT_ID])
         row = episode_id % self.max_episodes
-        table[row] = (episode_id, start, rows, RESERVED, pid or os.getpid(), int(terminated))
+        pid = pid or os.getpid()
+        self.begin(OP_RESERVE, episode_id, row, start, rows, terminated=int(terminated), pid=pid)
+        table[row] = (episode_id, start, rows, RESERVED, pid, int(terminated))
         make_unsampleable(self.generation[start : start + rows])  # before the copy starts
+        if _fault is not None:
+            _fault.reached("reserve")
         self.info[start : start + rows] = pack_info(rows, terminated)
         ring[NEXT_ID] = episode_id + 1
         ring[WRITE_POS] = start + rows
+        self.end()
         return Reservation(episode_id, row, start, rows)
 
     def publish(self, res: Reservation, leaf_values: np.ndarray) -> bool:
@@ -140,39 +173,131 @@ class EpisodeRing:
         row = self.table[res.row]
         if row[ID] != res.episode_id or row[STATE] != RESERVED:
             return False
+        self.begin(OP_PUBLISH, res.episode_id, res.row, res.start, res.rows)
         self.tree.set_range(res.start, leaf_values)
         self.generation[res.start : res.start + res.rows] += 1  # odd -> even: sampleable
+        if _fault is not None:
+            _fault.reached("publish")
         row[STATE] = PUBLISHED
         positions = res.rows - 1
         self.ring[NUM_POSITIONS] += positions
         self.counters[self._c["games"]] += 1
         self.counters[self._c["steps"]] += positions
+        self.end()
         return True
 
     def abandon(self, res: Reservation) -> None:
         """Give up a reservation whose copy failed: it becomes a hole, never sampled."""
         row = self.table[res.row]
         if row[ID] == res.episode_id and row[STATE] == RESERVED:
-            row[STATE] = FREE
-            make_unsampleable(self.generation[res.start : res.start + res.rows])
-            self.counters[self._c["episodes_abandoned"]] += 1
+            self.begin(OP_ABANDON, res.episode_id, res.row, res.start, res.rows)
+            self._drop(res.row, res.start, res.rows)
+            self.end()
+
+    def _drop(self, row: int, start: int, rows: int) -> None:
+        """Turn a reserved (or half-published) episode into a hole: never sampled."""
+        self.tree.set_range(start, np.zeros(rows - 1))
+        make_unsampleable(self.generation[start : start + rows])
+        self.table[row, STATE] = FREE
+        self.counters[self._c["episodes_abandoned"]] += 1
 
     def _evict_head(self, head_row: int) -> None:
         row = self.table[head_row]
         state = int(row[STATE])
         start, rows = int(row[START]), int(row[ROWS])
+        if state == RESERVED and pid_alive(int(row[PID])):
+            raise RingBusy()
+        self.begin(OP_EVICT, int(row[ID]), head_row, start, rows, state=state)
+        self._evict(head_row, state, start, rows)
+        self.end()
+
+    def _evict(self, head_row: int, state: int, start: int, rows: int) -> None:
         if state == RESERVED:
-            if pid_alive(int(row[PID])):
-                raise RingBusy()
             self.counters[self._c["episodes_abandoned"]] += 1  # its writer died mid-copy
         elif state == PUBLISHED:
             self.tree.set_range(start, np.zeros(rows - 1))
+            if _fault is not None:
+                _fault.reached("evict")
             self.ring[NUM_POSITIONS] -= rows - 1
             self.counters[self._c["episodes_evicted"]] += 1
         if state != FREE:
             make_unsampleable(self.generation[start : start + rows])
-        row[STATE] = FREE
+        self.table[head_row, STATE] = FREE
         self.ring[HEAD_ID] += 1
+
+    # ---- the journal: what the lock holder is changing ---------------------------------
+    def begin(self, op: int, episode_id: int = -1, row: int = -1, start: int = 0, rows: int = 0, *,
+              state: int = FREE, terminated: int = 0, pid: int = 0) -> None:  # fmt: skip
+        """Record, with the lock held and before the first write, the ring and counters
+        as they are and the operation about to change them (see ``repair``)."""
+        j = self._journal_view  # memoryviews: a fraction of numpy's cost per small write
+        j[J_RING : J_RING + RING_FIELDS] = self._ring_view
+        j[J_COUNTERS : J_COUNTERS + len(self._counters_view)] = self._counters_view
+        j[J_EPISODE] = episode_id
+        j[J_ROW] = row
+        j[J_START] = start
+        j[J_ROWS] = rows
+        j[J_STATE] = state
+        j[J_TERMINATED] = terminated
+        j[J_PID] = pid
+        j[J_OP] = op  # last: the entry counts only once it is whole
+
+    def mark(self, op: int) -> None:
+        """``begin`` for an operation whose repair needs no copies: it writes only leaves
+        (rebuilt after any death) or values and statistics (kept as they are)."""
+        self._journal_view[J_OP] = op
+
+    def end(self) -> None:
+        """The operation recorded by ``begin`` is complete."""
+        self._journal_view[J_OP] = OP_NONE
+
+    def repair(self) -> list[str]:
+        """Bring the ring, table, generations, leaves and counters back to a consistent
+        state after a lock holder died (call with the lock held). Idempotent: a repairer
+        that dies too leaves the journal as it found it, for the next one.
+
+        Returns what was repaired, one phrase each. The caller rebuilds the sum tree's
+        internal nodes from its leaves afterwards (a writer may have died half-way up).
+        """
+        j = self.journal
+        op = int(j[J_OP])
+        done = []
+        if op in (OP_PRIORITIES, OP_REANALYSE):  # marked only: leaves and values stay as written
+            done.append("a half-applied priority update kept as written" if op == OP_PRIORITIES
+                        else "a half-stored reanalysed episode kept as written")  # fmt: skip
+            self.end()
+        elif op != OP_NONE:
+            # undo the counters and ring positions, then redo the operation to a consistent end
+            self.ring[:] = j[J_RING : J_RING + RING_FIELDS]
+            saved = j[J_COUNTERS : J_COUNTERS + self.counters.shape[0]].copy()
+            for name in _UNLOCKED_COUNTERS:  # the sampler counts these without the lock: keep them
+                saved[self._c[name]] = self.counters[self._c[name]]
+            self.counters[:] = saved
+            episode_id, row, start, rows = (int(j[k]) for k in (J_EPISODE, J_ROW, J_START, J_ROWS))
+            if op == OP_RESERVE:  # completed as a hole
+                self.table[row] = (episode_id, start, rows, RESERVED, int(j[J_PID]), int(j[J_TERMINATED]))
+                self.info[start : start + rows] = pack_info(rows, bool(j[J_TERMINATED]))
+                self.ring[NEXT_ID] = episode_id + 1
+                self.ring[WRITE_POS] = start + rows
+                self._drop(row, start, rows)
+                done.append(f"episode {episode_id} (being reserved) dropped")
+            elif op in (OP_PUBLISH, OP_ABANDON):
+                self._drop(row, start, rows)
+                done.append(f"episode {episode_id} ({'being published' if op == OP_PUBLISH else 'abandoned'}) dropped")
+            elif op == OP_EVICT:
+                self._evict(row, int(j[J_STATE]), start, rows)
+                done.append(f"the eviction of episode {episode_id} completed")
+            self.end()
+        # reservations of writers that are gone (died copying, outside the lock): holes now,
+        # rather than at their eviction
+        for row in self.resident_rows():
+            if self.table[row, STATE] == RESERVED and not pid_alive(int(self.table[row, PID])):
+                r = self.table[row]
+                self.begin(OP_ABANDON, int(r[ID]), int(row), int(r[START]), int(r[ROWS]))
+                self._drop(int(row), int(r[START]), int(r[ROWS]))
+                self.end()
+                done.append(f"episode {int(r[ID])} (its writer pid {int(r[PID])} gone) dropped")
+        return done
 
     # ---- reading ---------------------------------------------------------------------
     def resident_rows(self) -> np.ndarray:
@@ -183,3 +308,30 @@ class EpisodeRing:
     def published_rows(self) -> np.ndarray:
         rows = self.resident_rows()
         return rows[self.table[rows, STATE] == PUBLISHED]
+
+
+class _Fault:
+    """The test-only fault of ``FAULT_ENV``: die (SIGKILL, lock held) at a point."""
+
+    def __init__(self, spec: str) -> None:
+        point, _, rest = spec.partition(":")
+        count, _, self.claim = rest.partition(":")
+        self.point, self.remaining = point, int(count or 1)
+
+    def reached(self, point: str, tear=None) -> None:
+        if point != self.point:
+            return
+        self.remaining -= 1
+        if self.remaining != 0:
+            return
+        if self.claim:
+            try:
+                os.close(os.open(self.claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+            except FileExistsError:
+                return  # another process took this fault already
+        if tear is not None:
+            tear()
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+_fault = _Fault(os.environ[FAULT_ENV]) if os.environ.get(FAULT_ENV) else None

@@ -9,7 +9,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from .episode_ring import RING_FIELDS, TABLE_COLUMNS
+from ..shm import RobustLock
+from .episode_ring import JOURNAL_FIELDS, RING_FIELDS, TABLE_COLUMNS
 from .schema import Field, normalize_schema
 from .sum_tree import SumTree
 
@@ -72,6 +73,8 @@ def segment_layout(fields: tuple[Field, ...], capacity: int, max_episodes: int) 
         ("_ring", (RING_FIELDS,), np.dtype(np.int64)),
         ("_counters", (_COUNTER_SLOTS,), np.dtype(np.int64)),
         ("_max_priority", (1,), np.dtype(np.float64)),
+        ("_lock", (RobustLock.SIZE,), np.dtype(np.uint8)),  # the writers' robust mutex (mpper.shm.RobustLock)
+        ("_journal", (JOURNAL_FIELDS,), np.dtype(np.int64)),  # what the lock holder is doing (EpisodeRing)
     ]
 
 

@@ -67,9 +67,10 @@ FORMAT = "mpper-replay-snapshot"
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 _INTERNAL = ("generation", "info", "episodes", "ring", "counters", "max_priority")
-# How long a save waits for the buffer's lock. Writers hold it for microseconds; a lock
-# held this long belongs to a process that died holding it (SIGKILLed inside a critical
-# section), and without a limit the save, and the run's shutdown with it, would wait for ever.
+# How long a save waits for the buffer's lock. Writers hold it for microseconds, and a
+# holder that dies frees it at once (a robust mutex: the save then repairs the buffer);
+# a lock held this long belongs to a live process that is stuck or stopped, and without
+# a limit the save, and the run's shutdown with it, would wait for ever.
 LOCK_TIMEOUT_S = 30.0
 
 __all__ = ["FORMAT_VERSION", "SnapshotError", "load_buffer", "save_snapshot"]
@@ -119,8 +120,9 @@ def save_snapshot(buf, path, extra: dict | None = None) -> None:
     try:
         lock = buf._locked.lock
         if not lock.acquire(True, LOCK_TIMEOUT_S):
-            raise TimeoutError(f"the buffer's lock was not released within {LOCK_TIMEOUT_S:g} s (did a process die "
-                               f"holding it?); no snapshot written to {path}")  # fmt: skip
+            raise TimeoutError(f"the buffer's lock was not released within {LOCK_TIMEOUT_S:g} s (process "
+                               f"{lock.holder() if hasattr(lock, 'holder') else '?'} holds it); no snapshot "
+                               f"written to {path}")  # fmt: skip
         try:
             meta = {name: buf._arrays["_" + name].copy() for name in _INTERNAL}
             leaves = buf._tree.leaves.copy()

@@ -23,7 +23,7 @@ evaluator are the supervisor's local processes.
   samples-per-insert ratio holds remote actors back: their calls do not return.
 - **Locks**: the ingest actor is a process of this machine that multiprocessing did not
   start; it attaches the buffer through ``BufferHandle.portable()`` (the writers' lock
-  opened by name).
+  is a mutex inside the segment, shared by mapping it).
 - **Faults**: an actor whose ``run`` raised (an env error: its traceback comes back) or
   whose process or node died is reported by :meth:`RaySelfPlay.poll` and restarted by
   the supervisor up to ``runtime.max_worker_restarts``, as a local worker. An episode is
