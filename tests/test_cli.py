@@ -18,6 +18,7 @@ from mpper import cli
 from mpper import config as cfg
 from mpper.algos.configs import field_specs, load_config
 from mpper.algos.registry import algorithm_of
+from mpper.checkpoint import save_checkpoint
 from mpper.config import config_to_dict
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -245,8 +246,10 @@ def test_resume_reads_the_run_config_and_continues_in_place(tmp_path, train):
     import torch
 
 
-    # --resume needs one that loads into the network of the config (CartPole: 4 inputs, 2 actions)
-    torch.save({"network": algorithm_of(saved).make_network(saved, (4,), 2).state_dict(), "training_step": 0}, run / "checkpoint.pt")
+    # --resume needs a trainer's checkpoint for the network of the config (CartPole: 4 inputs, 2 actions)
+    algorithm = algorithm_of(saved)
+    trainer = algorithm.make_trainer(saved, algorithm.make_network(saved, (4,), 2), torch.device("cpu"))
+    save_checkpoint(run / "checkpoint.pt", trainer)
     assert cli.main(["--resume", str(run), "--time-limit", "60"]) == 0
     call = train.calls[-1]
     assert call["resume"] == run and call["run_dir"] == run

@@ -64,6 +64,13 @@ def stop_learner(run_dir: Path) -> int:
     return learner
 
 
+def file_clock(path: Path) -> float:
+    """Now, as the file system stamps a file's mtime: a file written after this has an
+    mtime at least this (``time.time()`` runs ahead of the kernel's coarse file stamps)."""
+    path.write_text("")
+    return path.stat().st_mtime
+
+
 def snapshot_time(run_dir: Path) -> float:
     return json.loads((run_dir / "buffer" / "manifest.json").read_text())["created_unix"]
 
@@ -96,7 +103,7 @@ def test_a_second_ctrl_c_is_acknowledged_and_the_run_still_stops_cleanly(tmp_pat
     proc, out, err = start(run_dir, "--set", "replay.snapshot_interval_s=0")
     wait_until_training(proc, run_dir)
     learner = stop_learner(run_dir)  # the shutdown will wait for it: the second Ctrl-C lands there
-    asked = time.time()
+    asked, asked_on_disk = time.time(), file_clock(tmp_path / "asked")
     proc.send_signal(signal.SIGINT)
     err.wait_for("mpper: Ctrl-C: stopping")
     proc.send_signal(signal.SIGINT)
@@ -109,7 +116,7 @@ def test_a_second_ctrl_c_is_acknowledged_and_the_run_still_stops_cleanly(tmp_pat
     assert snapshot_time(run_dir) >= asked  # the final snapshot
     records = [json.loads(x) for x in complete_lines(run_dir / "metrics.jsonl")]
     assert records[-1]["event"] == "end"
-    assert (run_dir / "checkpoint.pt").stat().st_mtime >= asked  # the learner's final checkpoint
+    assert (run_dir / "checkpoint.pt").stat().st_mtime >= asked_on_disk  # the learner's final checkpoint
     assert_no_process_left(run_dir)
     assert not segments_of(proc.pid)
 
@@ -197,13 +204,13 @@ def test_ctrl_c_stops_an_in_process_run_with_its_checkpoint_and_snapshot(tmp_pat
     run_dir = tmp_path / "run"
     proc, out, err = start(run_dir, argv=run_args(run_dir, "--workers", "0", "--max-train-steps", "100000"))
     wait_until_training(proc, run_dir)
-    asked = time.time()
+    asked, asked_on_disk = time.time(), file_clock(tmp_path / "asked")
     proc.send_signal(signal.SIGINT)
     code, stdout, stderr = finish(proc, out, err)
     assert code == 130, stderr[-3000:]
     assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr[-3000:]
     assert "interrupted (Ctrl-C); run directory" in stdout
     assert snapshot_time(run_dir) >= asked
-    assert (run_dir / "checkpoint.pt").stat().st_mtime >= asked
+    assert (run_dir / "checkpoint.pt").stat().st_mtime >= asked_on_disk
     records = [json.loads(x) for x in complete_lines(run_dir / "metrics.jsonl")]
     assert records[-1]["event"] == "end"
