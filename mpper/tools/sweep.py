@@ -1,9 +1,9 @@
 """Several seeds of one config: ``mpper sweep --config cartpole --seeds 5 --parallel 2``.
 
 Each seed is an ordinary run (``mpper --config ... --seed K --run-dir SWEEP_DIR/seed-K``) in
-its own process, started in its own session so that a Ctrl-C in the terminal reaches the
-sweep only, which passes it on to every running seed (see :func:`run_sweep`). Its output
-goes to ``SWEEP_DIR/seed-K.log``.
+its own process, started with ``setsid`` so that a Ctrl-C in the terminal reaches the sweep
+only, which passes it on to every running seed (see :func:`run_sweep`). Its output goes to
+``SWEEP_DIR/seed-K.log``.
 
 When the seeds have ended, the sweep reads each one's ``metrics.jsonl`` and reports over
 the seeds, with the interquartile mean (IQM) and its 95 % percentile-bootstrap confidence

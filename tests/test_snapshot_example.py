@@ -1,5 +1,6 @@
-"""The README's snapshot example runs, as written, in a fresh Python process against a
-snapshot made here, and prints what that snapshot holds: it cannot go stale."""
+"""docs/replay_api.md's snapshot example (the README links to it) runs, as written, in a
+fresh Python process against a snapshot made here, and prints what that snapshot holds: it
+cannot go stale."""
 
 from __future__ import annotations
 
@@ -22,10 +23,13 @@ ROOT = Path(__file__).resolve().parents[1]
 HEADING = "## Reading a snapshot in Python"
 
 
-def readme_example() -> str:
-    """The first ```python block under the snapshot heading of README.md."""
-    text = (ROOT / "README.md").read_text()
-    assert HEADING in text, f"README.md has no {HEADING!r} section"
+PAGE = ROOT / "docs" / "replay_api.md"
+
+
+def snapshot_example() -> str:
+    """The first ```python block under the snapshot heading of docs/replay_api.md."""
+    text = PAGE.read_text()
+    assert HEADING in text, f"{PAGE} has no {HEADING!r} section"
     section = text.split(HEADING, 1)[1].split("\n## ", 1)[0]
     match = re.search(r"^```python\n(.*?)^```$", section, re.DOTALL | re.MULTILINE)
     assert match, f"no ```python block under {HEADING!r}"
@@ -33,8 +37,8 @@ def readme_example() -> str:
 
 
 @pytest.mark.timeout(120)
-def test_readme_snapshot_example_runs_and_reports_the_snapshot(tmp_path):
-    code = readme_example()
+def test_the_snapshot_example_runs_and_reports_the_snapshot(tmp_path):
+    code = snapshot_example()
     path = re.search(r'load_snapshot\("([^"]+)"\)', code).group(1)  # where the example looks
     # three CartPole-like episodes: 10, 20 and 30 moves of reward 1, priorities 1, 2 and 4
     buf = ReplayBuffer.create(muzero_schema((4,), 2), 1000, alpha=1.0, priority_eps=0.0)
