@@ -27,7 +27,7 @@ from mpper.algos.configs import load_run_config  # noqa: E402
 from mpper.algos.registry import algorithm_of  # noqa: E402
 from mpper.checkpoint import load_checkpoint, load_network_weights  # noqa: E402
 from mpper.envs import env_spec, make_env  # noqa: E402
-from mpper.runtime.evaluator import play_greedy  # noqa: E402
+from mpper.runtime.evaluation import play_greedy  # noqa: E402
 
 X_LIMIT, ANGLE_LIMIT = 2.4, 12 * 2 * np.pi / 360  # gymnasium's CartPole-v1 termination bounds
 

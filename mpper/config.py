@@ -301,6 +301,15 @@ class RuntimeConfig:
     device: str = opt("auto", ("auto", "cpu", "cuda"), 'learner device: "auto" (cuda when available), "cpu", "cuda"')
     seed: int = opt(0, f"[0, {MAX_SEED}]", "seed for numpy, torch and the envs; each process derives its own")
     evaluation_interval_s: float = opt(10.0, "> 0", "seconds between greedy evaluations")
+    evaluation_interval_steps: int = opt(500, "[1, 1e15]", "lockstep runs: training steps between greedy "
+                                          "evaluations (free-running runs evaluate every evaluation_interval_s)")
+    lockstep: bool = opt(False, None, "self-play, learning, reanalyse and evaluation take turns on a schedule the "
+                         "config fixes, not the machine's speed: the same seed gives the same run at any worker "
+                         "count (workers then host the self-play streams); slower than free-running")
+    lockstep_streams: int = opt(8, "[1, 4096]", "lockstep runs: self-play streams of envs_per_worker envs, "
+                                "each with its own seed, spread over the workers")
+    lockstep_moves: int = opt(1, "[1, 1000000]", "lockstep runs: moves each stream plays per round, between two "
+                              "turns of learning")
     evaluation_episodes: int = opt(10, "[1, 1000000]", "greedy episodes whose mean return is reported; two-player envs: "
                                     "games against each opponent of the env, half as first player, half as second")
     solve_return: float | None = opt(None, None, "stop when the mean greedy return reaches this (two-player envs: "

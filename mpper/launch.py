@@ -105,6 +105,7 @@ def launch(config: str | Path | Mapping[str, Any] | None, overrides: Iterable[st
     if check is not None:
         check(checked)
     _check_extras(checked)
+    _check_lockstep(checked)
 
     from .runtime.rundir import RunDirError, check_run_dir
 
@@ -144,7 +145,7 @@ def _checked_train(config: Config, run_dir: Path, flag: str, resume: Path | None
     from .extras import MissingExtraError
     from .replay.snapshot import SnapshotError
     from .runtime.resources import check_fits
-    from .runtime.rundir import RunDirError, claim_run_dir
+    from .runtime.rundir import RunDir, RunDirError, claim_run_dir
     from .safe_files import ReceivedFileError
     from .shm import SharedMemoryRoomError
 
@@ -163,8 +164,10 @@ def _checked_train(config: Config, run_dir: Path, flag: str, resume: Path | None
         raise LaunchError(str(e)) from None
     with lock:
         runtime = importlib.import_module("mpper.runtime.supervisor")  # only now: config errors never need it
+        from .runtime.setup import RunSetup
+
         try:
-            rc = runtime.train(config, run_dir=run_dir, resume=resume)
+            rc = runtime.train(RunSetup(config, spec, RunDir(run_dir), resume is not None))
         except (SharedMemoryRoomError, SnapshotError, CheckpointError, MissingExtraError, ConnectionError,
                 ReceivedFileError) as e:  # fmt: skip
             # raised while the run sets up, before any child starts (/dev/shm too small for
@@ -174,6 +177,13 @@ def _checked_train(config: Config, run_dir: Path, flag: str, resume: Path | None
             # is a link, FIFO or device)
             raise LaunchError(" ".join(str(e).splitlines())) from e
     return rc if isinstance(rc, int) else 0
+
+
+def _check_lockstep(config: Config) -> None:
+    """LaunchError for a lockstep run asked to use Ray: its streams play in local processes."""
+    if config.runtime.lockstep and config.runtime.ray_address is not None:
+        raise LaunchError("runtime.lockstep: a lockstep run plays its self-play streams in local processes; it "
+                          "does not run with --ray (runtime.ray_address): drop one of them")  # fmt: skip
 
 
 def _received_ray_address(config: Config, ray_address: str | None, overrides: Iterable[str]) -> bool:

@@ -165,7 +165,7 @@ def test_an_agent_whose_network_sees_past_frames_acts_as_the_evaluator_plays(tmp
     """dqn.frame_stack 2: the agent keeps the episode's frames itself, and one episode of
     ``act`` takes the actions the evaluator's greedy player takes from the same reset."""
     from mpper.envs import make_env
-    from mpper.runtime.evaluator import play_greedy
+    from mpper.runtime.evaluation import play_greedy
 
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):

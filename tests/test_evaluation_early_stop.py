@@ -21,7 +21,7 @@ import torch
 
 from mpper.algos.configs import config_from_dict
 from mpper.algos.dqn.dqn import QNetwork
-from mpper.runtime.evaluator import evaluate, evaluation_bar, greedy_returns
+from mpper.runtime.evaluation import evaluate, evaluation_bar, greedy_returns
 from mpper.runtime.progress import eval_text
 from mpper.runtime.run import BestCheckpoint, Run
 

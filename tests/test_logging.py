@@ -241,7 +241,7 @@ def test_an_in_process_run_logs_one_evaluation_point_per_evaluation_too(trained_
 def test_an_env_that_cannot_draw_turns_the_videos_off_with_one_line(tmp_path, capsys):
     from mpper.algos.registry import algorithm_of
     from mpper.envs import env_spec
-    from mpper.runtime.evaluator import PeriodicVideo
+    from mpper.runtime.evaluation import PeriodicVideo
 
     # faulty_env:raising makes a walk that draws no frames (and takes no render_mode)
     config = load_config("configs/cartpole_dqn.json", ["env.id=faulty_env:raising",

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from mpper.algos.configs import config_from_dict
-from mpper.runtime.evaluator import evaluate
+from mpper.runtime.evaluation import evaluate
 from mpper.runtime.run import Run
 
 SEED = 100  # the evaluation's seed: episode i starts from a reset with SEED + i

@@ -44,7 +44,7 @@ from mpper.envs.tictactoe import (
     reachable_positions,
 )
 from mpper.envs.two_player import check_two_player_env
-from mpper.runtime.evaluator import play_greedy
+from mpper.runtime.evaluation import play_greedy
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import seed_reference as ref  # noqa: E402

@@ -240,9 +240,9 @@ def tensorboard_scalars(logdir: Path) -> dict[str, list[tuple[int, float]]]:
 
 def greedy_returns(checkpoint: Path, run_dir: Path, episodes: int, seed: int) -> list[float]:
     """The returns of ``episodes`` greedy episodes of the checkpoint's network, played
-    here with mpper.runtime.evaluator.play_greedy (what --evaluate should report)."""
+    here with mpper.runtime.evaluation.play_greedy (what --evaluate should report)."""
     from mpper.checkpoint import load_checkpoint
-    from mpper.runtime.evaluator import play_greedy
+    from mpper.runtime.evaluation import play_greedy
 
     cfg = load_config(run_dir / "config.json")
     spec = env_spec(cfg.env)

@@ -34,7 +34,7 @@ from mpper.algos.muzero.player import BatchedPlayer
 from mpper.algos.registry import algorithm_of
 from mpper.envs.tictactoe import TicTacToeEnv, perfect_agent, random_agent
 from mpper.envs.two_player import evaluation_opponents
-from mpper.runtime.evaluator import evaluate
+from mpper.runtime.evaluation import evaluate
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -24,7 +24,7 @@ Opponents, for judging a trained agent (:mod:`mpper.algos.muzero.arena`):
 Both read the board from an observation (planes 0 and 1: the mover's and the opponent's
 stones), so they play either side without being told which.
 ``TicTacToeEnv.evaluation_opponents(seed)`` hands both to the evaluator, which reports
-wins, draws and losses against each (:func:`mpper.runtime.evaluator.evaluate`).
+wins, draws and losses against each (:func:`mpper.runtime.evaluation.evaluate`).
 """
 
 from __future__ import annotations

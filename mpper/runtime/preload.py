@@ -17,8 +17,7 @@ import torch._dynamo  # noqa: F401
 
 import mpper.algos.dqn.dqn  # noqa: F401
 import mpper.algos.muzero.reanalyse  # noqa: F401
-import mpper.runtime.actor  # noqa: F401
-import mpper.runtime.learner  # noqa: F401
+import mpper.runtime.children  # noqa: F401
 from mpper.replay.buffer import warm_kernels
 
 warm_kernels()

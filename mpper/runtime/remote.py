@@ -48,13 +48,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..algos.registry import algorithm_of
-from ..config import Config
 from ..extras import require
 from ..replay.buffer import BufferHandle, ReplayBuffer
-from .actor import labelled_envs
 from .procs import child_init
 from .rate import RateLimiter
+from .roles import BufferSink, SelfPlay, StoredEpisode, labelled_envs
+from .setup import RunSetup
 
 ray = require("ray", "Ray", "ray", "runtime.ray_address (--ray)")
 from ray.exceptions import RayActorError, RayTaskError  # noqa: E402
@@ -140,50 +139,43 @@ def disconnect() -> None:
 
 class EpisodeIngest:
     """The Ray actor, pinned to the buffer's node, through which remote episodes enter the
-    shared buffer. Calls run in a thread pool (``max_concurrency``): ``add`` may wait for
-    the samples-per-insert ratio while ``drain`` and ``stop`` still answer; writes are
-    one at a time."""
+    shared buffer (a :class:`~mpper.runtime.roles.BufferSink`, as a local worker's).
+    Calls run in a thread pool (``max_concurrency``): ``add`` may wait for the
+    samples-per-insert ratio while ``drain`` and ``stop`` still answer; writes are one at
+    a time."""
 
     def __init__(self, buffer_handle: BufferHandle, training) -> None:
         self.buffer = ReplayBuffer.attach(buffer_handle)
-        self.rate = None
+        rate = None
         if training.samples_per_insert is not None:
             # No doorbells (the learner's cannot be shared with a process multiprocessing did
             # not start): a waiting add re-checks the shared counters every 10 ms.
-            self.rate = RateLimiter.from_config(training, None, poll_s=0.01)
+            rate = RateLimiter.from_config(training, None, poll_s=0.01)
         self._write = threading.Lock()
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._reports: list[tuple[str, str, dict]] = []
+        self._sink = BufferSink(self.buffer, rate, self._stop, self._deliver)
         self._stats = {"episodes": 0, "rows": 0, "bytes": 0, "write_s": 0.0, "wait_s": 0.0}
 
-    def add(self, source: str, arrays: dict[str, np.ndarray], priorities: np.ndarray | None, terminated: bool,
-            report: dict | None) -> bool:  # fmt: skip
-        """Store one episode (``arrays``: the player's rows, ``report``: what the
-        supervisor logs of it, with ``ended_unix``, the time.time() its last move was
-        played; None for a piece of a game that goes on); False when the ingest is
-        stopping and the episode was not stored."""
-        waited = 0.0
-        if self.rate is not None:
-            steps, samples = (lambda: self.buffer.counters["steps"]), (lambda: self.buffer.counters["samples"])
-            waited = self.rate.wait_to_insert(steps, samples, self._stop).seconds
+    def _deliver(self, source: str, report: dict) -> None:
+        with self._lock:
+            self._reports.append(("episode", source, report))
+
+    def add(self, episode: StoredEpisode) -> bool:
+        """Store one episode; False when the ingest is stopping and it was not stored."""
         with self._write:
             if self._stop.is_set():
                 return False
             t0 = time.monotonic()
-            self.buffer.add_episode(arrays, priorities=priorities, terminated=terminated)
-            write_s = time.monotonic() - t0
-        stored = time.time()
-        if report is not None:
-            ended = report.pop("ended_unix", stored)
-            report.update(insert_wait_s=round(waited, 6), store_latency_s=round(stored - ended, 6))
-        nbytes = sum(a.nbytes for a in arrays.values()) + (0 if priorities is None else priorities.nbytes)
+            waited = self._sink(episode)
+            write_s = time.monotonic() - t0 - waited
+        nbytes = sum(a.nbytes for a in episode.arrays.values())
+        nbytes += 0 if episode.priorities is None else episode.priorities.nbytes
         with self._lock:
-            if report is not None:
-                self._reports.append(("episode", source, report))
             s = self._stats
             s["episodes"] += 1
-            s["rows"] += len(next(iter(arrays.values())))
+            s["rows"] += len(next(iter(episode.arrays.values())))
             s["bytes"] += nbytes
             s["write_s"] += write_s
             s["wait_s"] += waited
@@ -207,28 +199,48 @@ class EpisodeIngest:
             self.buffer.close()
 
 
-class SelfPlayActor:
-    """One self-play worker as a Ray actor: K envs played by the algorithm's player with
-    the newest weights it was offered, each finished episode sent whole to the ingest
-    actor. ``run`` is the worker's loop (it returns when stopped, raises an env's
-    error); ``offer_weights`` and ``stop`` are answered meanwhile (``max_concurrency=2``)."""
+class OfferedWeights:
+    """The newest weights a self-play actor was offered (what ``LatestWeights`` is to a
+    local worker): :meth:`refresh` fetches them from Ray's object store when the offered
+    version is new."""
 
-    def __init__(self, name: str, config: Config, observation_shape: tuple, num_actions: int, seed: int,
-                 worker_id: int, ingest) -> None:  # fmt: skip
-        child_init(config.runtime.torch_threads)
-        torch.manual_seed(seed)
-        self.name, self.config, self.seed, self.worker_id, self.ingest = name, config, seed, worker_id, ingest
-        self.envs = labelled_envs(config, name, config.runtime.envs_per_worker)
-        self.network = algorithm_of(config).make_network(config, observation_shape, num_actions).eval()
+    def __init__(self, setup: RunSetup) -> None:
+        self.network = setup.make_network().eval()
         self.version = 0
         self.training_step = 0
-        self._offered: tuple[int, int, Any] | None = None
+        self.offered: tuple[int, int, Any] | None = None
+
+    def refresh(self) -> bool:
+        offered = self.offered
+        if offered is None or offered[0] == self.version:
+            return False
+        version, step, ref = offered
+        self.network.set_flat_weights(ray.get(ref))
+        self.version, self.training_step = version, step
+        return True
+
+
+class SelfPlayActor:
+    """One self-play worker as a Ray actor: the :class:`~mpper.runtime.roles.SelfPlay`
+    turn on K envs with the newest weights it was offered, each finished episode sent
+    whole to the ingest actor. ``run`` is the worker's loop (it returns when stopped,
+    raises an env's error); ``offer_weights`` and ``stop`` are answered meanwhile
+    (``max_concurrency=2``)."""
+
+    def __init__(self, name: str, setup: RunSetup, seed: int, worker_id: int, ingest) -> None:
+        child_init(setup.config.runtime.torch_threads)
+        torch.manual_seed(seed)
+        self.name, self.setup, self.seed, self.worker_id, self.ingest = name, setup, seed, worker_id, ingest
+        self.envs = labelled_envs(setup.config, name, setup.config.runtime.envs_per_worker)
+        self.weights = OfferedWeights(setup)
         self._stop = threading.Event()
+        self._in_flight = None
+        self._sent = 0
 
     def offer_weights(self, version: int, training_step: int, boxed_ref: list) -> None:
         """The newest weights: ``boxed_ref[0]`` is their object reference (in a list, so
         that Ray hands over the reference and the actor fetches only what it uses)."""
-        self._offered = (version, training_step, boxed_ref[0])
+        self.weights.offered = (version, training_step, boxed_ref[0])
 
     def stop(self) -> None:
         self._stop.set()
@@ -239,48 +251,31 @@ class SelfPlayActor:
         return {"node_id": ray.get_runtime_context().get_node_id(), "node_ip": ray.util.get_node_ip_address(),
                 "pid": os.getpid(), "nice": os.getpriority(os.PRIO_PROCESS, 0)}  # fmt: skip
 
-    def _refresh(self) -> bool:
-        offered = self._offered
-        if offered is None or offered[0] == self.version:
-            return False
-        version, step, ref = offered
-        self.network.set_flat_weights(ray.get(ref))
-        self.version, self.training_step = version, step
-        return True
-
-    def _finish(self, ref) -> None:
-        """Wait for an episode's ``add`` to return (backpressure); its errors raise here."""
-        while True:
+    def _finish_in_flight(self) -> None:
+        """Wait for the last episode's ``add`` to return (backpressure); its errors raise here."""
+        ref, self._in_flight = self._in_flight, None
+        while ref is not None:
             ready, _ = ray.wait([ref], timeout=0.1)
             if ready:
                 ray.get(ref)
                 return
 
+    def _send(self, episode: StoredEpisode) -> None:
+        """The sink: at most one episode in flight per actor."""
+        self._finish_in_flight()
+        self._in_flight = self.ingest.add.remote(episode)
+        self._sent += 1
+
     def run(self) -> int:
         """Play until stopped; returns the number of episodes sent."""
-        while not self._refresh():
+        while not self.weights.refresh():
             if self._stop.wait(0.05):
                 return 0
-        algorithm = algorithm_of(self.config)
-        player = algorithm.make_player(self.config, self.envs, self.network, explore=True, seed=self.seed,
-                                       worker_id=self.worker_id)  # fmt: skip
-        total_steps = self.config.training.training_steps
-        in_flight, sent = None, 0
+        selfplay = SelfPlay(self.setup, self.name, self.envs, self.weights, self.seed, self.worker_id)
         while not self._stop.is_set():
-            self._refresh()
-            for ep in player.step(self.training_step / total_steps):
-                report = None  # a piece of a game that goes on: stored, not reported
-                if ep.ends_game:
-                    report = {"return": ep.game_return, "length": ep.game_moves, "weights_version": self.version,
-                              "ended_unix": time.time()}  # fmt: skip
-                arrays, priorities = player.stored(ep)
-                if in_flight is not None:
-                    self._finish(in_flight)
-                in_flight = self.ingest.add.remote(self.name, arrays, priorities, bool(ep.terminated), report)
-                sent += 1
-        if in_flight is not None:
-            self._finish(in_flight)
-        return sent
+            selfplay.turn(self._send)
+        self._finish_in_flight()
+        return self._sent
 
 
 # ---- the supervisor's side --------------------------------------------------------------------
@@ -315,12 +310,12 @@ class RaySelfPlay:
     learner publishes it (the weight store is looked at every 10 ms), as local workers
     see it at their next move."""
 
-    def __init__(self, config: Config, spec, buffer: ReplayBuffer, store, seeds) -> None:
-        self.config = config
-        self.spec = spec
+    def __init__(self, setup: RunSetup, buffer: ReplayBuffer, store) -> None:
+        self.setup = setup
+        self.config = setup.config
+        self.seeds = setup.seeds
         self.buffer = buffer
         self.store = store
-        self.seeds = seeds
         self.workers: dict[str, RemoteWorker] = {}
         self.ingest = None
         self._drain_ref = None
@@ -356,8 +351,7 @@ class RaySelfPlay:
         seed = self.seeds.worker(worker.worker_id, worker.restarts)
         worker.actor = ray.remote(SelfPlayActor).options(
             num_cpus=rt.ray_actor_cpus, resources=dict(rt.ray_actor_resources), max_concurrency=2, max_restarts=0,
-        ).remote(worker.name, self.config, tuple(self.spec.observation_shape), int(self.spec.num_actions), seed,
-                 worker.worker_id, self.ingest)  # fmt: skip
+        ).remote(worker.name, self.setup, seed, worker.worker_id, self.ingest)  # fmt: skip
         if self._weights_ref is not None:
             worker.actor.offer_weights.remote(self._version, self._step, [self._weights_ref])
         worker.run_ref = worker.actor.run.remote()

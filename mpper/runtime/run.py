@@ -42,23 +42,9 @@ from ..replay.buffer import ReplayBuffer
 from ..safe_files import open_append
 from .logs import MetricsCsv, open_tensorboard, open_wandb
 from .progress import Budget, startup_line
+from .setup import Seeds
 
 __all__ = ["BestCheckpoint", "Run", "Seeds", "best_weights_text", "create_buffer", "end_text", "solved_text"]
-
-
-@dataclass(frozen=True)
-class Seeds:
-    """The seed of every random stream of a run, from ``runtime.seed``: worker ``i``
-    after ``restarts`` restarts, and the evaluator's round ``k``. Distinct for every
-    worker, restart and round (the strides are primes larger than any count of them)."""
-
-    base: int
-
-    def worker(self, worker: int, restarts: int = 0) -> int:
-        return self.base * 1_000_003 + worker * 7919 + restarts * 104_729
-
-    def evaluation(self, round_: int) -> int:
-        return self.base + 999_983 + 10_000 * round_
 
 
 def create_buffer(cfg: Config, spec, mp_context=None) -> ReplayBuffer:
@@ -201,6 +187,17 @@ class Run:
             self._tensorboard.write(record)
         if self._wandb is not None:
             self._wandb.write(record)
+
+    def training_step(self, step: int, metrics: dict) -> None:
+        """A lockstep run's record of one training step: ``{"event": "train_step",
+        "training_step", ...its losses}`` in ``metrics.jsonl`` alone (no wall time: two runs
+        of one lockstep config write the same lines)."""
+        if self._metrics is None or self._metrics.closed:
+            return
+        try:
+            self._metrics.write(json.dumps({"event": "train_step", "training_step": step, **metrics}) + "\n")
+        except OSError:  # a full disk: said once by record()
+            self._metrics_lost = True
 
     def evaluated(self, evaluation: dict) -> None:
         """The latest evaluation (``training_step``, ``mean_return``, ...), for the

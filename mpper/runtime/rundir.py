@@ -19,11 +19,12 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..safe_files import ReceivedFileError, open_received, refuse_link
 
-__all__ = ["LOCK_NAME", "RunDirError", "RunDirLock", "check_entries", "check_run_dir", "claim_run_dir", "holds_a_run",
+__all__ = ["LOCK_NAME", "RunDir", "RunDirError", "RunDirLock", "check_entries", "check_run_dir", "claim_run_dir", "holds_a_run",
            "live_run_pid"]  # fmt: skip
 
 LOCK_NAME = ".lock"
@@ -37,6 +38,60 @@ _RUN_ENTRIES = {
     **dict.fromkeys(("buffer", "tensorboard", "plots"), "directory"),
 }  # fmt: skip
 _LOCK_MAX_BYTES = 4096  # the lock file holds a pid
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """The paths of one run directory, named once (docs/run_directory.md says what each holds)."""
+
+    root: Path
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "root", Path(self.root))
+
+    @property
+    def config(self) -> Path:
+        return self.root / "config.json"
+
+    @property
+    def checkpoint(self) -> Path:
+        return self.root / "checkpoint.pt"
+
+    @property
+    def best(self) -> Path:
+        return self.root / "best.pt"
+
+    @property
+    def buffer(self) -> Path:
+        return self.root / "buffer"
+
+    @property
+    def metrics(self) -> Path:
+        return self.root / "metrics.jsonl"
+
+    @property
+    def metrics_csv(self) -> Path:
+        return self.root / "metrics.csv"
+
+    @property
+    def episodes(self) -> Path:
+        return self.root / "episodes.jsonl"
+
+    @property
+    def processes(self) -> Path:
+        return self.root / "processes.json"
+
+    @property
+    def ray_actors(self) -> Path:
+        return self.root / "ray_actors.json"
+
+    @property
+    def tensorboard(self) -> Path:
+        return self.root / "tensorboard"
+
+    @property
+    def videos(self) -> Path:
+        return self.root / "videos"
 
 
 class RunDirError(ValueError):

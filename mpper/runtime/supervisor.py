@@ -33,22 +33,16 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 from .. import shm
-from ..algos.registry import algorithm_of, run_env_spec
 from ..checkpoint import CheckpointError, load_checkpoint
-from ..config import Config
 from ..replay.buffer import ReplayBuffer
-from .actor import run_selfplay
-from .evaluator import run_evaluator
-from .inline import train_inline
-from .learner import run_learner
+from .children import run_evaluator, run_learner, run_reanalyser, run_selfplay
 from .procs import ForcedStop, StopRequests, StopSignal, forkserver_pid, process_context
 from .progress import ProgressFigures, ProgressLine
 from .rate import RateLimiter
-from .reanalyser import run_reanalyser
 from .run import Run, create_buffer, end_text
+from .setup import RunSetup
+from .turns import train_in_turns
 from .weights import WeightStore
 
 __all__ = ["train", "Supervisor"]
@@ -57,8 +51,8 @@ _JOIN_TIMEOUT_S = 10.0
 _LEARNER_JOIN_TIMEOUT_S = 60.0
 
 
-def train(config: Config, run_dir: Path, resume: Path | None = None) -> int:
-    """Run training as ``config`` says; returns the process exit code."""
+def train(setup: RunSetup) -> int:
+    """Run training as ``setup.config`` says; returns the process exit code."""
     if threading.current_thread() is threading.main_thread():
         # A shell starts background jobs with SIGINT ignored, and Python keeps it so;
         # `kill -INT` must still stop a run cleanly, as Ctrl-C does.
@@ -68,15 +62,16 @@ def train(config: Config, run_dir: Path, resume: Path | None = None) -> int:
     removed = shm.remove_stale_segments()
     if removed:
         print(f"mpper: removed {len(removed)} shared-memory segment(s) left by dead runs", file=sys.stderr)
-    if config.runtime.workers == 0:
-        return train_inline(config, Path(run_dir), resume)
-    if config.runtime.ray_address is None:
-        return Supervisor(config, Path(run_dir), resume).run()
+    rt = setup.config.runtime
+    if rt.workers == 0 or rt.lockstep:
+        return train_in_turns(setup)
+    if rt.ray_address is None:
+        return Supervisor(setup).run()
     from .remote import connect, disconnect  # the ray extra: imported only here
 
-    connected = connect(config.runtime.ray_address)  # ClusterError: before anything starts
+    connected = connect(rt.ray_address)  # ClusterError: before anything starts
     try:
-        return Supervisor(config, Path(run_dir), resume).run()
+        return Supervisor(setup).run()
     finally:
         if connected:
             disconnect()
@@ -97,15 +92,14 @@ class Child:
 
 
 class Supervisor:
-    def __init__(self, config: Config, run_dir: Path, resume: Path | None = None) -> None:
-        self.config = config
-        self.run_dir = run_dir
-        self.resume = resume
+    def __init__(self, setup: RunSetup) -> None:
+        self.setup = setup
+        self.config = config = setup.config
+        self.run_dir = run_dir = setup.run_dir.root
         self.ctx = process_context()
         self.children: dict[str, Child] = {}
         self.buffer: ReplayBuffer | None = None
         self.store: WeightStore | None = None
-        self.algorithm = algorithm_of(config)
         self.run_files = Run(config, run_dir)
         self.error: str | None = None
         self.finished_reason = ""
@@ -167,26 +161,18 @@ class Supervisor:
             how = f"the learner was {_describe_exit(code)}"
         else:  # 0: it wrote them on its way out; > 0: its own error, reported (it saves what it can first)
             return None
-        return f"the final checkpoint is missing: {how}; {_checkpoint_held(self.run_dir / 'checkpoint.pt')}"
+        return f"the final checkpoint is missing: {how}; {_checkpoint_held(self.setup.run_dir.checkpoint)}"
 
     def _start(self) -> None:
-        cfg = self.config
+        setup, cfg = self.setup, self.config
         self.run_files.start()
-        spec = run_env_spec(cfg)
-        self.spec = spec
-        snapshot = self.run_dir / "buffer"
-        if self.resume is not None and snapshot.exists():
-            self.buffer = ReplayBuffer.load(snapshot, num_actions=spec.num_actions)
+        snapshot = setup.resume_snapshot
+        if snapshot is not None:
+            self.buffer = ReplayBuffer.load(snapshot, num_actions=setup.spec.num_actions)
         else:
-            self.buffer = create_buffer(cfg, spec, self.ctx)
-        torch.manual_seed(cfg.runtime.seed)  # the learner's own first weights, bit for bit
-        network = self.algorithm.make_network(cfg, spec.observation_shape, spec.num_actions)
-        self.store = WeightStore.create(network.num_flat_weights())
-        if self.resume is None:
-            # Publish the first weights now, so that self-play starts as soon as the workers
-            # do rather than when the learner has built its model; the learner adopts them.
-            # (Resuming, the learner publishes the checkpoint's weights first.)
-            self.store.publish(network.get_flat_weights(), 0)
+            self.buffer = create_buffer(cfg, setup.spec, self.ctx)
+        # The learner publishes the first weights (roles.Learner); everyone else waits for them.
+        self.store = WeightStore.create(setup.make_network().num_flat_weights())
         self.stop = StopSignal(self.ctx)
         self.reports = self.ctx.Queue()
         self.rate = self._rate_limiter()
@@ -195,7 +181,7 @@ class Supervisor:
         if cfg.runtime.ray_address is not None:
             from .remote import RaySelfPlay
 
-            self.remote = RaySelfPlay(cfg, spec, self.buffer, self.store, self.run_files.seeds)
+            self.remote = RaySelfPlay(setup, self.buffer, self.store)
             self.remote.start()
 
     def _rate_limiter(self):
@@ -207,23 +193,16 @@ class Supervisor:
         return RateLimiter.from_config(self.config.training, self.ctx, poll_s)
 
     def _spawn_all(self) -> None:
-        cfg = self.config
-        shared = {"config": cfg, "stop": self.stop, "reports": self.reports}
+        setup, cfg = self.setup, self.config
+        shared = {"setup": setup, "stop": self.stop, "reports": self.reports}
         handles = {"buffer_handle": self.buffer.handle, "weight_handle": self.store.handle}
-        ckpt = self.run_dir / "checkpoint.pt"  # a run stopped before its first checkpoint has none
-        resume_ckpt = str(ckpt) if self.resume is not None and ckpt.exists() else None
-        self._add(Child("learner", run_learner, {**shared, **handles, "run_dir": str(self.run_dir),
-                                                 "resume_checkpoint": resume_ckpt, "rate": self.rate},
-                        essential=True))  # fmt: skip
+        self._add(Child("learner", run_learner, {**shared, **handles, "rate": self.rate}, essential=True))
         for i in range(cfg.runtime.workers if cfg.runtime.ray_address is None else 0):  # else Ray actors
             self._add(Child(f"worker-{i}", run_selfplay, {**shared, **handles, "worker_id": i,
                                                           "seed": self.run_files.seeds.worker(i), "rate": self.rate}))  # fmt: skip
-        if self.algorithm.make_reanalyser is not None and self.algorithm.reanalyses(cfg):
+        if setup.algorithm.make_reanalyser is not None and setup.algorithm.reanalyses(cfg):
             self._add(Child("reanalyser", run_reanalyser, {**shared, **handles}))
-        self._add(Child("evaluator", run_evaluator, {**shared, "weight_handle": self.store.handle,
-                                                     "observation_shape": self.spec.observation_shape,
-                                                     "num_actions": self.spec.num_actions,
-                                                     "run_dir": str(self.run_dir)}))  # fmt: skip
+        self._add(Child("evaluator", run_evaluator, {**shared, "weight_handle": self.store.handle}))
 
     def _add(self, child: Child) -> None:
         self.children[child.name] = child
@@ -263,7 +242,7 @@ class Supervisor:
                     try:
                         self.run_files.snapshot(self.buffer)
                     except Exception as exc:  # disk full...: training goes on, the previous snapshot stays
-                        print(f"mpper: {_snapshot_failed(self.run_dir / 'buffer', exc)}", file=sys.stderr)
+                        print(f"mpper: {_snapshot_failed(self.setup.run_dir.buffer, exc)}", file=sys.stderr)
                 reason = self.run_files.stop_reason(self.buffer.counters["steps"])
                 if reason is not None:
                     self.finished_reason = reason
@@ -455,7 +434,7 @@ class Supervisor:
                 with self.signals.obeying():
                     self.run_files.snapshot(self.buffer)
             except Exception as exc:  # disk full...: the previous snapshot stays whole
-                self.snapshot_lost = _snapshot_failed(self.run_dir / "buffer", exc)
+                self.snapshot_lost = _snapshot_failed(self.setup.run_dir.buffer, exc)
                 print(f"mpper: final {self.snapshot_lost}", file=sys.stderr)
         self.signals.check()  # a forcing Ctrl-C that came between the two
         self._write_metrics(event="end")

@@ -3,7 +3,7 @@
 ``--evaluate RUN --render mp4 PATH`` records the first evaluation episode; with
 ``runtime.video_every_evaluations`` the run records one greedy episode every Nth
 evaluation to ``run_dir/videos/<training step>.mp4``
-(:func:`mpper.runtime.evaluator.record_greedy_episode`).
+(:func:`mpper.runtime.evaluation.record_greedy_episode`).
 Frames go to ffmpeg as the episode is played (H.264, yuv420p: an even width and height,
 the frame padded by one row or column where not), so a long episode holds no frame in memory.
 """

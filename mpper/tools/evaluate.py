@@ -34,7 +34,7 @@ from ..envs.render import RenderError, open_render_env
 from ..envs.spec import env_spec, make_env
 from ..envs.two_player import evaluation_opponents
 from ..extras import MissingExtraError, require
-from ..runtime.evaluator import play_greedy
+from ..runtime.evaluation import play_greedy
 from ..runtime.video import EpisodeRecorder, Mp4Writer, require_video
 
 __all__ = ["RenderError", "describe_weights", "evaluate_main", "evaluate_run", "load_network", "open_render_env",

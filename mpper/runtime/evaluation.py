@@ -1,14 +1,13 @@
-"""The evaluator process: greedy play with the newest weights, every
-``runtime.evaluation_interval_s``, and ``best.pt`` when an evaluation beats the best so far.
+"""Greedy play: ``evaluate`` (one evaluation: greedy episodes or games against the env's
+opponents, stopped early when it cannot count), ``play_greedy``, the periodic video.
 
-``evaluate`` (one evaluation) and ``play_greedy`` are also what ``--workers 0`` and
-``--evaluate`` use.
+What an evaluation round of a run does with them is the :class:`~mpper.runtime.roles.Evaluation`
+role's; ``--evaluate`` and ``--on-snapshot`` call them directly.
 """
 
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -20,13 +19,10 @@ from ..envs import make_env
 from ..envs.render import RenderError, open_render_env
 from ..envs.two_player import evaluation_opponents, is_two_player
 from ..extras import MissingExtraError
-from .actor import LatestWeights, labelled_envs
-from .procs import child_process
-from .run import BestCheckpoint, Seeds
 from .video import EpisodeRecorder, Mp4Writer, require_video
 
 __all__ = ["PeriodicVideo", "best_possible_mean", "evaluate", "evaluation_bar", "greedy_returns", "play_greedy",
-           "record_greedy_episode", "run_evaluator"]  # fmt: skip
+           "record_greedy_episode"]  # fmt: skip
 
 
 def play_greedy(config: Config, envs: list, network, seed: int, stop=None, on_episode=None,
@@ -218,36 +214,3 @@ def is_two_player_config(config: Config) -> bool:
         return is_two_player(env)
     finally:
         env.close()
-
-
-def run_evaluator(config: Config, weight_handle, observation_shape, num_actions: int, stop, reports,
-                  run_dir: str | None = None) -> None:  # fmt: skip
-    """Evaluator process: every ``evaluation_interval_s``, run :func:`evaluate` with the
-    latest weights (one-player env: the mean return of ``evaluation_episodes`` greedy
-    episodes; two-player env: results against the env's opponents, ``mean_return`` the
-    score against the strongest) and report it. Round ``k`` plays with the seed
-    ``Seeds.evaluation(k)``.
-
-    With ``run_dir``, the weights with the best mean return so far are kept in
-    ``run_dir/best.pt`` (:class:`~mpper.runtime.run.BestCheckpoint`)."""
-    name = "evaluator"
-    seeds = Seeds(config.runtime.seed)
-    with child_process(name, config, reports, stop, weight_handle=weight_handle) as (_, store):
-        weights = LatestWeights(config, store, observation_shape, num_actions)
-        if not weights.wait_first(stop):
-            return
-        envs = labelled_envs(config, name, config.runtime.evaluation_episodes)
-        round_, best = 0, BestCheckpoint(run_dir)
-        video = PeriodicVideo(config, run_dir)
-        while not stop.is_set():
-            started = time.monotonic()
-            weights.refresh()
-            evaluation = evaluate(config, weights.network, seeds.evaluation(round_), stop, envs,
-                                  evaluation_bar(config, best.best))
-            if evaluation is not None:
-                best.offer(weights.network, weights.training_step, evaluation)
-                reports.put(("eval", name, {"training_step": weights.training_step, **evaluation,
-                                            "best_mean_return": best.best, "weights_version": weights.version}))  # fmt: skip
-                video.after_evaluation(weights.network, weights.training_step, seeds.evaluation(round_), stop)
-            round_ += 1
-            stop.wait(max(0.0, config.runtime.evaluation_interval_s - (time.monotonic() - started)))

@@ -1,0 +1,297 @@
+"""The roles of a run, each written once: a self-play turn, a learner step, an evaluation
+round, and the checkpoint.
+
+The schedulers only decide when each runs and where: ``runtime/children.py`` (one process
+per role, beside the supervisor), ``runtime/turns.py`` (``--workers 0`` and lockstep runs:
+the roles take turns in one process, self-play optionally in worker processes) and
+``runtime/remote.py`` (self-play as Ray actors). Each role takes the run's
+:class:`~mpper.runtime.setup.RunSetup` and the shared objects it works on:
+
+- :class:`SelfPlay`: the algorithm's player on K envs with the newest weights
+  (:class:`LatestWeights`); each :meth:`SelfPlay.turn` plays one move in every env and
+  hands the episodes that ended to a *sink*: :class:`BufferSink` (the shared buffer,
+  behind the samples-per-insert :class:`~mpper.runtime.rate.RateLimiter`), the Ray
+  ingest, or a list a lockstep scheduler inserts in a fixed order.
+- :class:`Learner`: sample -> train -> priorities back -> publish weights every
+  ``training.publish_interval`` steps; :meth:`Learner.checkpoint` writes ``checkpoint.pt``.
+  It owns the run's first weights: fresh ones from ``runtime.seed``, or the checkpoint's.
+- :class:`Evaluation`: one greedy evaluation round, ``best.pt`` when it is the best so
+  far, and the periodic video.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from ..checkpoint import load_checkpoint, save_checkpoint
+from ..config import config_to_dict
+from ..envs.spec import make_env
+from ..replay.buffer import ReplayBuffer
+from .evaluation import PeriodicVideo, evaluate, evaluation_bar
+from .rate import RateLimiter
+from .run import BestCheckpoint
+from .setup import RunSetup
+from .weights import WeightStore
+
+__all__ = ["BufferSink", "EnvError", "Evaluation", "LabelledEnv", "LatestWeights", "Learner", "SelfPlay",
+           "StoredEpisode", "beta_schedule", "labelled_envs", "pick_device"]  # fmt: skip
+
+
+# ---- envs and weights, as every acting role sees them ------------------------------------
+
+
+class EnvError(RuntimeError):
+    """An env's ``reset`` or ``step`` raised; the message says where (see ``LabelledEnv``)."""
+
+
+class LabelledEnv(gym.Wrapper):
+    """An env that names itself when it fails: whatever its ``step`` or ``reset`` raises
+    comes out as ``EnvError("worker-3 env 1 (CartPole-v1): step raised ValueError: ...")``
+    (process, index of the env in that process, env id), the original exception chained
+    to it, so the traceback the supervisor prints and its one-line summary say which
+    env of which worker broke."""
+
+    def __init__(self, env: gym.Env, where: str) -> None:
+        super().__init__(env)
+        self.where = where
+
+    def step(self, action):
+        try:
+            return self.env.step(action)
+        except Exception as exc:
+            raise EnvError(f"{self.where}: step raised {type(exc).__name__}: {exc}") from exc
+
+    def reset(self, **kwargs):
+        try:
+            return self.env.reset(**kwargs)
+        except Exception as exc:
+            raise EnvError(f"{self.where}: reset raised {type(exc).__name__}: {exc}") from exc
+
+
+def labelled_envs(config, process: str, count: int) -> list[gym.Env]:
+    return [LabelledEnv(make_env(config.env), f"{process} env {k} ({config.env.id})") for k in range(count)]
+
+
+class LatestWeights:
+    """A network kept in step with the weight store (copies only on a new version)."""
+
+    def __init__(self, setup: RunSetup, store: WeightStore) -> None:
+        self.store = store
+        self.network = setup.make_network().eval()
+        self.flat = np.empty(self.network.num_flat_weights(), np.float32)
+        self.version = 0
+        self.training_step = 0
+
+    def refresh(self) -> bool:
+        if self.store.version == self.version:
+            return False
+        self.version, self.training_step = self.store.read_into(self.flat)
+        self.network.set_flat_weights(self.flat)
+        return True
+
+    def wait_first(self, stop) -> bool:
+        """Block until the learner published once (False if stopped first)."""
+        while self.store.version == 0:
+            if stop.wait(0.05):
+                return False
+        return self.refresh() or True
+
+
+# ---- self-play ---------------------------------------------------------------------------
+
+
+@dataclass
+class StoredEpisode:
+    """One episode as a self-play turn hands it to a sink. ``arrays``: the rows to store
+    (schema fields, ``T + 1`` rows), ``priorities``: their initial priorities (``T``) or
+    None, ``terminated``: whether it ended in a terminal state; ``report``: what the run
+    logs of it (``return``, ``length``, ``weights_version``) for a game that ended, None
+    for a piece of a game that goes on; ``ended_unix``: ``time.time()`` at its last move."""
+
+    source: str
+    arrays: dict[str, np.ndarray]
+    priorities: np.ndarray | None
+    terminated: bool
+    report: dict | None
+    ended_unix: float
+
+
+Sink = Callable[[StoredEpisode], None]
+
+
+class SelfPlay:
+    """The self-play turn: ``turn(sink)`` refreshes the weights when a new version was
+    published, plays one move in each of the player's K envs, and hands every episode
+    that ended (or piece of a long game) to ``sink`` in the order the player returns them."""
+
+    def __init__(self, setup: RunSetup, name: str, envs: list, weights, seed: int, worker_id: int = 0) -> None:
+        self.name = name
+        self.weights = weights  # LatestWeights, or anything with refresh(), network, version, training_step
+        self.total_steps = setup.config.training.training_steps
+        self.player = setup.algorithm.make_player(setup.config, envs, weights.network, explore=True, seed=seed,
+                                                  worker_id=worker_id)  # fmt: skip
+
+    def turn(self, sink: Sink) -> None:
+        self.weights.refresh()
+        for ep in self.player.step(self.weights.training_step / self.total_steps):
+            arrays, priorities = self.player.stored(ep)
+            report = None
+            if ep.ends_game:
+                report = {"return": ep.game_return, "length": ep.game_moves, "weights_version": self.weights.version}
+            sink(StoredEpisode(self.name, arrays, priorities, bool(ep.terminated), report, time.time()))
+
+
+class BufferSink:
+    """Episodes into the shared buffer: each waits for the samples-per-insert ratio
+    (``rate``, when the run has one), is stored, rings the rate limiter's doorbells, and
+    its report (completed with ``insert_wait_s``, the ratio's wait, and
+    ``store_latency_s``, from its last move to its being sampleable) goes to
+    ``deliver(source, report)``."""
+
+    def __init__(self, buf: ReplayBuffer, rate: RateLimiter | None, stop, deliver: Callable[[str, dict], None]) -> None:
+        self.buf, self.rate, self.stop, self.deliver = buf, rate, stop, deliver
+
+    def __call__(self, episode: StoredEpisode) -> float:
+        """Store ``episode``; returns the seconds it waited for the ratio."""
+        waited = 0.0
+        if self.rate is not None:
+            buf = self.buf
+            waited = self.rate.wait_to_insert(lambda: buf.counters["steps"], lambda: buf.counters["samples"],
+                                              self.stop).seconds  # fmt: skip
+        self.buf.add_episode(episode.arrays, priorities=episode.priorities, terminated=episode.terminated)
+        if self.rate is not None:
+            self.rate.notify()
+        if episode.report is not None:
+            report = {**episode.report, "insert_wait_s": round(waited, 6),
+                      "store_latency_s": round(max(0.0, time.time() - episode.ended_unix), 6)}  # fmt: skip
+            self.deliver(episode.source, report)
+        return waited
+
+
+# ---- learning ----------------------------------------------------------------------------
+
+
+def pick_device(name: str) -> torch.device:
+    """``"auto"``: CUDA when available, else the CPU; ``"cuda"`` without CUDA is an error."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError('runtime.device is "cuda" but torch.cuda.is_available() is false')
+    return torch.device(name)
+
+
+def beta_schedule(config, step: int) -> float:
+    """Importance-sampling exponent after ``step`` updates: linear from ``replay.beta``
+    to 1 over ``replay.beta_anneal_steps`` (default: all training steps), then 1."""
+    r = config.replay
+    horizon = r.beta_anneal_steps or config.training.training_steps
+    return r.beta + (1.0 - r.beta) * min(1.0, step / horizon)
+
+
+class Learner:
+    """The learner step: :meth:`sample` a batch, :meth:`step` on it (train, write the
+    priorities back unless the slots were rewritten since they were sampled, publish the
+    weights every ``training.publish_interval`` steps); :meth:`checkpoint`.
+
+    Built with torch seeded from ``runtime.seed``, so that the first weights are the
+    run's bit for bit; resuming, the checkpoint's state is loaded. Either way it
+    publishes them at once: it is the one owner of the weights everyone acts with."""
+
+    def __init__(self, setup: RunSetup, buf: ReplayBuffer, store: WeightStore) -> None:
+        config = setup.config
+        self.setup, self.config, self.buf, self.store = setup, config, buf, store
+        self.device = pick_device(config.runtime.device)
+        torch.manual_seed(config.runtime.seed)
+        self.trainer = setup.algorithm.make_trainer(config, setup.make_network(), self.device)
+        if setup.resume_checkpoint is not None:
+            self.trainer.load_state_dict(load_checkpoint(setup.resume_checkpoint))
+        self.targets = setup.algorithm.make_targets(config, setup.spec.num_actions)
+        self.rng = np.random.default_rng([config.runtime.seed, 0x1EA2])  # the learner's own sampling stream
+        self.metrics: dict[str, float] = {}  # the latest step's losses, lr and beta (none before the first)
+        self.priorities_applied = self.priorities_dropped = 0
+        self.published_at = -1
+        self.publish()
+
+    @property
+    def training_step(self) -> int:
+        return self.trainer.training_step
+
+    @property
+    def done(self) -> bool:
+        return self.trainer.training_step >= self.config.training.training_steps
+
+    def sample(self, step: int | None = None):
+        """A batch for training step ``step`` (default: the next one), drawn by priority
+        with that step's importance-sampling exponent."""
+        step = self.training_step if step is None else step
+        return self.buf.sample(self.config.training.batch_size, beta_schedule(self.config, step), self.targets,
+                               self.rng)  # fmt: skip
+
+    def step(self, batch) -> dict[str, float]:
+        """One update on ``batch``; returns its metrics. A diverged step (FloatingPointError,
+        raised before anything changed) writes the last finite weights to the checkpoint
+        and re-raises."""
+        beta = beta_schedule(self.config, self.training_step)
+        try:
+            metrics, priorities = self.trainer.train_step(batch)
+        except FloatingPointError:
+            self.checkpoint()
+            raise
+        self.trainer.update_average()
+        applied, dropped = self.buf.update_priorities(batch.indices, batch.generations, priorities)
+        self.priorities_applied += applied
+        self.priorities_dropped += dropped
+        self.metrics = {**metrics, "beta": beta}
+        if self.training_step % self.config.training.publish_interval == 0:
+            self.publish()
+        return self.metrics
+
+    def publish(self) -> None:
+        """The weights everyone acts with, to the weight store (once per training step)."""
+        if self.published_at != self.training_step:
+            self.store.publish(self.trainer.published_network.get_flat_weights(), self.training_step)
+            self.published_at = self.training_step
+
+    def checkpoint(self) -> None:
+        """``checkpoint.pt``: the trainer's state, the config, the weight version, the time
+        (an atomic write: cut midway, the previous checkpoint stays whole)."""
+        extra = {"config": config_to_dict(self.config), "weights_version": self.store.version, "time": time.time()}
+        save_checkpoint(self.setup.run_dir.checkpoint, self.trainer, extra)
+
+
+# ---- evaluation --------------------------------------------------------------------------
+
+
+class Evaluation:
+    """One greedy evaluation round at a time (``mpper.runtime.evaluation.evaluate``, round
+    ``k`` with the seed ``Seeds.evaluation(k)``), keeping ``best.pt``
+    (:class:`~mpper.runtime.run.BestCheckpoint`) and filming every
+    ``runtime.video_every_evaluations``-th one (:meth:`film`)."""
+
+    def __init__(self, setup: RunSetup, envs: list | None = None) -> None:
+        self.setup, self.config, self.envs = setup, setup.config, envs
+        self.best = BestCheckpoint(setup.run_dir.root)
+        self.video = PeriodicVideo(setup.config, setup.run_dir.root)
+        self.rounds = 0
+
+    def round(self, network, training_step: int, weights_version: int, stop=None) -> dict | None:
+        """Evaluate ``network`` (the weights of ``training_step``, version ``weights_version``);
+        the evaluation record, or None if ``stop`` was set first."""
+        seed = self.setup.seeds.evaluation(self.rounds)
+        self.rounds += 1
+        evaluation = evaluate(self.config, network, seed, stop, self.envs, evaluation_bar(self.config, self.best.best))
+        if evaluation is None:
+            return None
+        self.best.offer(network, training_step, evaluation)
+        return {"training_step": training_step, **evaluation, "best_mean_return": self.best.best,
+                "weights_version": weights_version}  # fmt: skip
+
+    def film(self, network, training_step: int, stop=None) -> None:
+        """The periodic video of the round just played (its first episode, same seed)."""
+        self.video.after_evaluation(network, training_step, self.setup.seeds.evaluation(self.rounds - 1), stop)
