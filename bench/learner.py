@@ -1,7 +1,7 @@
 """Learner throughput: training steps/s and the share of the
 learner's time spent waiting for data (sampling and target building included).
 
-Runs the real learner process (``mpper.runtime.learner.run_learner``) with the network and
+Runs the real learner process (``mpper.runtime.children.run_learner``) with the network and
 targets of ``--config`` on a shared buffer filled beforehand (no self-play running, no rate
 limiter, so any wait is the buffer's), and reads the learner's own once-a-second reports.
 Also counts the torch operator calls of one training step (``torch.profiler``, in this
@@ -42,7 +42,8 @@ from mpper.algos.configs import load_config  # noqa: E402
 from mpper.algos.muzero.targets import muzero_schema  # noqa: E402
 from mpper.algos.registry import algorithm_of  # noqa: E402
 from mpper.envs import env_spec, make_env  # noqa: E402
-from mpper.runtime.learner import run_learner  # noqa: E402
+from mpper.runtime.children import run_learner  # noqa: E402
+from mpper.runtime.setup import RunSetup  # noqa: E402
 from mpper.runtime.procs import StopSignal  # noqa: E402
 from mpper.runtime.run import create_buffer  # noqa: E402
 from mpper.runtime.weights import WeightStore  # noqa: E402
@@ -113,11 +114,11 @@ def filled_buffer(config, path: Path, fill_moves: int) -> ReplayBuffer:
 
 def measure(config, buf: ReplayBuffer, seconds: float) -> dict:
     ctx = mp.get_context("spawn")
-    spec = env_spec(config.env)
-    network = algorithm_of(config).make_network(config, spec.observation_shape, spec.num_actions)
-    with tempfile.TemporaryDirectory() as run_dir, WeightStore.create(network.num_flat_weights()) as store:
+    with tempfile.TemporaryDirectory() as run_dir:
+        setup = RunSetup.create(config, run_dir)
+        store = WeightStore.create(setup.make_network().num_flat_weights())
         stop, reports = StopSignal(ctx), ctx.Queue()
-        proc = ctx.Process(target=run_learner, args=(config, buf.handle, store.handle, stop, reports, run_dir))
+        proc = ctx.Process(target=run_learner, args=(setup, buf.handle, store.handle, stop, reports))
         proc.start()
         samples = []
         try:
@@ -140,6 +141,7 @@ def measure(config, buf: ReplayBuffer, seconds: float) -> dict:
             if proc.is_alive():
                 proc.kill()
                 proc.join()
+            store.close()
     return {
         "steps_per_s": statistics.median(s["steps_per_s"] for s in samples),
         "wait_fraction": statistics.median(s["wait_fraction"] for s in samples),

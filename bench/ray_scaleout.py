@@ -75,7 +75,7 @@ def cartpole_episodes(count: int, seed: int = 0) -> list[tuple[dict, np.ndarray 
 
     from mpper.algos.configs import load_config
     from mpper.algos.registry import algorithm_of
-    from mpper.runtime.actor import labelled_envs
+    from mpper.runtime.roles import labelled_envs
 
     cfg = load_config(ROOT / "configs" / "cartpole.json")
     torch.manual_seed(seed)

@@ -68,7 +68,7 @@ steps = []
 def step(name, t0):
     steps.append((name, time.process_time() - t0, rss_mib()))
 t0 = time.process_time()
-import mpper.algos.dqn.dqn, mpper.algos.muzero.reanalyse, mpper.runtime.actor, mpper.runtime.learner
+import mpper.algos.dqn.dqn, mpper.algos.muzero.reanalyse, mpper.runtime.children
 step("python, torch, numba and mpper's process mains", t0)
 t0 = time.process_time()
 import torch._dynamo

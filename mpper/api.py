@@ -144,7 +144,8 @@ class TrainedRun:
     """A run directory, read: ``python run.py``'s runs as well as :func:`train`'s.
 
     ``dir``: the directory. ``config``: its ``config.json`` (a dict). ``metrics``: every
-    record of ``metrics.jsonl`` (dicts; ``event`` is "progress", "evaluation" or "end").
+    record of ``metrics.jsonl`` (dicts; ``event`` is "progress", "evaluation" or "end", and in a lockstep
+    run "train_step", one per training step with its losses).
     ``evaluations``: each evaluation with the run's ``time_s`` and ``env_steps`` at the
     time. ``solved`` / ``solved_at``: whether an evaluation reached
     ``runtime.solve_return``, and the first that did. ``best``: what ``best.pt`` holds.

@@ -148,10 +148,11 @@ def test_stopping_children_whose_start_failed_does_not_raise(tmp_path):
     nothing to wait for: the shutdown goes on, and the start's own error is what the run
     reports."""
     from mpper.algos.configs import load_config
-    from mpper.runtime.actor import run_selfplay
+    from mpper.runtime.children import run_selfplay
+    from mpper.runtime.setup import RunSetup
     from mpper.runtime.supervisor import Child, Supervisor
 
-    supervisor = Supervisor(load_config(CARTPOLE, workers=1, device="cpu"), tmp_path / "run")
+    supervisor = Supervisor(RunSetup.create(load_config(CARTPOLE, workers=1, device="cpu"), tmp_path / "run"))
     with pytest.raises(Exception, match="pickle"):
         supervisor._add(Child("worker-0", run_selfplay, {"unpicklable": lambda: None}))
     assert supervisor.children["worker-0"].process is None

@@ -17,7 +17,8 @@ from test_train_e2e import ROOT, run_args
 
 from mpper import ReplayBuffer
 from mpper.algos.muzero.targets import muzero_schema
-from mpper.runtime.learner import run_learner
+from mpper.runtime.children import run_learner
+from mpper.runtime.setup import RunSetup
 
 
 @pytest.fixture
@@ -55,7 +56,7 @@ def test_a_periodic_checkpoint_that_does_not_fit_lets_training_go_on(tiny_disk, 
         for _ in range(8):
             buf.add_episode(make_episode(rng, 10, OBS, ACTIONS))
         with pytest.raises(OSError) as info:
-            run_learner(config, buf.handle, store.handle, threading.Event(), reports, str(disk), None, None)
+            run_learner(RunSetup.create(config, disk), buf.handle, store.handle, threading.Event(), reports)
     finally:
         store.close()
         buf.close()

@@ -120,7 +120,7 @@ def test_an_env_that_raises_restarts_its_worker_then_stops_the_run_with_its_erro
     proc = subprocess.run(args, cwd=ROOT, env=FAULTY_ENV, capture_output=True, text=True, timeout=150)
     err = proc.stderr
     assert proc.returncode == 1, proc.stdout[-2000:] + err[-4000:]
-    env_error = ("mpper.runtime.actor.EnvError: worker-0 env 1 (faulty_env:raising): step raised RuntimeError: "
+    env_error = ("mpper.runtime.roles.EnvError: worker-0 env 1 (faulty_env:raising): step raised RuntimeError: "
                  "simulated env failure after 30 steps")  # fmt: skip
     assert err.count("mpper: worker-0 failed:\n") == 3  # each failure's traceback, reported
     assert err.count(env_error) >= 3  # ... ending in the env's error, with where it happened

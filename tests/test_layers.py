@@ -85,7 +85,7 @@ def layer_of(module: str) -> int:
 def test_the_graph_was_read():
     assert len(MODULES) > 30
     assert "mpper.replay.buffer" in GRAPH["mpper.runtime.supervisor"]
-    assert "mpper.algos.registry" in GRAPH["mpper.runtime.learner"]
+    assert "mpper.algos.registry" in GRAPH["mpper.runtime.setup"]
 
 
 @pytest.mark.parametrize("module", sorted(MODULES))

@@ -29,7 +29,10 @@ from mpper.algos.muzero.trainer import MuZeroTrainer
 from mpper.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from mpper.config import Config, ReplayConfig, RuntimeConfig, TrainingConfig
 from mpper.replay.buffer import Batch
-from mpper.runtime.learner import beta_schedule, run_learner
+from mpper.runtime.children import run_learner
+from mpper.runtime.rate import RateLimiter
+from mpper.runtime.roles import beta_schedule
+from mpper.runtime.setup import RunSetup
 from mpper.runtime.weights import WeightStore
 
 pytestmark = pytest.mark.timeout(60)
@@ -439,8 +442,8 @@ def test_run_learner_in_a_spawned_process(buffer, tmp_path):
     try:
         leaves_before = buffer.priorities(np.arange(buffer.capacity)).copy()
         stop, reports = ctx.Event(), ctx.Queue()
-        proc = ctx.Process(target=run_learner, args=(config, buffer.handle, store.handle, stop, reports,
-                                                     str(tmp_path), None, None))  # fmt: skip
+        proc = ctx.Process(target=run_learner, args=(RunSetup.create(config, tmp_path), buffer.handle, store.handle,
+                                                     stop, reports))  # fmt: skip
         proc.start()
         messages = []
         while proc.is_alive():
@@ -473,12 +476,19 @@ def test_run_learner_in_a_spawned_process(buffer, tmp_path):
         store.close()
 
 
-class _CountingRate:
-    def __init__(self):
+class _CountingRate(RateLimiter):
+    """The run's rate limiter (no ratio: sampling waits for min_size only), counting how
+    often the learner asks it whether it may sample (waiting for a batch, or before
+    drawing the next one ahead)."""
+
+    def __init__(self, config: Config):
+        t = config.training
+        super().__init__(None, 0.0, t.min_buffer_steps, t.batch_size, None)
         self.calls = 0
 
-    def wait_to_sample(self, stop) -> None:
+    def can_sample(self, inserted, sampled) -> bool:
         self.calls += 1
+        return super().can_sample(inserted, sampled)
 
 
 def test_run_learner_resumes_and_uses_the_rate_limiter(buffer, tmp_path):
@@ -487,17 +497,18 @@ def test_run_learner_resumes_and_uses_the_rate_limiter(buffer, tmp_path):
     config = small_config(training_steps=3, batch_size=8, min_buffer_steps=8, publish_interval=10)
     store = _store_for(config)
     try:
-        reports, rate = queue.Queue(), _CountingRate()
-        run_learner(config, buffer.handle, store.handle, threading.Event(), reports, str(tmp_path), None, rate)
-        assert rate.calls == 3
+        reports, rate = queue.Queue(), _CountingRate(config)
+        run_learner(RunSetup.create(config, tmp_path), buffer.handle, store.handle, threading.Event(), reports, rate)
+        assert rate.calls >= 3  # asked before each of the 3 batches
         assert store.version == 2  # initial, then the final weights (step 3 is not a multiple of 10)
         first = load_checkpoint(tmp_path / "checkpoint.pt")
         assert first["training_step"] == 3
 
         config.training.training_steps = 5
-        run_learner(config, buffer.handle, store.handle, threading.Event(), reports, str(tmp_path),
-                    str(tmp_path / "checkpoint.pt"), rate)  # fmt: skip
-        assert rate.calls == 5  # only the 2 missing steps ran
+        rate.calls = 0
+        run_learner(RunSetup.create(config, tmp_path, resume=True), buffer.handle, store.handle, threading.Event(),
+                    reports, rate)  # fmt: skip
+        assert rate.calls >= 2  # asked before each of the 2 missing steps, which alone ran
         resumed = load_checkpoint(tmp_path / "checkpoint.pt")
         assert resumed["training_step"] == 5
         assert store.version == 4 and store.training_step == 5  # resumed weights, then the final ones
@@ -542,8 +553,8 @@ def test_run_learner_is_held_by_the_real_rate_limiter(buffer, tmp_path):
     rate = RateLimiter(3.5 * 8 / inserted, 0.0, 8, 8, mp.get_context("spawn"), poll_s=poll_s)
     store = _store_for(config)
     stop, reports = _CountedStop(), queue.Queue()
-    learner = threading.Thread(target=run_learner, args=(config, buffer.handle, store.handle, stop, reports,
-                                                         str(tmp_path), None, rate))  # fmt: skip
+    learner = threading.Thread(target=run_learner, args=(RunSetup.create(config, tmp_path), buffer.handle,
+                                                         store.handle, stop, reports, rate))  # fmt: skip
     try:
         started = time.monotonic()
         learner.start()
@@ -617,7 +628,7 @@ def test_run_learner_trains_with_the_annealed_importance_weights(tmp_path, monke
             T = int(rng.integers(5, 30))
             buf.add_episode(make_episode(rng, T, OBS, ACTIONS), priorities=10.0 ** rng.uniform(-1, 1, T))
         reports = queue.Queue()
-        run_learner(config, buf.handle, store.handle, threading.Event(), reports, str(tmp_path), None, None)
+        run_learner(RunSetup.create(config, tmp_path), buf.handle, store.handle, threading.Event(), reports)
     finally:
         store.close()
         buf.close()
@@ -659,7 +670,7 @@ def test_priorities_of_episodes_rewritten_during_a_step_are_dropped(tmp_path, mo
         for _ in range(8):
             buf.add_episode(make_episode(rng, 7, OBS, ACTIONS), priorities=np.full(7, 1.0))
         reports = queue.Queue()
-        run_learner(config, buf.handle, store.handle, threading.Event(), reports, str(tmp_path), None, None)
+        run_learner(RunSetup.create(config, tmp_path), buf.handle, store.handle, threading.Event(), reports)
         slots = np.concatenate([np.arange(ep.start, ep.start + ep.rows - 1) for ep in buf.episodes()])
         priorities = buf.priorities(slots)
     finally:
@@ -713,7 +724,7 @@ def test_run_learner_waits_for_data_and_stops(tmp_path):
 
         watcher = threading.Thread(target=stop_once_it_reports_waiting, daemon=True)
         watcher.start()
-        run_learner(config, buf.handle, store.handle, stop, reports, str(tmp_path))
+        run_learner(RunSetup.create(config, tmp_path), buf.handle, store.handle, stop, reports)
         watcher.join(timeout=30)
         messages = seen + _drain(reports)
         waiting = [m[2] for m in messages if m[2].get("state") == "waiting_for_data"]
@@ -738,7 +749,7 @@ def test_run_learner_starts_once_min_buffer_steps_were_stored_even_if_the_ring_h
         fill(buf, episodes=12)  # 5-29 moves each: the ring wraps several times
         assert buf.counters["steps"] >= 64 > len(buf)
         reports = queue.Queue()
-        run_learner(config, buf.handle, store.handle, threading.Event(), reports, str(tmp_path))
+        run_learner(RunSetup.create(config, tmp_path), buf.handle, store.handle, threading.Event(), reports)
         assert load_checkpoint(tmp_path / "checkpoint.pt")["training_step"] == 4
         assert _drain(reports)[-1][2]["state"] == "done"
     finally:
@@ -750,12 +761,13 @@ def test_run_learner_reports_errors(buffer, tmp_path):
     config = small_config(batch_size=8, min_buffer_steps=8)
     store = _store_for(config)
     try:
+        (tmp_path / "checkpoint.pt").write_bytes(b"not a checkpoint")  # resuming from it fails in the learner
         reports = queue.Queue()
-        with pytest.raises(FileNotFoundError, match="nope.pt"):
-            run_learner(config, buffer.handle, store.handle, threading.Event(), reports, str(tmp_path),
-                        str(tmp_path / "nope.pt"))  # fmt: skip
+        with pytest.raises(CheckpointError, match="checkpoint.pt"):
+            run_learner(RunSetup.create(config, tmp_path, resume=True), buffer.handle, store.handle, threading.Event(),
+                        reports)  # fmt: skip
         kind, source, payload = reports.get_nowait()
-        assert (kind, source) == ("error", "learner") and "nope.pt" in payload["traceback"]
+        assert (kind, source) == ("error", "learner") and "checkpoint.pt" in payload["traceback"]
     finally:
         store.close()
 

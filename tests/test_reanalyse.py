@@ -19,7 +19,8 @@ from mpper.algos.muzero.reanalyse import Reanalyser
 from mpper.algos.muzero.search import make_search
 from mpper.algos.muzero.targets import muzero_schema
 from mpper.runtime.procs import StopSignal
-from mpper.runtime.reanalyser import run_reanalyser
+from mpper.runtime.children import run_reanalyser
+from mpper.runtime.setup import RunSetup
 from mpper.runtime.supervisor import _JOIN_TIMEOUT_S
 from mpper.runtime.weights import WeightStore
 
@@ -171,13 +172,14 @@ def test_rewritten_episode_is_not_written(setup, monkeypatch):
 
 
 @pytest.mark.slow
-def test_run_reanalyser_process(setup):
+def test_run_reanalyser_process(setup, tmp_path):
     config, buf, store, (net1, net2) = setup
     rng = np.random.default_rng(2)
     for T in (5, 12, 1, 30, 8, 20):
         buf.add_episode(make_episode(rng, T))
     stop, reports = StopSignal(CTX), CTX.Queue()
-    p = CTX.Process(target=run_reanalyser, args=(config, buf.handle, store.handle, stop, reports))
+    p = CTX.Process(target=run_reanalyser, args=(RunSetup.create(config, tmp_path), buf.handle, store.handle, stop,
+                                                  reports))  # fmt: skip
     p.start()
     try:
         def wait_for(net, seconds):
@@ -232,7 +234,7 @@ def test_run_reanalyser_process(setup):
     assert last["episodes_per_s"] >= 0 and 2 <= last["weights_version"] <= store.version
 
 
-def test_reports_errors(setup):
+def test_reports_errors(setup, tmp_path):
     """In this process, so it undoes what the child set-up changes here."""
     config, buf, store, _ = setup
     handler, threads = signal.getsignal(signal.SIGINT), torch.get_num_threads()
@@ -240,7 +242,7 @@ def test_reports_errors(setup):
     stop, reports = StopSignal(CTX), CTX.Queue()
     try:
         with pytest.raises(ValueError):
-            run_reanalyser(bad, buf.handle, store.handle, stop, reports)
+            run_reanalyser(RunSetup.create(bad, tmp_path), buf.handle, store.handle, stop, reports)
     finally:
         signal.signal(signal.SIGINT, handler)
         torch.set_num_threads(threads)

@@ -14,7 +14,8 @@ from mpper.algos.configs import load_config
 from mpper.algos.muzero.networks import make_network
 from mpper.checkpoint import load_checkpoint, save_checkpoint
 from mpper.config import ConfigError
-from mpper.runtime.learner import run_learner
+from mpper.runtime.children import run_learner
+from mpper.runtime.setup import RunSetup
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -115,8 +116,8 @@ def test_the_learner_process_publishes_the_average(buffer, tmp_path):
     store = _store_for(config)
     try:
         stop, reports = ctx.Event(), ctx.Queue()
-        proc = ctx.Process(target=run_learner, args=(config, buffer.handle, store.handle, stop, reports,
-                                                     str(tmp_path), None, None))  # fmt: skip
+        proc = ctx.Process(target=run_learner, args=(RunSetup.create(config, tmp_path), buffer.handle, store.handle,
+                                                     stop, reports))  # fmt: skip
         proc.start()
         messages = []
         while proc.is_alive():

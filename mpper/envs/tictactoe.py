@@ -105,7 +105,7 @@ class TicTacToeEnv(gym.Env):
     """
 
     metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi", "rgb_array"], "render_fps": 2}
-    two_player = True  # read by mpper.runtime.actor and mpper.envs.spec (the two-player contract)
+    two_player = True  # read by mpper.runtime.roles and mpper.envs.spec (the two-player contract)
 
     def __init__(self, render_mode: str | None = None) -> None:
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:

@@ -11,7 +11,7 @@ A two-player environment is a gymnasium ``Env`` with a ``Discrete(A)`` action sp
 
 * gives each reward from the point of view of the player who just moved (the one who
   was ``to_play`` before the step): +1 to the mover for a win, for example;
-* has ``env.unwrapped.two_player = True`` (what :mod:`mpper.runtime.actor` reads to run the
+* has ``env.unwrapped.two_player = True`` (what :mod:`mpper.runtime.roles` reads to run the
   search with alternating players and sign flips);
 * optionally, ``env.unwrapped.evaluation_opponents(seed) -> {name: agent}`` (a method,
   staticmethod or classmethod): the opponents the evaluator plays the trained agent

@@ -11,7 +11,7 @@ steps and one against wall time:
   counters of consecutive records.
 
 Records are those the supervisor (``mpper.runtime.supervisor``) and the in-process mode
-(``mpper.runtime.inline``) append; lines that are not complete JSON objects (the one a live run
+(``mpper.runtime.turns``) append; lines that are not complete JSON objects (the one a live run
 is writing, a line cut by a crash) are skipped. A resumed run appends to the same file
 and its ``time_s`` starts again from 0: wall time here is the sum of the segments'
 running times (the pause between them left out), and each resume is marked.
@@ -134,6 +134,8 @@ def run_series(records: list[dict]) -> RunSeries:
     last_env = 0.0
     segment = 0
     for r in records:
+        if r.get("event") == "train_step":
+            continue  # a lockstep run's per-step losses: no time, no counters
         t = float(r["time_s"])
         env = _env_steps(r)
         if last_time is not None and t < last_time:  # time_s went back: a resumed run

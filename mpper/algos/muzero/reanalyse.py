@@ -21,7 +21,7 @@ which the learner's policy targets then use in place of the self-play search's, 
 root values to ``reanalysed_value``.
 
 :class:`Reanalyser` does the work (usable in one process, in turns with self-play and
-learning, for ``--workers 0``); :func:`run_reanalyser` is the child-process entry point.
+learning, for ``--workers 0``); :func:`mpper.runtime.children.run_reanalyser` is the child-process entry point.
 """
 
 from __future__ import annotations
