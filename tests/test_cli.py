@@ -32,8 +32,9 @@ class TrainStub:
         self.calls = []
         self.rc = rc
 
-    def __call__(self, config, *, run_dir, resume):
-        self.calls.append({"config": config, "run_dir": run_dir, "resume": resume})
+    def __call__(self, setup):
+        run_dir = setup.run_dir.root
+        self.calls.append({"config": setup.config, "run_dir": run_dir, "resume": run_dir if setup.resume else None})
         return self.rc
 
 

@@ -254,7 +254,7 @@ def train(monkeypatch):
     """A stand-in ``mpper.runtime.supervisor`` that records whether training was started."""
     calls = []
     module = types.ModuleType("mpper.runtime.supervisor")
-    module.train = lambda config, **kw: calls.append(kw) or 0
+    module.train = lambda setup: calls.append(setup) or 0
     monkeypatch.setitem(sys.modules, "mpper.runtime.supervisor", module)
     return calls
 
