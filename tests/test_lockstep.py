@@ -12,6 +12,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -92,3 +97,45 @@ def test_another_seed_gives_another_run(tmp_path_factory, tmp_path):
     other = _run("cartpole", 2, tmp_path / "seed1", seed=1)
     assert other["losses"] != reference["losses"]
     assert other["weights"] != reference["weights"]
+
+
+def test_a_stream_host_that_dies_stops_the_run_with_its_files(tmp_path):
+    """SIGKILL of one of two stream hosts mid-run: a lockstep run cannot play its schedule
+    without it, so the run stops with exit 1 and one line naming the host, after writing
+    its final checkpoint and snapshot; the other host exits too (the conftest guard checks
+    that no shared-memory segment is left)."""
+    run_dir = tmp_path / "run"
+    sets = [*COMMON, *CONFIGS["cartpole"], "training.training_steps=100000"]
+    cmd = [sys.executable, str(ROOT / "run.py"), "--config", str(ROOT / "configs" / "cartpole.json"), "--workers", "2",
+           "--device", "cpu", "--run-dir", str(run_dir), *(x for kv in sets for x in ("--set", kv))]  # fmt: skip
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 300  # generous: only a hang gets near it
+        while not _trained(run_dir):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.2)
+        pids = json.loads((run_dir / "processes.json").read_text())
+        os.kill(pids["host-1"], signal.SIGKILL)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 1, err
+    assert "mpper: run stopped: lockstep stream host host-1 (killed by signal 9) ended mid-round" in err
+    assert torch.load(run_dir / "checkpoint.pt", weights_only=True)["training_step"] > 0
+    assert (run_dir / "buffer" / "manifest.json").exists()
+    assert not _alive(pids["host-0"]) and not _alive(pids["supervisor"])
+
+
+def _trained(run_dir: Path) -> bool:
+    path = run_dir / "metrics.jsonl"
+    return path.exists() and '"event": "train_step"' in path.read_text()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
