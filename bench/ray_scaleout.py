@@ -144,6 +144,7 @@ def ingest_ray(episodes, writers: int, seconds: float, address: str) -> dict:
 
     from mpper.algos.configs import load_config
     from mpper.runtime.remote import EpisodeIngest
+    from mpper.runtime.roles import StoredEpisode
 
     ray.init(address=address, log_to_driver=False, logging_level="warning")
     training = load_config(ROOT / "configs" / "cartpole.json", ["training.samples_per_insert=null"]).training
@@ -161,10 +162,10 @@ def ingest_ray(episodes, writers: int, seconds: float, address: str) -> dict:
             n, in_flight, deadline = 0, None, start_at + seconds
             while time.time() < deadline:
                 arrays, priorities = self.episodes[n % len(self.episodes)]
-                report = {"return": 0.0, "length": 0, "weights_version": 0, "ended_unix": time.time()}
+                report = {"return": 0.0, "length": 0, "weights_version": 0}
                 if in_flight is not None:
                     ray.get(in_flight)
-                in_flight = self.ingest.add.remote("bench", arrays, priorities, True, report)
+                in_flight = self.ingest.add.remote(StoredEpisode("bench", arrays, priorities, True, report, time.time()))
                 n += 1
             ray.get(in_flight)
             return n

@@ -318,6 +318,7 @@ def test_the_ingest_waits_for_the_ratio_stores_whole_episodes_and_stops(small_bu
     ratio says the actors are ahead, stores once the learner samples, and a stop makes a
     waiting add return without storing."""
     from mpper.runtime.remote import EpisodeIngest
+    from mpper.runtime.roles import StoredEpisode
 
     cfg = default_config("muzero")
     training = dataclasses.replace(cfg.training, samples_per_insert=1.0, samples_per_insert_tolerance=0.0,
@@ -328,7 +329,7 @@ def test_the_ingest_waits_for_the_ratio_stores_whole_episodes_and_stops(small_bu
     try:
         def add(T: int):
             ep = make_episode(rng, T)
-            return ingest.add("ray-worker-0", ep, None, True, {"return": float(T), "ended_unix": time.time()})
+            return ingest.add(StoredEpisode("ray-worker-0", ep, None, True, {"return": float(T)}, time.time()))
 
         assert add(12)  # below min_buffer_steps: never waits
         result = []

@@ -169,6 +169,8 @@ class EpisodeIngest:
                 return False
             t0 = time.monotonic()
             waited = self._sink(episode)
+            if waited is None:  # stopped while waiting for the ratio: not stored
+                return False
             write_s = time.monotonic() - t0 - waited
         nbytes = sum(a.nbytes for a in episode.arrays.values())
         nbytes += 0 if episode.priorities is None else episode.priorities.nbytes

@@ -152,18 +152,22 @@ class BufferSink:
     (``rate``, when the run has one), is stored, rings the rate limiter's doorbells, and
     its report (completed with ``insert_wait_s``, the ratio's wait, and
     ``store_latency_s``, from its last move to its being sampleable) goes to
-    ``deliver(source, report)``."""
+    ``deliver(source, report)``. An episode whose wait ends because ``stop`` was set is
+    not stored: the run is ending."""
 
     def __init__(self, buf: ReplayBuffer, rate: RateLimiter | None, stop, deliver: Callable[[str, dict], None]) -> None:
         self.buf, self.rate, self.stop, self.deliver = buf, rate, stop, deliver
 
-    def __call__(self, episode: StoredEpisode) -> float:
-        """Store ``episode``; returns the seconds it waited for the ratio."""
+    def __call__(self, episode: StoredEpisode) -> float | None:
+        """Store ``episode``; returns the seconds it waited for the ratio, or None when
+        ``stop`` came during the wait and it was not stored."""
         waited = 0.0
         if self.rate is not None:
             buf = self.buf
-            waited = self.rate.wait_to_insert(lambda: buf.counters["steps"], lambda: buf.counters["samples"],
-                                              self.stop).seconds  # fmt: skip
+            wait = self.rate.wait_to_insert(lambda: buf.counters["steps"], lambda: buf.counters["samples"], self.stop)
+            if wait.waited and self.stop is not None and self.stop.is_set():
+                return None
+            waited = wait.seconds
         self.buf.add_episode(episode.arrays, priorities=episode.priorities, terminated=episode.terminated)
         if self.rate is not None:
             self.rate.notify()
