@@ -1,6 +1,6 @@
 """Plain, loop-by-loop reference for muzero-general's training targets.
 
-Used by tests/test_targets.py as the oracle for the vectorised targets that
+Used by tests/algos/muzero/test_targets.py as the oracle for the vectorised targets that
 ``mpper.ReplayBuffer.sample`` builds.  It is written for clarity, not speed:
 one episode, one position, Python loops, float64 arithmetic.
 

@@ -14,14 +14,14 @@ targets that sum to nearly 0).
 
 from __future__ import annotations
 
-import os
 import sys
 import zlib
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import seed_reference as ref  # noqa: E402
 
 from mpper.algos.dqn.targets import NStepTargets, dqn_schema  # noqa: E402

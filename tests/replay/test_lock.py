@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -26,7 +27,7 @@ from children import write_tagged_episodes
 from mpper import ReplayBuffer
 from mpper.replay.episode_ring import FAULT_ENV
 
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_REPO = str(Path(__file__).resolve().parents[2])
 _ENV = {**os.environ, "PYTHONPATH": _REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}
 _SCHEMA = {"observation": ((4,), "float32")}
 _DIED = "died holding the replay buffer's lock"

@@ -22,8 +22,8 @@ import scipy.stats
 
 from mpper.tools.sweep import BOOTSTRAP_RESAMPLES, bootstrap_ci, interquartile_mean, iqm_summary, seed_result
 
-ROOT = Path(__file__).resolve().parents[1]
-TESTS = Path(__file__).resolve().parent
+ROOT = Path(__file__).resolve().parents[2]
+TESTS = Path(__file__).resolve().parents[1]
 TINY = ["--workers", "0", "--max-train-steps", "30", "--set", "training.min_buffer_steps=64",
         "--set", "training.batch_size=32", "--set", "runtime.evaluation_interval_s=0.3"]  # fmt: skip
 

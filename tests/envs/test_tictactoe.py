@@ -11,7 +11,6 @@ from __future__ import annotations
 import copy
 import itertools
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -46,12 +45,12 @@ from mpper.envs.tictactoe import (
 from mpper.envs.two_player import check_two_player_env
 from mpper.runtime.evaluation import play_greedy
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import seed_reference as ref  # noqa: E402
 
 pytestmark = pytest.mark.timeout(60)
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def play(env, moves):

@@ -18,8 +18,8 @@ from mpper.algos.muzero.networks import make_network, support_to_scalar
 from mpper.algos.muzero.reanalyse import Reanalyser
 from mpper.algos.muzero.search import make_search
 from mpper.algos.muzero.targets import muzero_schema
-from mpper.runtime.procs import StopSignal
 from mpper.runtime.children import run_reanalyser
+from mpper.runtime.procs import StopSignal
 from mpper.runtime.setup import RunSetup
 from mpper.runtime.supervisor import _JOIN_TIMEOUT_S
 from mpper.runtime.weights import WeightStore

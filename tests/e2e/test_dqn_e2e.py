@@ -17,7 +17,7 @@ from mpper.algos.configs import load_config
 from mpper.cli import main
 from mpper.config_files import read_config_file
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SMALL_DQN = [
     "--set", "training.min_buffer_steps=200", "--set", "training.batch_size=32",
     "--set", "runtime.envs_per_worker=2", "--set", "replay.capacity=20000",

@@ -40,7 +40,7 @@ from test_train_e2e import (
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # see the module docstring
 # The cluster's workers (started by its raylets, with this process's environment) and the
 # runs import tests/faulty_env.py as "faulty_env".
-os.environ["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parent), os.environ.get("PYTHONPATH", "")])
+os.environ["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")])
 
 from mpper import ReplayBuffer  # noqa: E402
 from mpper.algos.configs import default_config  # noqa: E402

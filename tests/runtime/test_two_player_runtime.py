@@ -38,7 +38,7 @@ from mpper.runtime.evaluation import evaluate
 
 pytestmark = pytest.mark.timeout(60)
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TICTACTOE = ROOT / "configs" / "tictactoe.json"
 
 

@@ -2,7 +2,7 @@
 behind and the next start removes the segments it left (and only those); an env that
 raises in ``step`` gets its worker restarted and, past ``max_worker_restarts``, stops the
 run with the error; a diverging learner stops the run at the step that went non-finite.
-(A SIGKILLed worker and learner: tests/test_train_e2e.py.)"""
+(A SIGKILLed worker and learner: tests/e2e/test_train_e2e.py.)"""
 
 from __future__ import annotations
 

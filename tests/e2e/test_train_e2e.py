@@ -19,7 +19,7 @@ from mpper.algos.configs import load_config
 from mpper.algos.registry import algorithm_of
 from mpper.envs import env_spec, make_env
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SMALL = [
     "--set", "training.min_buffer_steps=200", "--set", "training.batch_size=32",
     "--set", "mcts.num_simulations=6", "--set", "runtime.envs_per_worker=4",

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MPPER = Path(sys.executable).parent / "mpper"  # the console script `pip install` puts beside python
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 

@@ -20,7 +20,7 @@ from mpper.config import ConfigError, EnvConfig
 from mpper.envs.spec import env_spec, make_env
 from mpper.extras import register_env_family
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _steps(env, seed: int, actions: list[int]) -> list[np.ndarray]:

@@ -11,11 +11,12 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from children import hold_the_buffer_lock_and_exit, hold_the_buffer_lock_until
 from conftest import make_episode
 
@@ -660,7 +661,7 @@ def test_sigint_while_a_snapshot_is_written_leaves_the_previous_one_whole(tmp_pa
     save (held there after two of its files): the first snapshot is still there, whole (checksums verified), no temporary
     directory is left beside it, and the owner still unlinked its segment."""
     path = tmp_path / "snap"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]),
                                                         os.environ.get("PYTHONPATH", "")])}  # fmt: skip
     proc = subprocess.Popen([sys.executable, "-c", _SAVING_SCRIPT, str(path)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env)  # fmt: skip

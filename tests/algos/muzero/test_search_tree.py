@@ -5,7 +5,7 @@ input, which reads only the rows it stacks.
   whose visits and values are known in closed form: the tree's root inference, loop,
   expansion and backup, apart from pUCT and Gumbel.
 * Gumbel over K roots equals K single searches bit for bit given the same noise, as
-  pUCT does (``tests/test_mcts.py``): no state of one tree leaks into another.
+  pUCT does (``tests/algos/muzero/test_mcts.py``): no state of one tree leaks into another.
 * The self-play player's stacked input equals a plain restack of the whole episode on
   every move of real CartPole games, across game segments.
 """
@@ -13,8 +13,8 @@ input, which reads only the rows it stacks.
 from __future__ import annotations
 
 import dataclasses
-import os
 import sys
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -28,7 +28,7 @@ from mpper.algos.muzero.player import BatchedPlayer
 from mpper.algos.muzero.targets import stacked_observations
 from mpper.algos.muzero.tree import BatchedSearch, step_down
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from test_mcts import SUPPORT, TabularModel, random_tabular  # noqa: E402
 from test_selfplay import make_config  # noqa: E402
 

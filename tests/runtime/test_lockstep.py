@@ -24,7 +24,7 @@ import torch
 
 from mpper import cli
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 WORKERS = (0, 1, 2, 8)
 COMMON = [
     "runtime.lockstep=true", "runtime.lockstep_streams=8", "runtime.lockstep_moves=2",

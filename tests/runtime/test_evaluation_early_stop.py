@@ -150,7 +150,7 @@ def test_a_run_in_one_process_stops_hopeless_evaluations_and_keeps_best_from_who
 
     run_dir = tmp_path / "run"
     episodes, most = 4, 30.0
-    config = Path(__file__).resolve().parents[1] / "configs" / "cartpole.json"
+    config = Path(__file__).resolve().parents[2] / "configs" / "cartpole.json"
     rc = cli.main(["--config", str(config), "--workers", "0", "--device", "cpu", "--seed", "0",
                    "--run-dir", str(run_dir), "--max-train-steps", "120", "--time-limit", "100",
                    "--set", "training.min_buffer_steps=64", "--set", "training.batch_size=16",

@@ -777,7 +777,7 @@ def test_the_fused_adam_step_is_adam_with_l2_weight_decay_by_the_paper(buffer, d
     from Kingma & Ba (2015, Algorithm 1) with the L2 weight decay of ``torch.optim.Adam``
     added to the gradient: over three steps, each weight moves by
     ``lr * m_hat / (sqrt(v_hat) + eps)`` computed from the gradients the step left.
-    (``tests/test_cuda.py`` runs it on CUDA.)"""
+    (``tests/runtime/test_cuda.py`` runs it on CUDA.)"""
     config = small_config(optimizer="adam", lr_init=0.01, weight_decay=1e-2)
     torch.manual_seed(0)
     net = make_network(config.network, OBS, ACTIONS, config.muzero.stacked_observations)

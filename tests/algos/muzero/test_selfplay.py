@@ -4,8 +4,8 @@ CartPole envs and a real (random) network."""
 from __future__ import annotations
 
 import dataclasses
-import os
 import sys
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -17,7 +17,7 @@ from mpper.algos.muzero.networks import make_network, support_to_scalar
 from mpper.algos.muzero.player import BatchedPlayer
 from mpper.config import Config, EnvConfig
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import seed_reference as ref  # noqa: E402
 
 TIME_LIMIT = 12

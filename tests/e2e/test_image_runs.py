@@ -20,7 +20,7 @@ from mpper import ReplayBuffer
 from mpper.algos.configs import load_config
 from mpper.algos.registry import algorithm_of
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SMALL = ["--set", "training.min_buffer_steps=100", "--set", "training.batch_size=16", "--set",
          "runtime.envs_per_worker=2", "--set", "training.samples_per_insert=4",
          "--set", "runtime.evaluation_episodes=2", "--set", "runtime.evaluation_interval_s=1"]  # fmt: skip

@@ -15,7 +15,7 @@ from mpper import ReplayBuffer
 from mpper.algos.configs import config_from_dict
 from mpper.runtime.run import Run
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BUDGET = 600
 
 

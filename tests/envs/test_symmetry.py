@@ -20,7 +20,7 @@ from mpper.envs.symmetry import SymmetryAugmented, check_symmetries, dihedral_sy
 from mpper.envs.tictactoe import TicTacToeEnv, position_value
 from mpper.replay.buffer import ReplayBuffer
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def transform_obs(obs: np.ndarray, src: np.ndarray) -> np.ndarray:

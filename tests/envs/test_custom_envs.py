@@ -24,7 +24,7 @@ from mpper.config import ConfigError
 from mpper.env_ids import env_id_form
 from mpper.envs import env_spec, make_env
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "custom_envs.md"
 
 

@@ -19,7 +19,7 @@ from mpper.algos.muzero.targets import muzero_schema
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 HEADING = "## Reading a snapshot in Python"
 
 
