@@ -11,9 +11,10 @@ import pytest
 
 from mpper import config as cfg
 from mpper.algos.configs import ALGORITHM_CONFIGS, config_from_dict, describe_config, field_specs, load_config
-from mpper.algos.dqn.config import DQNConfig
-from mpper.algos.muzero.config import MCTSConfig, MuZeroConfig, NetworkConfig, ReanalyseConfig
-from mpper.config import SHARED_SECTIONS, Config, ConfigError, config_to_dict
+from mpper.algos.dqn.config import DQNRunConfig
+from mpper.algos.muzero.config import MuZeroRunConfig
+from mpper.config import SHARED_SECTIONS, Config, ConfigError, config_to_dict, schema
+from mpper.config.engine import value_at
 from mpper.config_files import read_config_file
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,9 +39,8 @@ def error_of(data, overrides=(), **kw) -> str:
 # ---- defaults and the shipped config ----------------------------------------------------------
 
 
-MUZERO_DEFAULTS = Config(sections={"network": NetworkConfig(), "mcts": MCTSConfig(), "muzero": MuZeroConfig(),
-                                    "reanalyse": ReanalyseConfig()})  # fmt: skip
-DQN_DEFAULTS = Config(algorithm="dqn", sections={"dqn": DQNConfig()})
+MUZERO_DEFAULTS = MuZeroRunConfig()
+DQN_DEFAULTS = DQNRunConfig()
 
 
 def test_empty_object_gives_the_defaults_of_the_algorithm_and_only_its_sections():
@@ -111,8 +111,8 @@ def test_a_dqn_config_holds_every_dqn_key_and_no_muzero_key():
     assert muzero_only and not keys_of(CARTPOLE_DQN) & muzero_only
     c = load_config(CARTPOLE_DQN)
     assert list(c.sections) == ["dqn"] and list(config_to_dict(c)) == list(json.loads(CARTPOLE_DQN.read_text()))
-    with pytest.raises(AttributeError, match="Config of algorithm 'dqn' has no section 'mcts'"):
-        c.mcts  # noqa: B018
+    with pytest.raises(AttributeError, match="'DQNRunConfig' object has no attribute 'mcts'"):
+        c.mcts  # type: ignore[attr-defined]  # noqa: B018
 
 
 @pytest.mark.parametrize("data,overrides,expected", [
@@ -290,13 +290,13 @@ def test_env_id_registered_or_module_callable():
 
 
 def test_cuda_device_without_cuda_is_an_error(monkeypatch):
-    monkeypatch.setattr(cfg, "_cuda_available", lambda: False)
+    monkeypatch.setattr(schema, "_cuda_available", lambda: False)
     msg = error_of({"runtime": {"device": "cuda"}})
     assert msg.startswith("x.json: runtime.device: ") and "torch.cuda.is_available()" in msg
     msg = error_of({}, flags=[("--device", "runtime.device", "cuda")])
     assert msg.startswith("--device: runtime.device: ")
     assert config_from_dict({"runtime": {"device": "cuda"}}, check_device=False).runtime.device == "cuda"
-    monkeypatch.setattr(cfg, "_cuda_available", lambda: True)
+    monkeypatch.setattr(schema, "_cuda_available", lambda: True)
     assert config_from_dict({"runtime": {"device": "cuda"}}).runtime.device == "cuda"
 
 
@@ -365,7 +365,7 @@ def test_structure_errors():
 )
 def test_set_is_parsed_and_typed_like_the_file(text, key, expected):
     c = config_from_dict({}, "x.json", [text])
-    got = cfg._get(c, key)
+    got = value_at(c, key)
     assert got == expected and type(got) is type(expected)
 
 
