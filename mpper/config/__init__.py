@@ -20,6 +20,7 @@ from .engine import AlgorithmConfig, ConfigSchema, Rule
 from .fields import Check, FieldSpec, opt, section_specs
 from .schema import (
     CROSS_RULES,
+    FLAG_KEYS,
     MAX_SEED,
     RULES,
     SHARED_SECTIONS,
@@ -34,6 +35,7 @@ from .schema import (
     default_config,
     describe_config,
     field_specs,
+    flag_overrides,
     is_env_factory,
     load_config,
     load_run_config,
@@ -41,6 +43,7 @@ from .schema import (
 
 __all__ = [
     "CROSS_RULES",
+    "FLAG_KEYS",
     "MAX_SEED",
     "RULES",
     "SCHEDULE",
@@ -63,6 +66,7 @@ __all__ = [
     "default_config",
     "describe_config",
     "field_specs",
+    "flag_overrides",
     "is_env_factory",
     "load_config",
     "load_run_config",

@@ -30,7 +30,7 @@ def _check_widths(value: list) -> list:
 def _check_schedule(value: list) -> list:
     if not value:
         raise Invalid("expected at least one [fraction, temperature] pair, got []")
-    out = []
+    out: list[list[float]] = []
     for i, pair in enumerate(value):
         if not (isinstance(pair, list) and len(pair) == 2):
             raise Invalid(f"expected a [fraction, temperature] pair, got {show(pair)}", f"[{i}]")
@@ -71,7 +71,7 @@ def _check_env_id(value: str) -> str:
     except MissingExtraError as exc:
         raise Invalid(str(exc)) from None
     form = env_id_form(value)
-    if form.imports:
+    if form.module is not None:  # form.imports: an id that names a module, which is found here, not run
         import importlib.util
 
         search_current_directory()

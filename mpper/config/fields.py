@@ -169,7 +169,7 @@ def _split_hint(hint: Any) -> tuple[tuple, bool]:
 def _default_of(f: dataclasses.Field) -> Any:
     if f.default is not dataclasses.MISSING:
         return f.default
-    return f.default_factory()  # type: ignore[misc]  # opt() gives every field one or the other
+    return f.default_factory()  # type: ignore[operator]  # opt() gives every field one or the other
 
 
 @functools.cache

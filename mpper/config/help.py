@@ -25,14 +25,16 @@ def describe_schema(schema: ConfigSchema, markdown: bool = False) -> str:
     algorithm are marked with its name; the shared rules with a ``doc`` are listed last."""
     specs = schema.field_specs()
     owner = {sec: name for name, a in schema.algorithms.items() for sec in a.sections}
-    docs = {**schema.shared_sections, **{sec: cls for a in schema.algorithms.values() for sec, cls in a.sections.items()}}
+    docs = {**schema.shared_sections}
+    for a in schema.algorithms.values():
+        docs.update(a.sections)
     rows = [(s.key, s.type_name, _default_text(s.default), s.allowed_text, s.doc) for s in specs]
     rules = [rule.doc for rule in schema.rules if rule.doc]
     if markdown:
         lines = ["| key | type | default | allowed | description |", "|---|---|---|---|---|"]
         for spec, row in zip(specs, rows):
-            sec = spec.key.split(".")[0]
-            doc = f"({owner[sec]} only) {row[4]}" if sec in owner and "." in spec.key else row[4]
+            head = spec.key.split(".")[0]
+            doc = f"({owner[head]} only) {row[4]}" if head in owner and "." in spec.key else row[4]
             cells = (f"`{row[0]}`", row[1], row[2], row[3], doc)
             lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
         lines.append("")
@@ -52,7 +54,7 @@ def describe_schema(schema: ConfigSchema, markdown: bool = False) -> str:
         "Each key: its name, type, default and allowed values, then what it means.",
         "",
     ]
-    section = None
+    section: str | None = None
     for spec, row in zip(specs, rows):
         sec = spec.key.split(".")[0] if "." in spec.key else None
         if sec is not None and sec != section:

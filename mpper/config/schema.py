@@ -35,6 +35,7 @@ from .names import FOREIGN_NAMES, RENAMED
 
 __all__ = [
     "CROSS_RULES",
+    "FLAG_KEYS",
     "MAX_SEED",
     "RULES",
     "SHARED_SECTIONS",
@@ -49,6 +50,7 @@ __all__ = [
     "default_config",
     "describe_config",
     "field_specs",
+    "flag_overrides",
     "is_env_factory",
     "load_config",
     "load_run_config",
@@ -217,7 +219,8 @@ def _ray_needs_workers(config: Config) -> str | None:
 def _budget_allows_learning(config: Config) -> str | None:
     budget, start = config.training.env_steps, config.training.min_buffer_steps
     if budget is not None and budget < start:
-        return f"must be >= training.min_buffer_steps ({start}), got {budget}: the run would stop before learning starts"
+        return (f"must be >= training.min_buffer_steps ({start}), got {budget}: the run would stop before learning "
+                "starts")
     return None
 
 
@@ -319,6 +322,24 @@ def is_env_factory(env_id: str) -> bool:
     return env_id_form(env_id).kind == "factory"
 
 
+# The command line's flags that set a key: (flag, dotted key, keyword argument of load_config).
+FLAG_KEYS: tuple[tuple[str, str, str], ...] = (
+    ("--workers", "runtime.workers", "workers"),
+    ("--device", "runtime.device", "device"),
+    ("--seed", "runtime.seed", "seed"),
+    ("--max-train-steps", "training.training_steps", "training_steps"),
+    ("--env-steps", "training.env_steps", "env_steps"),
+    ("--time-limit", "runtime.time_limit_s", "time_limit_s"),
+    ("--ray", "runtime.ray_address", "ray_address"),
+)
+
+
+def flag_overrides(**values: Any) -> list[tuple[str, str, Any]]:
+    """``(flag, dotted key, value)`` of each flag in ``values`` (by the names of
+    :data:`FLAG_KEYS`) that is not None: :func:`config_from_dict`'s ``flags``."""
+    return [(flag, key, values[name]) for flag, key, name in FLAG_KEYS if values.get(name) is not None]
+
+
 def load_config(
     path: str | Path,
     overrides: Iterable[str] = (),
@@ -346,19 +367,8 @@ def load_config(
     label = str(path)
     # a run directory's config.json (env_factory_from_file=False) is a whole config: it names no other file
     data, origins = read_config_file(path, label, allow_base=env_factory_from_file)
-    flags = [
-        (flag, key, value)
-        for flag, key, value in (
-            ("--workers", "runtime.workers", workers),
-            ("--device", "runtime.device", device),
-            ("--seed", "runtime.seed", seed),
-            ("--max-train-steps", "training.training_steps", training_steps),
-            ("--env-steps", "training.env_steps", env_steps),
-            ("--time-limit", "runtime.time_limit_s", time_limit_s),
-            ("--ray", "runtime.ray_address", ray_address),
-        )
-        if value is not None
-    ]
+    flags = flag_overrides(workers=workers, device=device, seed=seed, training_steps=training_steps,
+                           env_steps=env_steps, time_limit_s=time_limit_s, ray_address=ray_address)  # fmt: skip
     return config_from_dict(data, label, overrides, algorithms=algorithms, flags=flags, check_env=check_env,
                             check_device=check_device, env_factory_from_file=env_factory_from_file,
                             origins=origins)  # fmt: skip
