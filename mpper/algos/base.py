@@ -36,7 +36,7 @@ from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from ..checkpoint import load_network_weights
 from ..config import Config
 from ..envs.spec import EnvSpec
-from ..replay.buffer import ReplayBuffer
+from ..replay.buffer import Batch, ReplayBuffer
 from ..replay.positions import Positions
 
 __all__ = ["Algorithm", "EpisodeRows", "FlatWeights", "Player", "Trainer", "WeightSource", "as_stored"]
@@ -158,7 +158,7 @@ class Algorithm(Generic[C]):
 
     name: str
     schema: Callable[[Sequence[int], int, str], dict]  # (observation_shape, num_actions, dtype) -> schema
-    make_network: Callable[[C, tuple, int], torch.nn.Module]
+    make_network: Callable[[C, tuple, int], FlatWeights]  # a torch module with flat weights
     make_player: Callable[..., Player]  # (config, envs, network, explore, seed, worker_id) -> Player
     make_targets: Callable[[C, int], Any]  # (config, num_actions) -> TargetBuilder
     make_trainer: Callable[[C, Any, torch.device], Trainer]  # (config, network of make_network, device)
@@ -323,6 +323,11 @@ class Trainer(Generic[C]):
             state["online_network"] = self.network.state_dict()
             state["averaged_updates"] = int(self.averaged.n_averaged)
         return state
+
+    def train_step(self, batch: Batch) -> tuple[dict[str, float], np.ndarray]:
+        """One update on ``batch``; returns the metrics and the new raw priorities of the
+        sampled positions (each algorithm's trainer defines it)."""
+        raise NotImplementedError
 
     def adopt_weights(self, flat: np.ndarray) -> None:
         """Start from published weights (the supervisor's first ones, a flat float32

@@ -5,18 +5,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import torch
-
 from ..base import Algorithm
 from .config import DQNRunConfig
-from .dqn import DQNTrainer, EpsilonGreedyPlayer, make_q_network
+from .dqn import DQNTrainer, EpsilonGreedyPlayer, QNetwork, make_q_network
 from .snapshot_eval import evaluate_dqn
 from .targets import NStepTargets, dqn_schema
 
 __all__ = ["ALGORITHM"]
 
 
-def make_model(config: DQNRunConfig, observation_shape: tuple[int, ...], num_actions: int) -> torch.nn.Module:
+def make_model(config: DQNRunConfig, observation_shape: tuple[int, ...], num_actions: int) -> QNetwork:
     """The Q-network: ``dqn.torso``, ``dqn.hidden`` widths, a dueling head with ``dqn.dueling``."""
     return make_q_network(config, observation_shape, num_actions)
 

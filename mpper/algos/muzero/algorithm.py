@@ -22,7 +22,7 @@ from .trainer import MuZeroTrainer
 __all__ = ["ALGORITHM"]
 
 
-def make_model(config: MuZeroRunConfig, observation_shape: tuple[int, ...], num_actions: int) -> torch.nn.Module:
+def make_model(config: MuZeroRunConfig, observation_shape: tuple[int, ...], num_actions: int) -> MuZeroNetwork:
     """The MuZero network of ``config.network``, over ``muzero.stacked_observations``
     stacked observations."""
     return make_network(config.network, observation_shape, num_actions, config.muzero.stacked_observations)
