@@ -31,8 +31,8 @@ from .algos.configs import describe_config, load_config
 from .config import MAX_SEED, ConfigError, RuntimeConfig, section_specs
 from .launch import LaunchError, default_run_dir, launch, resolve_config, shipped_configs
 
-__all__ = ["MODES", "MODE_FLAGS", "build_parser", "build_sweep_parser", "console", "default_run_dir", "main", "resolve_config",
-           "shipped_configs", "sweep_main"]
+__all__ = ["MODES", "MODE_FLAGS", "build_parser", "build_sweep_parser", "console", "default_run_dir", "main",
+           "resolve_config", "shipped_configs", "sweep_main"]
 
 EXIT_USAGE = 2
 

@@ -79,7 +79,8 @@ def launch(config: str | Path | Mapping[str, Any] | None, overrides: Iterable[st
     if resume is not None and not resume.is_dir():
         raise LaunchError(f"--resume {resume}: no such run directory")
     flags: dict[str, Any] = {"workers": workers, "device": device, "seed": seed, "training_steps": training_steps,
-                             "env_steps": env_steps, "time_limit_s": time_limit_s, "ray_address": ray_address}  # fmt: skip
+                             "env_steps": env_steps, "time_limit_s": time_limit_s,
+                             "ray_address": ray_address}  # fmt: skip
     if isinstance(config, Mapping):
         config_path = "config"  # names the default run directory runs/config/<timestamp>/
         checked = config_from_dict(dict(config), "the config dict", overrides, flags=flag_overrides(**flags))

@@ -194,10 +194,11 @@ class Algorithm(Generic[C]):
 
 
 class Trainer(Generic[C]):
-    """What every algorithm's trainer (of config class ``C``) has: the network on its device, its optimizer, the
-    training-step counter, the learning-rate schedule, host -> device copies of a batch,
-    and the state a checkpoint holds. Subclasses add ``train_step(batch) -> (metrics,
-    raw priorities)``: ``mpper.algos.muzero.trainer.MuZeroTrainer``, ``mpper.algos.dqn.dqn.DQNTrainer``.
+    """What every algorithm's trainer (of config class ``C``) has: the network on its
+    device, its optimizer, the training-step counter, the learning-rate schedule, host ->
+    device copies of a batch, and the state a checkpoint holds. Subclasses define
+    ``train_step(batch) -> (metrics, raw priorities)``: ``mpper.algos.muzero.trainer.MuZeroTrainer``,
+    ``mpper.algos.dqn.dqn.DQNTrainer``.
     """
 
     network: FlatWeights

@@ -207,8 +207,8 @@ class BatchedSearch:
         # Root: initial inference; priors = softmax over the legal actions (then the policy's).
         out = network.initial_inference(torch.as_tensor(np.asarray(observations, dtype=np.float32), device=device))
         logits = out.policy_logits.masked_fill(~torch.as_tensor(legal, device=device), -torch.inf)
-        root_out = torch.cat([support_to_scalar(out.value_logits, support_size)[:, None], torch.softmax(logits, dim=1)], 1)
-        root = root_out.cpu().numpy().astype(np.float64)
+        root_t = torch.cat([support_to_scalar(out.value_logits, support_size)[:, None], torch.softmax(logits, dim=1)], 1)
+        root = root_t.cpu().numpy().astype(np.float64)
         tree.raw_value[:, 0] = root[:, 0]
         tree.prior[:, 0] = self.root_prior(root[:, 1:], legal, draws)
         hidden_shape = (k_trees, num_sims + 1, *out.hidden_state.shape[1:])
