@@ -110,7 +110,8 @@ def parse_range(text: str) -> Range:
 
 
 _NONE = type(None)
-_TYPE_PHRASE = {int: "an integer", float: "a number", str: "a string", bool: "true or false", dict: "an object", list: "a list"}
+_TYPE_PHRASE = {int: "an integer", float: "a number", str: "a string", bool: "true or false", dict: "an object",
+                list: "a list"}  # fmt: skip
 _TYPE_NAME = {int: "int", float: "float", str: "str", bool: "bool", dict: "object", list: "list"}
 
 
@@ -203,7 +204,8 @@ def check_value(spec: FieldSpec, value: Any, source: str, late: bool = False) ->
     float keys become floats). ``late``: also run checks marked ``late``. Raises
     ``ConfigError("<source>: <key>: expected ..., got ...")``."""
     def bad(detail: str | None = None, suffix: str = "") -> ConfigError:
-        return ConfigError(f"{source}: {spec.key}{suffix}: {detail or f'expected {spec.expected()}, got {show(value)}'}")
+        detail = detail or f"expected {spec.expected()}, got {show(value)}"
+        return ConfigError(f"{source}: {spec.key}{suffix}: {detail}")
 
     if value is None:
         if spec.nullable:
