@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar, cast
 
 import numpy as np
 import torch
@@ -237,12 +237,12 @@ class Trainer(Generic[C]):
         self._copied: torch.cuda.Event | None = None
 
     @property
-    def published_network(self) -> torch.nn.Module:
+    def published_network(self) -> FlatWeights:
         """The network everyone acts with: the moving average when ``ema_decay`` is set,
         else the trained network itself."""
         if self.averaged is None or int(self.averaged.n_averaged) == 0:  # nothing averaged yet
             return self.network
-        return self.averaged.module
+        return cast(FlatWeights, self.averaged.module)  # a copy of self.network
 
     def update_average(self) -> None:
         """Fold the trained weights into the moving average; call after each
