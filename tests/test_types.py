@@ -28,7 +28,7 @@ def test_mypy_finds_no_error_in_the_checked_packages():
     assert out.returncode == 0, out.stdout + out.stderr
     assert "Success: no issues found" in out.stdout
     checked = int(out.stdout.rsplit(" in ", 1)[1].split()[0])
-    assert checked >= 40  # the config package, algos/, envs/, cli.py, launch.py, api.py, ...
+    assert checked >= 50  # every module but runtime/'s and replay/'s
 
 
 @pytest.mark.slow

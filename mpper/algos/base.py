@@ -157,7 +157,7 @@ class Algorithm(Generic[C]):
     """
 
     name: str
-    schema: Callable[[Sequence[int], int, str], dict]  # (observation_shape, num_actions, dtype) -> schema
+    schema: Callable[[Sequence[int], int, Any], dict]  # (observation_shape, num_actions, dtype) -> schema
     make_network: Callable[[C, tuple, int], FlatWeights]  # a torch module with flat weights
     make_player: Callable[..., Player]  # (config, envs, network, explore, seed, worker_id) -> Player
     make_targets: Callable[[C, int], Any]  # (config, num_actions) -> TargetBuilder
