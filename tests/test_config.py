@@ -484,3 +484,55 @@ def test_a_renamed_key_names_its_new_name(tmp_path):
                                           r"renamed to training.publish_interval \(same meaning\)$"):
         load_config(ROOT / "configs" / "cartpole.json", ["training.checkpoint_interval=5"])
     assert load_config(ROOT / "configs" / "cartpole.json", ["training.publish_interval=5"]).training.publish_interval == 5
+
+
+# ---- the engine apart from the schema ----------------------------------------------------------
+
+
+@dataclasses.dataclass
+class _Part:
+    """A shared section of a toy schema."""
+
+    size: int = cfg.opt(1, ">= 1", "a size")
+
+
+@dataclasses.dataclass
+class _Root:
+    """A toy schema's root: the algorithm and one shared section."""
+
+    algorithm: str = cfg.opt("a", None, "which algorithm")
+    part: _Part = dataclasses.field(default_factory=_Part)
+
+
+@dataclasses.dataclass
+class _Extra:
+    """Algorithm a's section."""
+
+    k: float = cfg.opt(0.5, "[0, 1]", "a fraction")
+
+
+@dataclasses.dataclass
+class _RootA(_Root):
+    extra: _Extra = dataclasses.field(default_factory=_Extra)
+
+
+def _small_enough(config: _RootA) -> str | None:
+    return "k * size must be <= 1" if config.extra.k * config.part.size > 1 else None
+
+
+def test_the_engine_checks_any_schema_it_is_given():
+    """mpper.config.engine knows no section: a toy root and one algorithm's class are
+    parsed, typed and checked the way the real ones are."""
+    from mpper.config.engine import parse_config
+
+    rule = cfg.Rule(("extra.k", "part.size"), _small_enough)
+    schema = cfg.ConfigSchema(_Root, {"a": cfg.AlgorithmConfig(_RootA, (rule,))})
+    assert schema.algorithms["a"].sections == {"extra": _Extra}
+    config, _ = parse_config(schema, {"part": {"size": 2}}, "x.json", ["extra.k=0.25"])
+    assert config == _RootA(part=_Part(2), extra=_Extra(0.25))
+    with pytest.raises(ConfigError, match=r"^x.json: part.sise: unknown key \(did you mean part.size\?\)$"):
+        parse_config(schema, {"part": {"sise": 2}}, "x.json")
+    with pytest.raises(ConfigError, match=r"^--set extra.k=1: extra.k: k \* size must be <= 1$"):
+        parse_config(schema, {"part": {"size": 2}}, "x.json", ["extra.k=1"])
+    with pytest.raises(TypeError, match="its config class _Extra does not extend _Root"):
+        cfg.ConfigSchema(_Root, {"b": cfg.AlgorithmConfig(_Extra)})
