@@ -23,6 +23,7 @@ import ast
 import json
 import multiprocessing
 import sys
+import types
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -101,7 +102,7 @@ def _unguarded_call() -> str | None:
     path = getattr(main, "__file__", None)
     if path is None:
         return None
-    frame = sys._getframe(1)
+    frame: types.FrameType | None = sys._getframe(1)
     while frame is not None and not (frame.f_code.co_name == "<module>" and frame.f_globals is vars(main)):
         frame = frame.f_back
     if frame is None:
@@ -245,7 +246,7 @@ class Agent:
         stacked = getattr(getattr(config, "muzero", None), "stacked_observations", 0) or 0
         frames = getattr(getattr(config, "dqn", None), "frame_stack", 1) or 1
         self.sees_past = stacked > 0 or frames > 1
-        self._episode = None  # with sees_past: this episode's observations and actions so far
+        self._episode: Any = None  # with sees_past: this episode's observations and actions so far (EpisodeRows)
 
     def __repr__(self) -> str:
         return f"Agent({self.config.algorithm}, {str(self.checkpoint)!r}, training step {self.training_step})"

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from . import __version__
@@ -30,8 +31,8 @@ from .algos.configs import describe_config, load_config
 from .config import MAX_SEED, ConfigError, RuntimeConfig, section_specs
 from .launch import LaunchError, default_run_dir, launch, resolve_config, shipped_configs
 
-__all__ = ["MODE_FLAGS", "build_parser", "build_sweep_parser", "console", "default_run_dir", "main", "resolve_config",
-           "shipped_configs", "sweep_main"]
+__all__ = ["MODES", "MODE_FLAGS", "build_parser", "build_sweep_parser", "console", "default_run_dir", "main",
+           "resolve_config", "shipped_configs", "sweep_main"]
 
 EXIT_USAGE = 2
 
@@ -178,7 +179,7 @@ def given_flags(argv: list[str]) -> list[str]:
     probe = build_parser()
     for action in probe._actions:
         action.default = argparse.SUPPRESS
-    order = {}
+    order: dict[str, int] = {}
     for arg in argv:
         for action in probe._actions:
             if arg.split("=", 1)[0] in action.option_strings:
@@ -188,6 +189,8 @@ def given_flags(argv: list[str]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Parse the flags, refuse one its mode does not take, and hand the mode its arguments
+    (:data:`MODES`); returns the exit code."""
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["sweep"]:
         return sweep_main(argv[1:])
@@ -199,39 +202,55 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(f"{e} (see --help)")
     except SystemExit as e:  # --help, --version
         return e.code if isinstance(e.code, int) else 0
-    refusal = foreign_flag(parser, given, mode_of(set(given)))
+    mode = mode_of(set(given))
+    refusal = foreign_flag(parser, given, mode)
     if refusal:
         return _fail(refusal)
-    if args.help_config:
-        print(describe_config())
-        return 0
+    return MODES[mode](args)
+
+
+def _help_config(args: argparse.Namespace) -> int:
+    print(describe_config())
+    return 0
+
+
+def _evaluate(args: argparse.Namespace) -> int:
+    """``--evaluate``: greedy episodes (:mod:`mpper.tools.evaluate`), or with
+    ``--on-snapshot`` the checkpoint over a stored buffer (:mod:`mpper.tools.evaluate_snapshot`)."""
     if args.seed is not None and not 0 <= args.seed <= MAX_SEED:
         return _fail(f"--seed: expected an integer in [0, {MAX_SEED}], got {args.seed}")
-    if args.evaluate is not None:
-        if args.episodes < 1:
-            return _fail(f"--episodes: expected an integer >= 1, got {args.episodes}")
-        if args.on_snapshot is not None:
-            from .tools.evaluate_snapshot import evaluate_snapshot_main
+    if args.episodes < 1:
+        return _fail(f"--episodes: expected an integer >= 1, got {args.episodes}")
+    if args.on_snapshot is not None:
+        from .tools.evaluate_snapshot import evaluate_snapshot_main
 
-            return evaluate_snapshot_main(args.evaluate, args.on_snapshot, args.checkpoint, args.overrides)
-        render = None
-        if args.render is not None:
-            fmt, render = args.render
-            if fmt not in ("gif", "mp4"):
-                return _fail(f"--render {fmt} {render}: unknown format {fmt!r}; expected: gif or mp4")
-        from .tools.evaluate import evaluate_main
+        return evaluate_snapshot_main(args.evaluate, args.on_snapshot, args.checkpoint, args.overrides)
+    render, render_format = None, "gif"
+    if args.render is not None:
+        render_format, render = args.render
+        if render_format not in ("gif", "mp4"):
+            return _fail(f"--render {render_format} {render}: unknown format {render_format!r}; expected: gif or mp4")
+    from .tools.evaluate import evaluate_main
 
-        return evaluate_main(args.evaluate, args.episodes, args.checkpoint, args.seed or 0, render, args.overrides,
-                             args.render[0] if args.render is not None else "gif")  # fmt: skip
-    if args.plot is not None:
-        from .tools.plot import plot_main
+    return evaluate_main(args.evaluate, args.episodes, args.checkpoint, args.seed or 0, render, args.overrides,
+                         render_format)  # fmt: skip
 
-        return plot_main(args.plot)
-    if args.inspect is not None:
-        from .tools.inspect_snapshot import inspect_main
 
-        return inspect_main(args.inspect, args.json)
+def _plot(args: argparse.Namespace) -> int:
+    from .tools.plot import plot_main
 
+    return plot_main(args.plot)
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    from .tools.inspect_snapshot import inspect_main
+
+    return inspect_main(args.inspect, args.json)
+
+
+def _train(args: argparse.Namespace) -> int:
+    """A training run, or ``--resume``: :func:`mpper.launch.launch` checks everything
+    (the seed's range included) before it starts anything."""
     try:
         code, _ = launch(args.config, args.overrides, run_dir=args.run_dir, resume=args.resume, workers=args.workers,
                          device=args.device, seed=args.seed, training_steps=args.max_train_steps,
@@ -240,6 +259,18 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, LaunchError) as e:
         return _fail(str(e))
     return code
+
+
+# What each mode (a key of MODE_FLAGS but sweep, which main hands its own argv) runs.
+MODES: dict[str, Callable[[argparse.Namespace], int]] = {
+    "training runs": _train,
+    "--resume": _train,
+    "--evaluate": _evaluate,
+    "--evaluate --on-snapshot": _evaluate,
+    "--plot": _plot,
+    "--inspect": _inspect,
+    "--help-config": _help_config,
+}
 
 
 def build_sweep_parser() -> argparse.ArgumentParser:
@@ -282,9 +313,10 @@ def sweep_main(argv: list[str]) -> int:
         main_parser = build_parser()
         dests = {o: a.dest for a in main_parser._actions for o in a.option_strings}
         dest = dests.get(unknown[0].split("=", 1)[0])
+        unrecognized = f"sweep: unrecognized arguments: {' '.join(unknown)} (see {program_name()} sweep --help)"
         if dest is None or dest in ("help", "version"):
-            return _fail(f"sweep: unrecognized arguments: {' '.join(unknown)} (see {program_name()} sweep --help)")
-        return _fail(foreign_flag(main_parser, [dest], "sweep"))
+            return _fail(unrecognized)
+        return _fail(foreign_flag(main_parser, [dest], "sweep") or unrecognized)
     if args.seeds < 1 or args.parallel < 1:
         flag, value = ("--seeds", args.seeds) if args.seeds < 1 else ("--parallel", args.parallel)
         return _fail(f"{flag}: expected an integer >= 1, got {value}")

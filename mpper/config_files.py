@@ -137,7 +137,7 @@ def _check_duplicates(data: dict, label: str) -> None:
     """Duplicate keys at the top level or in a section: each file is checked by itself,
     since merging forgets them."""
     if getattr(data, "duplicates", None):
-        raise ConfigError(f"{label}: {data.duplicates[0]}: duplicate key")
+        raise ConfigError(f"{label}: {data.duplicates[0]}: duplicate key")  # type: ignore[attr-defined]
     for key, value in data.items():
         if getattr(value, "duplicates", None):
             raise ConfigError(f"{label}: {key}.{value.duplicates[0]}: duplicate key")

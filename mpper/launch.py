@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from .algos.configs import config_from_dict, load_config
-from .config import MAX_SEED, Config
+from .config import MAX_SEED, Config, flag_overrides
 from .config_files import config_name_path, is_bare_name, shipped_configs
 
 __all__ = ["LaunchError", "default_run_dir", "launch", "resolve_config", "shipped_configs"]
@@ -78,30 +78,26 @@ def launch(config: str | Path | Mapping[str, Any] | None, overrides: Iterable[st
     resume = None if resume is None else Path(resume)
     if resume is not None and not resume.is_dir():
         raise LaunchError(f"--resume {resume}: no such run directory")
-    if config is None and resume is None:
-        raise LaunchError("--config PATH is required (or --resume RUN_DIR); see --help")
-    flags = {"workers": workers, "device": device, "seed": seed, "training_steps": training_steps,
-             "env_steps": env_steps, "time_limit_s": time_limit_s, "ray_address": ray_address}  # fmt: skip
+    flags: dict[str, Any] = {"workers": workers, "device": device, "seed": seed, "training_steps": training_steps,
+                             "env_steps": env_steps, "time_limit_s": time_limit_s,
+                             "ray_address": ray_address}  # fmt: skip
     if isinstance(config, Mapping):
         config_path = "config"  # names the default run directory runs/config/<timestamp>/
-        labels = (("--workers", "runtime.workers", "workers"), ("--device", "runtime.device", "device"),
-                  ("--seed", "runtime.seed", "seed"),
-                  ("--max-train-steps", "training.training_steps", "training_steps"),
-                  ("--env-steps", "training.env_steps", "env_steps"),
-                  ("--time-limit", "runtime.time_limit_s", "time_limit_s"),
-                  ("--ray", "runtime.ray_address", "ray_address"))  # fmt: skip
-        checked = config_from_dict(dict(config), "the config dict", overrides,
-                                   flags=[(label, key, flags[name]) for label, key, name in labels
-                                          if flags[name] is not None])  # fmt: skip
-    else:
-        config_path = str(resolve_config(str(config))) if config is not None else str(resume / "config.json")
+        checked = config_from_dict(dict(config), "the config dict", overrides, flags=flag_overrides(**flags))
+    elif config is not None:
+        config_path = str(resolve_config(str(config)))
+        checked = load_config(config_path, overrides, **flags)
+    elif resume is not None:
+        config_path = str(resume / "config.json")
         # a run directory's config.json may come from someone else: it names no code to run
-        checked = load_config(config_path, overrides, env_factory_from_file=config is not None, **flags)
-        if config is None and _received_ray_address(checked, ray_address, overrides):
+        checked = load_config(config_path, overrides, env_factory_from_file=False, **flags)
+        if _received_ray_address(checked, ray_address, overrides):
             address = checked.runtime.ray_address
             raise LaunchError(f"--resume {resume}: its config.json sets runtime.ray_address {json.dumps(address)}; "
                               f"mpper connects to no address a run directory names: repeat it with --ray {address} "
                               f"to use it, or --set runtime.ray_address=null to run the workers here")  # fmt: skip
+    else:
+        raise LaunchError("--config PATH is required (or --resume RUN_DIR); see --help")
     if check is not None:
         check(checked)
     _check_extras(checked)

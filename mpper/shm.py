@@ -122,7 +122,7 @@ def create(nbytes: int, tag: str, what: str | None = None) -> shared_memory.Shar
     shm = _create_locked(tag, nbytes)
     try:
         if hasattr(os, "posix_fallocate"):
-            os.posix_fallocate(shm._fd, 0, nbytes)  # noqa: SLF001 - only handle to the fd
+            os.posix_fallocate(shm._fd, 0, nbytes)  # type: ignore[attr-defined]  # noqa: SLF001 - only handle to the fd
     except OSError as exc:
         shm.close()
         shm.unlink()
@@ -144,15 +144,17 @@ def _create_locked(tag: str, nbytes: int) -> shared_memory.SharedMemory:
     it is given up and another one made."""
     for _ in range(100):
         shm = shared_memory.SharedMemory(name=_new_name(tag), create=True, size=nbytes)
-        fcntl.flock(shm._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # noqa: SLF001 - only handle to the fd
+        fd = shm._fd  # type: ignore[attr-defined]  # noqa: SLF001 - only handle to the fd
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         try:
-            same = os.stat(os.path.join(SHM_DIR, shm.name)).st_ino == os.fstat(shm._fd).st_ino  # noqa: SLF001
+            same = os.stat(os.path.join(SHM_DIR, shm.name)).st_ino == os.fstat(fd).st_ino
         except FileNotFoundError:
             same = False
         if same or not os.path.isdir(SHM_DIR):
             return shm
         shm.close()
-        resource_tracker.unregister(shm._name, "shared_memory")  # noqa: SLF001 - already unlinked by the remover
+        # already unlinked by the remover
+        resource_tracker.unregister(shm._name, "shared_memory")  # type: ignore[attr-defined]  # noqa: SLF001
     raise RuntimeError("could not create a shared-memory segment: every new one was removed at once")
 
 
@@ -408,7 +410,7 @@ class RobustLock:
 
     def close(self) -> None:
         """Drop the view of the segment (so that it can be unmapped); the lock is unusable after."""
-        self._region = self._holder = self._ptr = None
+        self._region = self._holder = self._ptr = None  # type: ignore[assignment]  # unusable after close
 
     def __enter__(self) -> bool:
         return self.acquire()

@@ -50,7 +50,7 @@ def train(monkeypatch):
 
 @pytest.fixture
 def no_cuda(monkeypatch):
-    monkeypatch.setattr(cfg, "_cuda_available", lambda: False)
+    monkeypatch.setattr(cfg.schema, "_cuda_available", lambda: False)
 
 
 def base_config() -> dict:

@@ -11,9 +11,10 @@ import pytest
 
 from mpper import config as cfg
 from mpper.algos.configs import ALGORITHM_CONFIGS, config_from_dict, describe_config, field_specs, load_config
-from mpper.algos.dqn.config import DQNConfig
-from mpper.algos.muzero.config import MCTSConfig, MuZeroConfig, NetworkConfig, ReanalyseConfig
-from mpper.config import SHARED_SECTIONS, Config, ConfigError, config_to_dict
+from mpper.algos.dqn.config import DQNRunConfig
+from mpper.algos.muzero.config import MuZeroRunConfig
+from mpper.config import SHARED_SECTIONS, Config, ConfigError, config_to_dict, schema
+from mpper.config.engine import value_at
 from mpper.config_files import read_config_file
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,9 +39,8 @@ def error_of(data, overrides=(), **kw) -> str:
 # ---- defaults and the shipped config ----------------------------------------------------------
 
 
-MUZERO_DEFAULTS = Config(sections={"network": NetworkConfig(), "mcts": MCTSConfig(), "muzero": MuZeroConfig(),
-                                    "reanalyse": ReanalyseConfig()})  # fmt: skip
-DQN_DEFAULTS = Config(algorithm="dqn", sections={"dqn": DQNConfig()})
+MUZERO_DEFAULTS = MuZeroRunConfig()
+DQN_DEFAULTS = DQNRunConfig()
 
 
 def test_empty_object_gives_the_defaults_of_the_algorithm_and_only_its_sections():
@@ -111,8 +111,8 @@ def test_a_dqn_config_holds_every_dqn_key_and_no_muzero_key():
     assert muzero_only and not keys_of(CARTPOLE_DQN) & muzero_only
     c = load_config(CARTPOLE_DQN)
     assert list(c.sections) == ["dqn"] and list(config_to_dict(c)) == list(json.loads(CARTPOLE_DQN.read_text()))
-    with pytest.raises(AttributeError, match="Config of algorithm 'dqn' has no section 'mcts'"):
-        c.mcts  # noqa: B018
+    with pytest.raises(AttributeError, match="'DQNRunConfig' object has no attribute 'mcts'"):
+        c.mcts  # type: ignore[attr-defined]  # noqa: B018
 
 
 @pytest.mark.parametrize("data,overrides,expected", [
@@ -290,13 +290,13 @@ def test_env_id_registered_or_module_callable():
 
 
 def test_cuda_device_without_cuda_is_an_error(monkeypatch):
-    monkeypatch.setattr(cfg, "_cuda_available", lambda: False)
+    monkeypatch.setattr(schema, "_cuda_available", lambda: False)
     msg = error_of({"runtime": {"device": "cuda"}})
     assert msg.startswith("x.json: runtime.device: ") and "torch.cuda.is_available()" in msg
     msg = error_of({}, flags=[("--device", "runtime.device", "cuda")])
     assert msg.startswith("--device: runtime.device: ")
     assert config_from_dict({"runtime": {"device": "cuda"}}, check_device=False).runtime.device == "cuda"
-    monkeypatch.setattr(cfg, "_cuda_available", lambda: True)
+    monkeypatch.setattr(schema, "_cuda_available", lambda: True)
     assert config_from_dict({"runtime": {"device": "cuda"}}).runtime.device == "cuda"
 
 
@@ -365,7 +365,7 @@ def test_structure_errors():
 )
 def test_set_is_parsed_and_typed_like_the_file(text, key, expected):
     c = config_from_dict({}, "x.json", [text])
-    got = cfg._get(c, key)
+    got = value_at(c, key)
     assert got == expected and type(got) is type(expected)
 
 
@@ -484,3 +484,55 @@ def test_a_renamed_key_names_its_new_name(tmp_path):
                                           r"renamed to training.publish_interval \(same meaning\)$"):
         load_config(ROOT / "configs" / "cartpole.json", ["training.checkpoint_interval=5"])
     assert load_config(ROOT / "configs" / "cartpole.json", ["training.publish_interval=5"]).training.publish_interval == 5
+
+
+# ---- the engine apart from the schema ----------------------------------------------------------
+
+
+@dataclasses.dataclass
+class _Part:
+    """A shared section of a toy schema."""
+
+    size: int = cfg.opt(1, ">= 1", "a size")
+
+
+@dataclasses.dataclass
+class _Root:
+    """A toy schema's root: the algorithm and one shared section."""
+
+    algorithm: str = cfg.opt("a", None, "which algorithm")
+    part: _Part = dataclasses.field(default_factory=_Part)
+
+
+@dataclasses.dataclass
+class _Extra:
+    """Algorithm a's section."""
+
+    k: float = cfg.opt(0.5, "[0, 1]", "a fraction")
+
+
+@dataclasses.dataclass
+class _RootA(_Root):
+    extra: _Extra = dataclasses.field(default_factory=_Extra)
+
+
+def _small_enough(config: _RootA) -> str | None:
+    return "k * size must be <= 1" if config.extra.k * config.part.size > 1 else None
+
+
+def test_the_engine_checks_any_schema_it_is_given():
+    """mpper.config.engine knows no section: a toy root and one algorithm's class are
+    parsed, typed and checked the way the real ones are."""
+    from mpper.config.engine import parse_config
+
+    rule = cfg.Rule(("extra.k", "part.size"), _small_enough)
+    schema = cfg.ConfigSchema(_Root, {"a": cfg.AlgorithmConfig(_RootA, (rule,))})
+    assert schema.algorithms["a"].sections == {"extra": _Extra}
+    config, _ = parse_config(schema, {"part": {"size": 2}}, "x.json", ["extra.k=0.25"])
+    assert config == _RootA(part=_Part(2), extra=_Extra(0.25))
+    with pytest.raises(ConfigError, match=r"^x.json: part.sise: unknown key \(did you mean part.size\?\)$"):
+        parse_config(schema, {"part": {"sise": 2}}, "x.json")
+    with pytest.raises(ConfigError, match=r"^--set extra.k=1: extra.k: k \* size must be <= 1$"):
+        parse_config(schema, {"part": {"size": 2}}, "x.json", ["extra.k=1"])
+    with pytest.raises(TypeError, match="its config class _Extra does not extend _Root"):
+        cfg.ConfigSchema(_Root, {"b": cfg.AlgorithmConfig(_Extra)})

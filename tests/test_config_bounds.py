@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from mpper.algos.configs import ALGORITHM_CONFIGS, load_config
-from mpper.config import ConfigError, _Range, field_specs
+from mpper.config import ConfigError, field_specs
+from mpper.config.fields import Range
 
 ROOT = Path(__file__).resolve().parents[1]
 CARTPOLE = ROOT / "mpper" / "configs" / "cartpole.json"
@@ -43,7 +44,7 @@ def test_a_td_steps_that_overflowed_the_target_kernel_is_one_line_and_exit_2(tmp
 def test_every_integer_key_has_an_upper_bound():
     unbounded = [spec.key for spec in field_specs(ALGORITHM_CONFIGS)
                  if int in spec.types and float not in spec.types
-                 and not (isinstance(spec.allowed, _Range) and spec.allowed.hi is not None)]  # fmt: skip
+                 and not (isinstance(spec.allowed, Range) and spec.allowed.hi is not None)]  # fmt: skip
     assert unbounded == []
 
 

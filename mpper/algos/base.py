@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar, cast
 
 import numpy as np
 import torch
@@ -36,10 +36,15 @@ from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from ..checkpoint import load_network_weights
 from ..config import Config
 from ..envs.spec import EnvSpec
-from ..replay.buffer import ReplayBuffer
+from ..replay.buffer import Batch, ReplayBuffer
 from ..replay.positions import Positions
 
 __all__ = ["Algorithm", "EpisodeRows", "FlatWeights", "Player", "Trainer", "WeightSource", "as_stored"]
+
+# An algorithm's config class (``mpper/algos/<name>/config.py``: a Config with its own
+# sections as typed fields); its functions take that class, the runtime passes a Config.
+C = TypeVar("C", bound=Config)
+N = TypeVar("N", bound=torch.nn.Module)
 
 
 class Player(Protocol):
@@ -57,7 +62,7 @@ class Player(Protocol):
 
     def step(self, progress: float = 0.0) -> list: ...
 
-    def stored(self, episode) -> tuple[dict[str, np.ndarray], np.ndarray]: ...
+    def stored(self, episode) -> tuple[dict[str, np.ndarray], np.ndarray | None]: ...
 
     def network_input(self, episode) -> np.ndarray:
         """What the network sees at the episode's last observation (past ones stacked in
@@ -133,37 +138,39 @@ class EpisodeRows:
 
 class WeightSource(Protocol):
     """Where the newest published weights are read (``mpper.runtime.weights.WeightStore``):
-    ``version`` (0 before the first publication) and ``read_into(flat) -> (version,
-    training_step)``."""
+    ``version`` (0 before the first publication), ``handle.num_weights`` and
+    ``read_into(flat) -> (version, training_step)``."""
 
     version: int
+    handle: Any  # what a child attaches (WeightStoreHandle): ``num_weights``, the length of the flat vector
 
     def read_into(self, out: np.ndarray) -> tuple[int, int]: ...
 
 
 @dataclass(frozen=True)
-class Algorithm:
-    """One algorithm, as the runtime and the tools see it (see the module docstring).
+class Algorithm(Generic[C]):
+    """One algorithm, as the runtime and the tools see it (see the module docstring);
+    ``C`` is its config class, which its functions take.
 
     Shapes: ``observation_shape`` is one env observation's shape, ``num_actions`` the
     size of the discrete action space.
     """
 
     name: str
-    schema: Callable[[Sequence[int], int, str], dict]  # (observation_shape, num_actions, dtype) -> schema
-    make_network: Callable[[Config, tuple, int], torch.nn.Module]
+    schema: Callable[[Sequence[int], int, Any], dict]  # (observation_shape, num_actions, dtype) -> schema
+    make_network: Callable[[C, tuple, int], FlatWeights]  # a torch module with flat weights
     make_player: Callable[..., Player]  # (config, envs, network, explore, seed, worker_id) -> Player
-    make_targets: Callable[[Config, int], Any]  # (config, num_actions) -> TargetBuilder
-    make_trainer: Callable[[Config, torch.nn.Module, torch.device], Trainer]
+    make_targets: Callable[[C, int], Any]  # (config, num_actions) -> TargetBuilder
+    make_trainer: Callable[[C, Any, torch.device], Trainer]  # (config, network of make_network, device)
     evaluate_snapshot: Callable[..., dict]  # (SnapshotRun) -> {"table": [...], ...}
     # (config, buf, weights) -> object with refresh_weights(), step() and stats() (a dict of
     # numbers for the reports, with "episodes" stored so far)
     make_reanalyser: Callable[..., Any] | None = None
     # whether a run of this config starts the reanalyser (make_reanalyser's process)
-    reanalyses: Callable[[Config], bool] = lambda config: False
+    reanalyses: Callable[[C], bool] = lambda config: False
     # whether the learner sees positions through the env's board symmetries (the run
     # checks, before it starts, that the env declares them)
-    augments_symmetries: Callable[[Config], bool] = lambda config: False
+    augments_symmetries: Callable[[C], bool] = lambda config: False
     # bytes one worker's player holds beside the network: (config, env spec, model on the
     # meta device) -> int (MuZero: its search trees); for the memory check before a run
     player_bytes: Callable[..., int] | None = None
@@ -173,11 +180,11 @@ class Algorithm:
     # without it cannot train a two-player env.
     play_against: Callable[..., dict | None] | None = None
     # The cap on raw priorities, new and updated alike (DQN's dqn.priority_clip): config -> cap or None
-    priority_clip: Callable[[Config], float | None] = lambda config: None
+    priority_clip: Callable[[C], float | None] = lambda config: None
     # (config, moves) -> the most moves one stored piece of an episode of that many moves
     # holds (MuZero's game segments store long games in pieces); a piece of T moves takes
     # T + 1 rows of the buffer
-    stored_moves: Callable[[Config, int], int] = lambda config, moves: moves
+    stored_moves: Callable[[C, int], int] = lambda config, moves: moves
     description: str = ""
 
     @property
@@ -186,14 +193,17 @@ class Algorithm:
         return self.play_against is not None
 
 
-class Trainer:
-    """What every algorithm's trainer has: the network on its device, its optimizer, the
-    training-step counter, the learning-rate schedule, host -> device copies of a batch,
-    and the state a checkpoint holds. Subclasses add ``train_step(batch) -> (metrics,
-    raw priorities)``: ``mpper.algos.muzero.trainer.MuZeroTrainer``, ``mpper.algos.dqn.dqn.DQNTrainer``.
+class Trainer(Generic[C]):
+    """What every algorithm's trainer (of config class ``C``) has: the network on its
+    device, its optimizer, the training-step counter, the learning-rate schedule, host ->
+    device copies of a batch, and the state a checkpoint holds. Subclasses define
+    ``train_step(batch) -> (metrics, raw priorities)``: ``mpper.algos.muzero.trainer.MuZeroTrainer``,
+    ``mpper.algos.dqn.dqn.DQNTrainer``.
     """
 
-    def __init__(self, config: Config, network: torch.nn.Module, device: torch.device):
+    network: FlatWeights
+
+    def __init__(self, config: C, network: FlatWeights, device: torch.device):
         self.config = config
         self.train_config = t = config.training
         self.device = torch.device(device)
@@ -205,6 +215,7 @@ class Trainer:
         # parameter (torch >= 2.4, CPU and CUDA): the same arithmetic, and a cost that
         # counts in a learner step of a small network.
         self._fused = t.optimizer == "adam" and self.device.type in ("cpu", "cuda")
+        self.optimizer: torch.optim.Optimizer
         if t.optimizer == "adam":
             self.optimizer = torch.optim.Adam(params, lr=t.lr_init, weight_decay=t.weight_decay,
                                               fused=self._fused or None)  # fmt: skip
@@ -226,12 +237,12 @@ class Trainer:
         self._copied: torch.cuda.Event | None = None
 
     @property
-    def published_network(self) -> torch.nn.Module:
+    def published_network(self) -> FlatWeights:
         """The network everyone acts with: the moving average when ``ema_decay`` is set,
         else the trained network itself."""
         if self.averaged is None or int(self.averaged.n_averaged) == 0:  # nothing averaged yet
             return self.network
-        return self.averaged.module
+        return cast(FlatWeights, self.averaged.module)  # a copy of self.network
 
     def update_average(self) -> None:
         """Fold the trained weights into the moving average; call after each
@@ -314,6 +325,11 @@ class Trainer:
             state["averaged_updates"] = int(self.averaged.n_averaged)
         return state
 
+    def train_step(self, batch: Batch) -> tuple[dict[str, float], np.ndarray]:
+        """One update on ``batch``; returns the metrics and the new raw priorities of the
+        sampled positions (each algorithm's trainer defines it)."""
+        raise NotImplementedError
+
     def adopt_weights(self, flat: np.ndarray) -> None:
         """Start from published weights (the supervisor's first ones, a flat float32
         vector): the trained network takes them; a subclass copies them wherever else
@@ -348,9 +364,10 @@ class Trainer:
             self.averaged.n_averaged.fill_(int(state.get("averaged_updates", 0)))
 
 
-class FlatWeights:
+class FlatWeights(torch.nn.Module):
     """Flat float32 weights of an ``nn.Module`` for the shared-memory WeightStore: the
-    learner publishes ``get_flat_weights()``, actors ``set_flat_weights`` on their copy."""
+    learner publishes ``get_flat_weights()``, actors ``set_flat_weights`` on their copy
+    (a mixin of the algorithms' networks)."""
 
     def num_flat_weights(self) -> int:
         """Length of ``get_flat_weights()``: every parameter and buffer (BatchNorm
@@ -380,7 +397,7 @@ class FlatWeights:
 
 
 @dataclass
-class SnapshotRun:
+class SnapshotRun(Generic[C]):
     """Everything a per-algorithm evaluator needs.
 
     ``checkpoint``: the dict ``load_checkpoint`` returned (``"network"`` state dict on
@@ -388,7 +405,7 @@ class SnapshotRun:
     call after each batch with the number of positions done (the progress bar).
     """
 
-    config: Config
+    config: C
     spec: EnvSpec
     checkpoint: dict
     checkpoint_path: Path
@@ -397,7 +414,8 @@ class SnapshotRun:
     batch_size: int
     advance: Callable[[int], None]
 
-    def load_weights(self, network: torch.nn.Module) -> torch.nn.Module:
+    def load_weights(self, network: N) -> N:
         """``network`` with the checkpoint's weights, in eval mode; CheckpointError (one
         line) when they do not fit the network the run's config describes."""
-        return load_network_weights(network, self.checkpoint["network"], self.checkpoint_path).eval()
+        load_network_weights(network, self.checkpoint["network"], self.checkpoint_path)
+        return network.eval()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import json
 from dataclasses import dataclass
+from typing import Any, cast
 
 import gymnasium as gym
 import numpy as np
@@ -50,8 +51,8 @@ def make_env(config: EnvConfig) -> gym.Env:
     form = env_id_form(config.id)
     if form.imports:
         search_current_directory()  # a module beside where mpper runs (mpper.env_ids)
-    if form.kind == "factory":
-        factory = importlib.import_module(form.module)
+    if form.kind == "factory" and form.module is not None and form.name is not None:  # module:callable
+        factory: Any = importlib.import_module(form.module)
         for part in form.name.split("."):
             factory = getattr(factory, part)
         env = factory(**config.kwargs)
@@ -153,12 +154,12 @@ def env_spec(config: EnvConfig) -> EnvSpec:
     """
     env = make_env_checked(config)
     try:
-        space = env.observation_space
-        check_spaces(space, env.action_space, f"env {config.id!r}")
+        check_spaces(env.observation_space, env.action_space, f"env {config.id!r}")
+        space, actions = cast(gym.spaces.Box, env.observation_space), cast(gym.spaces.Discrete, env.action_space)
         if is_two_player(env):
             check_two_player_env(env, config.id)
         dtype = np.dtype(np.float32) if space.dtype.kind == "f" else space.dtype
-        return EnvSpec(tuple(space.shape), dtype, int(env.action_space.n), is_two_player(env), _move_limit(env, config))
+        return EnvSpec(tuple(space.shape), dtype, int(actions.n), is_two_player(env), _move_limit(env, config))
     finally:
         env.close()
 
@@ -181,7 +182,7 @@ def config_symmetries(config: Config) -> np.ndarray:
     malformed ones (:mod:`mpper.envs.symmetry`)."""
     env = make_env_checked(config.env)
     try:
-        space = env.observation_space
-        return env_symmetries(env, tuple(space.shape), int(env.action_space.n), f"env {config.env.id!r}")
+        space, actions = cast(gym.spaces.Box, env.observation_space), cast(gym.spaces.Discrete, env.action_space)
+        return env_symmetries(env, tuple(space.shape), int(actions.n), f"env {config.env.id!r}")
     finally:
         env.close()

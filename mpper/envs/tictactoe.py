@@ -30,7 +30,7 @@ wins, draws and losses against each (:func:`mpper.runtime.evaluation.evaluate`).
 from __future__ import annotations
 
 import functools
-from typing import Any, ClassVar
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -104,7 +104,7 @@ class TicTacToeEnv(gym.Env):
     ``"rgb_array"`` (a uint8 ``(96, 96, 3)`` image drawn with numpy).
     """
 
-    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi", "rgb_array"], "render_fps": 2}
+    metadata: dict[str, Any] = {"render_modes": ["ansi", "rgb_array"], "render_fps": 2}
     two_player = True  # read by mpper.runtime.roles and mpper.envs.spec (the two-player contract)
 
     def __init__(self, render_mode: str | None = None) -> None:

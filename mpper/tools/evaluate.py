@@ -65,8 +65,8 @@ def evaluate_run(run_dir: Path, episodes: int = 10, checkpoint: Path | None = No
         if render is not None:
             raise RenderError("--render: not available for a two-player run (its evaluation plays opponents)")
         return _evaluate_two_player(run_dir, config, network, episodes, checkpoint, int(state["training_step"]), seed)
-    envs = []
-    recorder = None
+    envs: list[gym.Env] = []
+    recorder: EpisodeRecorder | _FirstEpisodeFrames | None = None
     try:
         if render is not None and render_format == "mp4":
             require_video("--render mp4")
@@ -83,6 +83,7 @@ def evaluate_run(run_dir: Path, episodes: int = 10, checkpoint: Path | None = No
         started = time.monotonic()
         with tqdm(total=episodes, desc="evaluate", unit="episode", disable=not sys.stderr.isatty()) as bar:
             played = play_greedy(config, envs, network, seed, on_episode=lambda ep: bar.update(1))
+        assert played is not None  # None only when stopped, and no stop was given
         if isinstance(recorder, EpisodeRecorder):
             recorder.writer.close()
     except BaseException:
@@ -108,7 +109,7 @@ def evaluate_run(run_dir: Path, episodes: int = 10, checkpoint: Path | None = No
     if isinstance(recorder, EpisodeRecorder):
         stats["render"] = {"path": str(render), "frames": recorder.writer.frames, "fps": recorder.writer.fps,
                            "episode_return": float(returns[0])}  # fmt: skip
-    elif recorder is not None:
+    elif recorder is not None and render is not None:  # the GIF's frames
         duration_ms = write_gif(render, recorder.frames, recorder.fps)
         stats["render"] = {"path": str(render), "frames": len(recorder.frames), "frame_ms": duration_ms,
                            "episode_return": float(returns[0])}  # fmt: skip
@@ -156,7 +157,10 @@ def _evaluate_two_player(run_dir: Path, config, network, games: int, checkpoint:
     finally:
         probe.close()
     started = time.monotonic()
-    result = algorithm_of(config).play_against(config, network, opponents, games, seed)
+    play_against = algorithm_of(config).play_against
+    assert play_against is not None  # a two-player run's algorithm plays against opponents
+    result = play_against(config, network, opponents, games, seed)
+    assert result is not None  # None only when stopped, and no stop was given
     stats = {"checkpoint": str(checkpoint), "training_step": training_step, "games_per_opponent": games,
              "seed": seed, "seconds": round(time.monotonic() - started, 3), **result}  # fmt: skip
     write_json_atomic(run_dir / "evaluation.json", stats)

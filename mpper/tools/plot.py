@@ -28,6 +28,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, TypeGuard
 
 from ..atomic import write_atomic
 from ..extras import MissingExtraError, require
@@ -114,7 +115,7 @@ class RunSeries:
     evaluation_episodes: int | None = None
 
 
-def _number(x) -> bool:
+def _number(x: Any) -> TypeGuard[float]:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 

@@ -34,6 +34,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -175,7 +176,7 @@ class _Signals:
     def __init__(self, runs: list[SeedRun]) -> None:
         self.runs = runs
         self.received: list[int] = []
-        self._previous: dict[int, object] = {}
+        self._previous: dict[int, Any] = {}  # signum -> the handler before (signal.signal's return)
 
     def __enter__(self) -> _Signals:
         for signum in (signal.SIGINT, signal.SIGTERM):
@@ -197,6 +198,8 @@ class _Signals:
     @staticmethod
     def pass_on(run: SeedRun, signum: int) -> None:
         run.signalled = True
+        if run.process is None:  # not started: nothing to pass on
+            return
         try:
             os.kill(run.process.pid, signum)  # not reaped yet (only the sweep's loop waits for it): still its pid
         except ProcessLookupError:
@@ -226,12 +229,15 @@ def _last_error(log: Path) -> str | None:
     except OSError:
         return None
     errors = [ln for ln in lines if ln.startswith("error:") or "Error" in ln]
-    return (errors or lines or [None])[-1]
+    found = errors or lines
+    return found[-1] if found else None
 
 
 def _finish(run: SeedRun, plan: SweepPlan) -> None:
+    assert run.process is not None  # only a started seed finishes
     run.exit_code = run.process.returncode
     run.wall_s = round(time.monotonic() - run.started, 3)
+    metrics_problem: str | None
     try:
         run.result = seed_result(run.run_dir, plan.solve_return)
     except OSError as e:
@@ -275,7 +281,7 @@ def run_sweep(plan: SweepPlan) -> int:
             for run in running:
                 if signals.received and not run.signalled:  # started as the signal came
                     signals.pass_on(run, signals.received[0])
-                if run.process.poll() is not None:
+                if run.process is not None and run.process.poll() is not None:
                     _finish(run, plan)
             time.sleep(POLL_S)
     summary = write_report(plan, runs)

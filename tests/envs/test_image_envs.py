@@ -272,7 +272,7 @@ def test_the_dqn_player_acts_on_the_stacks_the_learner_builds():
     base = default_config("dqn")
     config = dataclasses.replace(
         base, env=EnvConfig(id="MinAtar/Breakout-v1", preprocessing="channels_first"),
-        sections={**base.sections, "dqn": dataclasses.replace(base.dqn, frame_stack=3, torso="minatar", hidden=[16])},
+        dqn=dataclasses.replace(base.dqn, frame_stack=3, torso="minatar", hidden=[16]),
     )  # fmt: skip
     seen = []
 

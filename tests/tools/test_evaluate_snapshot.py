@@ -136,7 +136,7 @@ def test_a_run_whose_learner_was_on_a_gpu_is_read_without_one(run, monkeypatch, 
     """The run's config names its learner's device; reading the run needs none: on a
     machine without CUDA, --evaluate and --on-snapshot read a run that trained on "cuda",
     while --resume (which trains) still names the missing device."""
-    monkeypatch.setattr(mpper_config, "_cuda_available", lambda: False)
+    monkeypatch.setattr(mpper_config.schema, "_cuda_available", lambda: False)
     config = json.loads((run / "config.json").read_text())
     config["runtime"]["device"] = "cuda"
     (run / "config.json").write_text(json.dumps(config))

@@ -5,23 +5,21 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import torch
-
-from ...config import Config
 from ..base import Algorithm
-from .dqn import DQNTrainer, EpsilonGreedyPlayer, make_q_network
+from .config import DQNRunConfig
+from .dqn import DQNTrainer, EpsilonGreedyPlayer, QNetwork, make_q_network
 from .snapshot_eval import evaluate_dqn
 from .targets import NStepTargets, dqn_schema
 
 __all__ = ["ALGORITHM"]
 
 
-def make_model(config: Config, observation_shape: tuple[int, ...], num_actions: int) -> torch.nn.Module:
+def make_model(config: DQNRunConfig, observation_shape: tuple[int, ...], num_actions: int) -> QNetwork:
     """The Q-network: ``dqn.torso``, ``dqn.hidden`` widths, a dueling head with ``dqn.dueling``."""
     return make_q_network(config, observation_shape, num_actions)
 
 
-def make_player(config: Config, envs: list, network, explore: bool, seed: int,
+def make_player(config: DQNRunConfig, envs: list, network, explore: bool, seed: int,
                 worker_id: int = 0) -> EpsilonGreedyPlayer:  # fmt: skip
     """K envs stepped together; worker ``worker_id``'s envs are Ape-X actors
     ``worker_id * K .. worker_id * K + K - 1`` of ``workers * K``."""
@@ -30,12 +28,12 @@ def make_player(config: Config, envs: list, network, explore: bool, seed: int,
                                num_actors=max(1, config.runtime.workers) * k)  # fmt: skip
 
 
-def make_targets(config: Config, num_actions: int) -> NStepTargets:
+def make_targets(config: DQNRunConfig, num_actions: int) -> NStepTargets:
     """n-step transitions of ``dqn.n_step`` and ``dqn.gamma``."""
     return NStepTargets(config.dqn.n_step, config.dqn.gamma, config.dqn.frame_stack)
 
 
-def priority_clip(config: Config) -> float | None:
+def priority_clip(config: DQNRunConfig) -> float | None:
     """``dqn.priority_clip``: the buffer clips new and updated raw priorities alike."""
     return config.dqn.priority_clip
 
@@ -45,7 +43,7 @@ def schema(observation_shape: Sequence[int], num_actions: int, observation_dtype
     return dqn_schema(observation_shape, observation_dtype)
 
 
-ALGORITHM = Algorithm(
+ALGORITHM = Algorithm[DQNRunConfig](
     name="dqn",
     schema=schema,
     make_network=make_model,

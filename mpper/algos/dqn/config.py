@@ -1,4 +1,5 @@
-"""DQN's config section, ``dqn``: the Q-network, acting, targets and target updates.
+"""DQN's config section, ``dqn``: the Q-network, acting, targets and target updates, and
+:class:`DQNRunConfig`, the whole config of a DQN run with it as a typed field.
 
 Optimizer, learning rate, batch size, gradient clipping and the rate control are the
 shared ``training`` section; priorities are ``replay`` (:mod:`mpper.config`).
@@ -6,11 +7,11 @@ shared ``training`` section; priorities are ``replay`` (:mod:`mpper.config`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from ...config import WIDTHS, AlgorithmConfig, opt
+from ...config import WIDTHS, AlgorithmConfig, Config, opt
 
-__all__ = ["CONFIG", "DQNConfig"]
+__all__ = ["CONFIG", "DQNConfig", "DQNRunConfig"]
 
 
 @dataclass
@@ -40,4 +41,12 @@ class DQNConfig:
     priority_clip: float | None = opt(None, "> 0", "raw priorities |TD| clipped to at most this (easy-rl's notebook: abs_err_upper); null: off")
 
 
-CONFIG = AlgorithmConfig(sections={"dqn": DQNConfig})
+@dataclass
+class DQNRunConfig(Config):
+    """A DQN run's config: the shared sections and ``dqn``."""
+
+    algorithm: str = opt("dqn", None, "the algorithm to train; its own sections are the other keys of the file")
+    dqn: DQNConfig = field(default_factory=DQNConfig)
+
+
+CONFIG = AlgorithmConfig(DQNRunConfig)

@@ -37,9 +37,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...config import Config
 from ...replay.buffer import Batch
 from ..base import EpisodeRows, FlatWeights, Trainer, as_stored
+from .config import DQNRunConfig
 from .targets import NStepTargets, stack_frames, stacked_frames_shape
 
 __all__ = [
@@ -136,7 +136,7 @@ class QNetwork(FlatWeights, nn.Module):
         return self.value(x) + adv - adv.mean(dim=1, keepdim=True)
 
 
-def make_q_network(config, observation_shape: tuple[int, ...], num_actions: int) -> QNetwork:
+def make_q_network(config: DQNRunConfig, observation_shape: tuple[int, ...], num_actions: int) -> QNetwork:
     """The Q-network of a run's ``dqn`` section for an env's ``observation_shape``:
     ``torso``, ``hidden``, ``dueling``, over stacks of ``frame_stack`` frames."""
     d = config.dqn
@@ -233,7 +233,7 @@ class EpsilonGreedyPlayer:
             constant epsilon).
     """
 
-    def __init__(self, config: Config, envs: list, network: QNetwork, explore: bool, seed: int,
+    def __init__(self, config: DQNRunConfig, envs: list, network: QNetwork, explore: bool, seed: int,
                  actor_index: int = 0, num_actors: int = 1) -> None:  # fmt: skip
         self.config = config.dqn
         self.replay = config.replay
@@ -316,7 +316,7 @@ class EpsilonGreedyPlayer:
 # --------------------------------------------------------------------------------------
 
 
-class DQNTrainer(Trainer):
+class DQNTrainer(Trainer[DQNRunConfig]):
     """The online network (with its optimizer, step counter and learning-rate schedule:
     ``mpper.algos.base.Trainer``) and its target copy.
 
@@ -326,7 +326,7 @@ class DQNTrainer(Trainer):
     ``alpha``, for new and updated items alike: ``mpper.runtime.run.create_buffer``).
     """
 
-    def __init__(self, config: Config, network: QNetwork, device: torch.device):
+    def __init__(self, config: DQNRunConfig, network: QNetwork, device: torch.device):
         super().__init__(config, network, device)
         self.dqn = config.dqn
         # A real copy (easy-rl's notebook's target_net is the very same object as policy_net, so it

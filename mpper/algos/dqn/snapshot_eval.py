@@ -6,12 +6,13 @@ import numpy as np
 import torch
 
 from ..base import SnapshotRun
+from .config import DQNRunConfig
 from .targets import NStepTargets
 
 __all__ = ["evaluate_dqn"]
 
 
-def evaluate_dqn(run: SnapshotRun) -> dict:
+def evaluate_dqn(run: SnapshotRun[DQNRunConfig]) -> dict:
     """DQN: the distribution of n-step TD errors ``delta = Q(s_t, a_t) - (R + gamma^m *
     max_a Q(s_{t+m}, a) * (1 - done))`` over every stored transition, built by the
     learner's ``NStepTargets`` (n = dqn.n_step, gamma = dqn.gamma).

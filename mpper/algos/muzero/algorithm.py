@@ -7,12 +7,12 @@ import math
 
 import torch
 
-from ...config import Config
 from ...envs import config_symmetries
 from ...envs.symmetry import SymmetryAugmented
 from ..base import Algorithm
 from .arena import evaluate_against_opponents
-from .networks import make_network, stacked_shape
+from .config import MuZeroRunConfig
+from .networks import MuZeroNetwork, make_network, stacked_shape
 from .player import BatchedPlayer
 from .reanalyse import Reanalyser
 from .snapshot_eval import evaluate_muzero
@@ -22,18 +22,19 @@ from .trainer import MuZeroTrainer
 __all__ = ["ALGORITHM"]
 
 
-def make_model(config: Config, observation_shape: tuple[int, ...], num_actions: int) -> torch.nn.Module:
+def make_model(config: MuZeroRunConfig, observation_shape: tuple[int, ...], num_actions: int) -> MuZeroNetwork:
     """The MuZero network of ``config.network``, over ``muzero.stacked_observations``
     stacked observations."""
     return make_network(config.network, observation_shape, num_actions, config.muzero.stacked_observations)
 
 
-def make_player(config: Config, envs: list, network, explore: bool, seed: int, worker_id: int = 0) -> BatchedPlayer:
+def make_player(config: MuZeroRunConfig, envs: list, network, explore: bool, seed: int,
+                worker_id: int = 0) -> BatchedPlayer:  # fmt: skip
     """K envs played together with one batched search per move."""
     return BatchedPlayer(config, envs, network, explore, seed)
 
 
-def make_targets(config: Config, num_actions: int):
+def make_targets(config: MuZeroRunConfig, num_actions: int):
     """Unroll targets (with the next observations the consistency loss compares
     against when ``muzero.consistency_loss_weight`` > 0), seen through a random board
     symmetry with ``muzero.symmetry_augmentation``."""
@@ -53,7 +54,7 @@ def make_targets(config: Config, num_actions: int):
 _NODE_BYTES, _NODE_ACTION_BYTES = 6 * 8, 16
 
 
-def search_tree_bytes(config: Config, spec, model: torch.nn.Module) -> int:
+def search_tree_bytes(config: MuZeroRunConfig, spec, model: MuZeroNetwork) -> int:
     """Bytes of one worker's search trees: ``envs_per_worker x (num_simulations + 1)``
     nodes, each with its statistics, a prior and a child per action, and a hidden state
     (its size from ``model`` built on torch's meta device)."""
@@ -67,7 +68,7 @@ def search_tree_bytes(config: Config, spec, model: torch.nn.Module) -> int:
     return nodes * (_NODE_BYTES + _NODE_ACTION_BYTES * spec.num_actions + 4 * hidden)
 
 
-ALGORITHM = Algorithm(
+ALGORITHM = Algorithm[MuZeroRunConfig](
     name="muzero",
     schema=muzero_schema,
     make_network=make_model,

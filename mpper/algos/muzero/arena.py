@@ -31,15 +31,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import cast
 
 import gymnasium as gym
 import numpy as np
 
 from ...checkpoint import checkpoint_budget, load_checkpoint, load_network_weights
-from ...config import Config, load_run_config
+from ...config import load_run_config
 from ...envs.spec import env_spec, make_env
 from ...envs.two_player import AgentFn
-from .config import CONFIG
+from .config import CONFIG, MuZeroRunConfig
 from .mcts import select_action
 from .networks import MuZeroNetwork, make_network
 from .search import make_search
@@ -69,7 +70,8 @@ class MCTSAgent:
     The network is put in eval mode (BatchNorm must use its running statistics).
     """
 
-    def __init__(self, config: Config, network: MuZeroNetwork, seed: int = 0, tie_break: str = "random") -> None:
+    def __init__(self, config: MuZeroRunConfig, network: MuZeroNetwork, seed: int = 0,
+                 tie_break: str = "random") -> None:
         if tie_break not in ("random", "first"):
             raise ValueError(f'MCTSAgent: tie_break must be "random" or "first", got {tie_break!r}')
         self.config = config
@@ -146,6 +148,7 @@ def play_match(
     if isinstance(agent_fn, MCTSAgent):
         scores = play_games(env_factory, agent_fn, [opponent_fn] * games, [agent_first] * games,
                             [seed + g for g in range(games)])  # fmt: skip
+        assert scores is not None  # None only when stopped, and no stop was given
         return _count(scores)
     results = {"wins": 0, "draws": 0, "losses": 0}
     env = env_factory()
@@ -171,8 +174,8 @@ def play_match(
     return results
 
 
-def play_match_batched(config: Config, network: MuZeroNetwork, opponent: AgentFn, games: int, agent_first: bool,
-                       seed: int, env_factory: Callable[[], gym.Env] | None = None,
+def play_match_batched(config: MuZeroRunConfig, network: MuZeroNetwork, opponent: AgentFn, games: int,
+                       agent_first: bool, seed: int, env_factory: Callable[[], gym.Env] | None = None,
                        tie_break: str = "random") -> dict[str, int]:  # fmt: skip
     """:func:`play_match` of a greedy :class:`MCTSAgent` (``network``, generator seeded
     by ``seed``) against ``opponent``, all ``games`` games together, in ``config.env``
@@ -244,8 +247,8 @@ def play_games(
             env.close()
 
 
-def evaluate_against_opponents(config: Config, network: MuZeroNetwork, opponents: dict[str, AgentFn], games: int,
-                               seed: int, env_factory: Callable[[], gym.Env] | None = None,
+def evaluate_against_opponents(config: MuZeroRunConfig, network: MuZeroNetwork, opponents: dict[str, AgentFn],
+                               games: int, seed: int, env_factory: Callable[[], gym.Env] | None = None,
                                stop=None) -> dict | None:  # fmt: skip
     """The two-player evaluation: ``games`` games of a greedy :class:`MCTSAgent` against
     each opponent, ``ceil(games / 2)`` of them as the first player and the rest as the
@@ -285,7 +288,7 @@ def evaluate_against_opponents(config: Config, network: MuZeroNetwork, opponents
     return {"mean_return": report[last]["score"], "returns": returns, "against": last, "opponents": report}
 
 
-def mcts_agent(config: Config, network: MuZeroNetwork, seed: int = 0, tie_break: str = "random") -> MCTSAgent:
+def mcts_agent(config: MuZeroRunConfig, network: MuZeroNetwork, seed: int = 0, tie_break: str = "random") -> MCTSAgent:
     """A greedy MuZero agent (:class:`MCTSAgent`): one search of
     ``config.mcts.num_simulations`` simulations per move, no root noise, the most visited
     move (ties at random, generator seeded by ``seed``; ``tie_break="first"``: the lowest
@@ -309,12 +312,14 @@ def mcts_agent(config: Config, network: MuZeroNetwork, seed: int = 0, tie_break:
 
 
 def load_mcts_agent(run_dir: str | Path, checkpoint: str | Path | None = None, seed: int = 0,
-                    tie_break: str = "random", overrides: Sequence[str] = ()) -> tuple[MCTSAgent, Config]:  # fmt: skip
+                    tie_break: str = "random", overrides: Sequence[str] = (),
+                    ) -> tuple[MCTSAgent, MuZeroRunConfig]:  # fmt: skip
     """:func:`mcts_agent` with the network of a run's checkpoint (default
     ``RUN_DIR/checkpoint.pt``) and the run's ``config.json`` (read with
     :func:`mpper.config.load_run_config` as a MuZero config, ``overrides`` applied); returns (agent, config)."""
     run_dir = Path(run_dir)
-    config = load_run_config(run_dir, overrides, algorithms={"muzero": CONFIG})
+    # the one algorithm it may name: the config is MuZero's
+    config = cast(MuZeroRunConfig, load_run_config(run_dir, overrides, algorithms={"muzero": CONFIG}))
     spec = env_spec(config.env)
     network = make_network(config.network, spec.observation_shape, spec.num_actions,
                            config.muzero.stacked_observations)  # fmt: skip

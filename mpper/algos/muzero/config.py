@@ -1,5 +1,7 @@
 """MuZero's config sections: ``network``, ``mcts``, ``muzero`` (what the learner unrolls
-and how it weighs the losses) and ``reanalyse``.
+and how it weighs the losses) and ``reanalyse``, and :class:`MuZeroRunConfig`, the whole
+config of a MuZero run with them as typed fields (what the loaders build and MuZero's
+code is annotated with).
 
 Names follow muzero-general (and the MuZero paper) where a counterpart exists. The
 shared sections (``env``, ``replay``, ``training``, ``runtime``) and the engine that
@@ -8,11 +10,11 @@ checks every key are :mod:`mpper.config`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from ...config import SCHEDULE, WIDTHS, AlgorithmConfig, Rule, opt
+from ...config import SCHEDULE, WIDTHS, AlgorithmConfig, Config, Rule, opt
 
-__all__ = ["CONFIG", "MCTSConfig", "MuZeroConfig", "NetworkConfig", "ReanalyseConfig"]
+__all__ = ["CONFIG", "MCTSConfig", "MuZeroConfig", "MuZeroRunConfig", "NetworkConfig", "ReanalyseConfig"]
 
 
 @dataclass
@@ -116,7 +118,17 @@ class ReanalyseConfig:
                                       "mcts.num_simulations")
 
 
-def _symmetry_needs_no_stacking(config) -> str | None:
+@dataclass
+class MuZeroRunConfig(Config):
+    """A MuZero run's config: the shared sections and MuZero's own."""
+
+    network: NetworkConfig = field(default_factory=NetworkConfig)
+    mcts: MCTSConfig = field(default_factory=MCTSConfig)
+    muzero: MuZeroConfig = field(default_factory=MuZeroConfig)
+    reanalyse: ReanalyseConfig = field(default_factory=ReanalyseConfig)
+
+
+def _symmetry_needs_no_stacking(config: MuZeroRunConfig) -> str | None:
     m = config.muzero
     if m.symmetry_augmentation and m.stacked_observations != 0:
         return (f"needs muzero.stacked_observations 0 (stacked action planes are not transformed), "
@@ -124,7 +136,7 @@ def _symmetry_needs_no_stacking(config) -> str | None:
     return None
 
 
-def _segments_need_no_stacking(config) -> str | None:
+def _segments_need_no_stacking(config: MuZeroRunConfig) -> str | None:
     m = config.muzero
     if m.game_segment_length is not None and m.stacked_observations != 0:
         return (f"needs muzero.stacked_observations 0 (a piece's first rows would miss the observations of the "
@@ -132,14 +144,14 @@ def _segments_need_no_stacking(config) -> str | None:
     return None
 
 
-def _consistency_needs_projection(config) -> str | None:
+def _consistency_needs_projection(config: MuZeroRunConfig) -> str | None:
     if config.muzero.consistency_loss_weight > 0 and config.network.projection_size == 0:
         return "needs network.projection_size >= 1 (the heads the hidden states are compared through), got 0"
     return None
 
 
 CONFIG = AlgorithmConfig(
-    sections={"network": NetworkConfig, "mcts": MCTSConfig, "muzero": MuZeroConfig, "reanalyse": ReanalyseConfig},
+    MuZeroRunConfig,
     rules=(
         Rule(("muzero.symmetry_augmentation", "muzero.stacked_observations"), _symmetry_needs_no_stacking),
         Rule(("muzero.consistency_loss_weight", "network.projection_size"), _consistency_needs_projection),

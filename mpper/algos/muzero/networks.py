@@ -23,7 +23,7 @@ scale as the representation produced.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 import numpy as np
 import torch
@@ -163,6 +163,12 @@ class MuZeroNetwork(FlatWeights, nn.Module):
     value_logits)``; the hidden states they return are already min-max scaled.
     """
 
+    # set by every subclass
+    hidden_shape: tuple[int, ...]  # one hidden state's shape, without the batch dimension
+    dynamics_reward_network: nn.Module
+    prediction_value_network: nn.Module
+    prediction_policy_network: nn.Module
+
     def __init__(self, observation_shape: tuple[int, ...], num_actions: int, support_size: int):
         super().__init__()
         self.observation_shape = tuple(observation_shape)  # network input, stacking included
@@ -211,7 +217,7 @@ class MuZeroNetwork(FlatWeights, nn.Module):
         """Hidden states (N, *hidden_shape) -> (N, projection size): through the
         projection, then the predictor when ``predict`` (the dynamics' side of the
         consistency loss; the representation's side, the target, stops there)."""
-        if self.projection is None:
+        if self.projection is None or self.projection_predictor is None:
             raise RuntimeError("this network has no projection heads (network.projection_size is 0)")
         z = self.projection(hidden_state.flatten(1))
         return self.projection_predictor(z) if predict else z
@@ -312,13 +318,13 @@ class FullyConnectedNetwork(MuZeroNetwork):
         ``_action_terms``: ``Linear([h, one_hot(a)]) = h @ W_h^T + (W_a[:, a] + b)``, one
         matmul and no one-hot tensor, concatenation or scatter (per-op overhead is most of
         the time of these 16-unit layers)."""
-        first = self.dynamics_state_network[0]
+        first = cast(nn.Linear, self.dynamics_state_network[0])
         x = torch.addmm(action_term, hidden_state, first.weight[:, : self.encoding_size].t())
         return self.dynamics_state_network[1:](x)
 
     def _action_terms(self, action: torch.Tensor) -> torch.Tensor:
         """``W_a[:, a] + b`` of the dynamics' first layer for actions of any shape: (..., H1)."""
-        first = self.dynamics_state_network[0]
+        first = cast(nn.Linear, self.dynamics_state_network[0])
         return nn.functional.embedding(action, first.weight[:, self.encoding_size :].t()) + first.bias
 
     def dynamics(self, hidden_state, action):

@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ...config import Config
 from ...envs.two_player import is_two_player
 from ..base import EpisodeRows, as_stored
+from .config import MuZeroRunConfig
 from .mcts import select_action, temperature_at
 from .networks import support_to_scalar
 from .search import make_search
@@ -84,7 +84,7 @@ class BatchedPlayer:
         seed: seeds the first reset of env k with ``seed + k``.
     """
 
-    def __init__(self, config: Config, envs: list, network, explore: bool, seed: int) -> None:
+    def __init__(self, config: MuZeroRunConfig, envs: list, network, explore: bool, seed: int) -> None:
         self.config = config
         self.envs = envs
         self.network = network

@@ -35,6 +35,7 @@ from ...envs.spec import make_env
 from ...envs.two_player import is_two_player
 from ...replay.buffer import ReplayBuffer
 from ..base import WeightSource
+from .config import MuZeroRunConfig
 from .networks import make_network, support_to_scalar
 from .search import make_search
 from .targets import stacked_observations
@@ -57,7 +58,7 @@ class Reanalyser:
     episodes, ``reanalysed_policy``) for batches of stored episodes.
 
     Args:
-        config: the run's :class:`~mpper.config.Config` (network, stacking, batch size,
+        config: the run's :class:`~mpper.algos.muzero.config.MuZeroRunConfig` (network, stacking, batch size,
             search).
         buf: the replay buffer (attached or owned); needs a ``reanalysed_value`` field,
             and to search: ``to_play``, ``legal_actions`` and ``reanalysed_policy``.
@@ -71,7 +72,7 @@ class Reanalyser:
             asked of one env made from ``config.env`` (only when searching).
     """
 
-    def __init__(self, config, buf: ReplayBuffer, store: WeightSource, max_positions: int = 4096,
+    def __init__(self, config: MuZeroRunConfig, buf: ReplayBuffer, store: WeightSource, max_positions: int = 4096,
                  max_search_positions: int = 256, two_player: bool | None = None) -> None:  # fmt: skip
         if "reanalysed_value" not in buf.fields:
             raise KeyError("reanalyse needs a buffer whose schema has a 'reanalysed_value' field")
@@ -164,7 +165,11 @@ class Reanalyser:
         float32, policy targets (N, A) float32), N = sum(counts)."""
         legal = np.concatenate([rows["legal_actions"][:n] for rows, n in zip(episodes, counts)])
         to_play = np.concatenate([rows["to_play"][:n] for rows, n in zip(episodes, counts)])
-        values, policies, lo = [], [], 0
+        if self.search is None:
+            raise RuntimeError("search_positions: no search (reanalyse.search_fraction is 0)")
+        values: list[np.ndarray] = []
+        policies: list[np.ndarray] = []
+        lo = 0
         for stacked in self._stacked_passes(episodes, counts, self.roots_per_search):
             hi = lo + stacked.shape[0]
             result = self.search.run(self.network, stacked, legal[lo:hi], to_play[lo:hi], add_exploration_noise=True,

@@ -6,13 +6,14 @@ import numpy as np
 import torch
 
 from ..base import SnapshotRun
+from .config import MuZeroRunConfig
 from .networks import make_network, support_to_scalar
 from .targets import MuZeroTargets
 
 __all__ = ["evaluate_muzero"]
 
 
-def evaluate_muzero(run: SnapshotRun) -> dict:
+def evaluate_muzero(run: SnapshotRun[MuZeroRunConfig]) -> dict:
     """MuZero: per unroll step k = 0..K, the mean over positions of
 
     - value error ``|v_k - z_k|``: the predicted scalar value (support -> scalar) against

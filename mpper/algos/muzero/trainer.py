@@ -17,7 +17,8 @@ import torch
 
 from ...replay.buffer import Batch
 from ..base import Trainer
-from .networks import scalar_to_support, scale_gradient, support_to_scalar
+from .config import MuZeroRunConfig
+from .networks import MuZeroNetwork, scalar_to_support, scale_gradient, support_to_scalar
 
 __all__ = ["MuZeroTrainer", "consistency_loss", "cross_entropy"]
 
@@ -53,11 +54,13 @@ def consistency_loss(network, hidden_states: torch.Tensor, next_observation: tor
     return -(prediction * target).sum(-1).view(b, k)
 
 
-class MuZeroTrainer(Trainer):
+class MuZeroTrainer(Trainer[MuZeroRunConfig]):
     """``train_step(batch)`` is one update on a batch sampled with ``MuZeroTargets``; it
     returns the metrics and the new raw priorities of the sampled positions (the buffer
     applies ``alpha`` itself).
     """
+
+    network: MuZeroNetwork
 
     # ---- one update ---------------------------------------------------------------------
     def train_step(self, batch: Batch) -> tuple[dict[str, float], np.ndarray]:

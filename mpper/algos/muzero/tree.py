@@ -73,14 +73,10 @@ class SearchResult:
     max_tree_depth: int  # deepest search path in the batch, in edges (diagnostics)
     # (K, A) float64: what the policy head learns from this search (stored as the row's
     # child_visits): the visit distribution for pUCT, the improved policy for Gumbel.
-    policy_target: np.ndarray | None = None
+    policy_target: np.ndarray
     # (K,) int64: the action the search chose (Gumbel); None: the player picks from the
     # visit counts with its temperature (pUCT).
     actions: np.ndarray | None = None
-
-    def __post_init__(self):
-        if self.policy_target is None:
-            self.policy_target = self.child_visits
 
 
 class Tree:
@@ -211,8 +207,8 @@ class BatchedSearch:
         # Root: initial inference; priors = softmax over the legal actions (then the policy's).
         out = network.initial_inference(torch.as_tensor(np.asarray(observations, dtype=np.float32), device=device))
         logits = out.policy_logits.masked_fill(~torch.as_tensor(legal, device=device), -torch.inf)
-        root = torch.cat([support_to_scalar(out.value_logits, support_size)[:, None], torch.softmax(logits, dim=1)], 1)
-        root = root.cpu().numpy().astype(np.float64)
+        root_t = torch.cat([support_to_scalar(out.value_logits, support_size)[:, None], torch.softmax(logits, dim=1)], 1)
+        root = root_t.cpu().numpy().astype(np.float64)
         tree.raw_value[:, 0] = root[:, 0]
         tree.prior[:, 0] = self.root_prior(root[:, 1:], legal, draws)
         hidden_shape = (k_trees, num_sims + 1, *out.hidden_state.shape[1:])
@@ -235,13 +231,14 @@ class BatchedSearch:
 
         policy_target, actions = self.decide(tree, draws)
         visit_counts = tree.root_visit_counts()
+        child_visits = visit_counts / visit_counts.sum(axis=1, keepdims=True)
         return SearchResult(
             root_values=tree.value_sum[:, 0] / tree.visit_count[:, 0],
-            child_visits=visit_counts / visit_counts.sum(axis=1, keepdims=True),
+            child_visits=child_visits,
             visit_counts=visit_counts,
             root_predicted_values=root[:, 0],
             max_tree_depth=max_tree_depth,
-            policy_target=policy_target,
+            policy_target=child_visits if policy_target is None else policy_target,
             actions=actions,
         )
 

@@ -220,7 +220,7 @@ def gumbel_player_config(simulations: int = 4):
 
     c = make_config()
     mcts = dataclasses.replace(c.mcts, kind="gumbel", num_simulations=simulations)
-    return dataclasses.replace(c, sections={**c.sections, "mcts": mcts})
+    return dataclasses.replace(c, mcts=mcts)
 
 
 class _Recording:

@@ -22,12 +22,12 @@ from conftest import make_episode
 
 from mpper import ReplayBuffer
 from mpper.algos.configs import load_config
-from mpper.algos.muzero.config import MCTSConfig, MuZeroConfig, NetworkConfig, ReanalyseConfig
+from mpper.algos.muzero.config import MCTSConfig, MuZeroConfig, MuZeroRunConfig, NetworkConfig, ReanalyseConfig
 from mpper.algos.muzero.networks import make_network, scale_gradient, support_to_scalar
 from mpper.algos.muzero.targets import MuZeroTargets, muzero_schema
 from mpper.algos.muzero.trainer import MuZeroTrainer
 from mpper.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from mpper.config import Config, ReplayConfig, RuntimeConfig, TrainingConfig
+from mpper.config import ReplayConfig, RuntimeConfig, TrainingConfig
 from mpper.replay.buffer import Batch
 from mpper.runtime.children import run_learner
 from mpper.runtime.rate import RateLimiter
@@ -43,7 +43,7 @@ OBS, ACTIONS, K = (4,), 2, 3
 MUZERO_KEYS = {f.name for f in dataclasses.fields(MuZeroConfig)}
 
 
-def small_config(**keys) -> Config:
+def small_config(**keys) -> MuZeroRunConfig:
     """A small MuZero config (not checked, so that a test can pick any sizes): ``keys``
     of the ``training`` and ``muzero`` sections."""
     training = dict(
@@ -53,16 +53,16 @@ def small_config(**keys) -> Config:
     muzero = dict(num_unroll_steps=K, td_steps=5, value_loss_weight=0.25)
     for key, value in keys.items():
         (muzero if key in MUZERO_KEYS else training)[key] = value
-    return Config(
+    return MuZeroRunConfig(
         replay=ReplayConfig(capacity=512, alpha=0.6, beta=0.4),
         training=TrainingConfig(**training),
         runtime=RuntimeConfig(device="cpu", torch_threads=1, checkpoint_interval_s=3600.0, seed=0),
-        sections={"network": NetworkConfig(kind="fc", encoding_size=8, hidden=[16], support_size=5),
-                  "mcts": MCTSConfig(), "muzero": MuZeroConfig(**muzero), "reanalyse": ReanalyseConfig()},
+        network=NetworkConfig(kind="fc", encoding_size=8, hidden=[16], support_size=5),
+        mcts=MCTSConfig(), muzero=MuZeroConfig(**muzero), reanalyse=ReanalyseConfig(),
     )  # fmt: skip
 
 
-def make_trainer(config: Config, seed: int = 0) -> MuZeroTrainer:
+def make_trainer(config: MuZeroRunConfig, seed: int = 0) -> MuZeroTrainer:
     torch.manual_seed(seed)
     net = make_network(config.network, OBS, ACTIONS, config.muzero.stacked_observations)
     return MuZeroTrainer(config, net, torch.device("cpu"))
@@ -96,7 +96,7 @@ def buffer():
         buf.close()
 
 
-def sample(buf: ReplayBuffer, config: Config, batch_size: int = 16, seed: int = 0) -> Batch:
+def sample(buf: ReplayBuffer, config: MuZeroRunConfig, batch_size: int = 16, seed: int = 0) -> Batch:
     t = config.muzero
     targets = MuZeroTargets(t.num_unroll_steps, t.td_steps, 0.997, ACTIONS, t.stacked_observations)
     return buf.sample(batch_size, 0.4, targets, np.random.default_rng(seed))
@@ -429,7 +429,7 @@ def _drain(q, timeout: float = 0.0) -> list:
             return out
 
 
-def _store_for(config: Config) -> WeightStore:
+def _store_for(config: MuZeroRunConfig) -> WeightStore:
     net = make_network(config.network, OBS, ACTIONS, config.muzero.stacked_observations)
     return WeightStore.create(net.num_flat_weights())
 

@@ -33,9 +33,9 @@ def make_config(batch_episodes=3):
     return dataclasses.replace(
         c,
         runtime=dataclasses.replace(c.runtime, torch_threads=1, seed=3),
-        sections={**c.sections, "network": NetworkConfig(kind="fc", encoding_size=8, hidden=[16], support_size=5),
-                  "muzero": dataclasses.replace(c.muzero, stacked_observations=STACK),
-                  "reanalyse": dataclasses.replace(c.reanalyse, batch_episodes=batch_episodes)},
+        network=NetworkConfig(kind="fc", encoding_size=8, hidden=[16], support_size=5),
+        muzero=dataclasses.replace(c.muzero, stacked_observations=STACK),
+        reanalyse=dataclasses.replace(c.reanalyse, batch_episodes=batch_episodes),
     )  # fmt: skip
 
 
@@ -238,7 +238,7 @@ def test_reports_errors(setup, tmp_path):
     """In this process, so it undoes what the child set-up changes here."""
     config, buf, store, _ = setup
     handler, threads = signal.getsignal(signal.SIGINT), torch.get_num_threads()
-    bad = dataclasses.replace(config, sections={**config.sections, "network": dataclasses.replace(config.network, hidden=[3])})
+    bad = dataclasses.replace(config, network=dataclasses.replace(config.network, hidden=[3]))
     stop, reports = StopSignal(CTX), CTX.Queue()
     try:
         with pytest.raises(ValueError):
@@ -260,7 +260,7 @@ def search_config(kind, two_player=False):
     mcts = dataclasses.replace(c.mcts, kind=kind, num_simulations=12, root_exploration_fraction=0.0,
                                gumbel_scale=0.0, max_num_considered_actions=4)  # fmt: skip
     reanalyse = dataclasses.replace(c.reanalyse, search_fraction=1.0, num_simulations=8)
-    return dataclasses.replace(c, sections={**c.sections, "mcts": mcts, "reanalyse": reanalyse})
+    return dataclasses.replace(c, mcts=mcts, reanalyse=reanalyse)
 
 
 def one_root_search(net, config, episode, t, two_player):
@@ -336,9 +336,8 @@ def test_search_fraction_searches_that_share_of_episodes(setup):
     """search_fraction 0.5: about half of the reanalysed episodes get policies, the rest
     values only (their policies stay NaN); the counts add up."""
     config, buf, store, (net1, _) = setup
-    config = dataclasses.replace(config, sections={
-        **config.sections, "reanalyse": dataclasses.replace(config.reanalyse, search_fraction=0.5, batch_episodes=8,
-                                                            num_simulations=4)})
+    config = dataclasses.replace(config, reanalyse=dataclasses.replace(
+        config.reanalyse, search_fraction=0.5, batch_episodes=8, num_simulations=4))
     rng = np.random.default_rng(6)
     for _ in range(40):
         buf.add_episode(make_episode(rng, 3))
@@ -356,8 +355,7 @@ def test_search_fraction_searches_that_share_of_episodes(setup):
 
 def test_full_reanalyse_needs_the_search_fields(setup):
     config, _, store, _ = setup
-    config = dataclasses.replace(config, sections={
-        **config.sections, "reanalyse": dataclasses.replace(config.reanalyse, search_fraction=1.0)})
+    config = dataclasses.replace(config, reanalyse=dataclasses.replace(config.reanalyse, search_fraction=1.0))
     schema = {k: v for k, v in muzero_schema(OBS, ACTIONS).items() if k != "legal_actions"}
     buf = ReplayBuffer.create(schema, capacity=64)
     try:

@@ -97,7 +97,7 @@ def test_the_players_stacked_input_is_a_restack_of_the_whole_episode_on_every_mo
     stacked, segment = 3, 7
     c = make_config()
     muzero = dataclasses.replace(c.muzero, stacked_observations=stacked, game_segment_length=segment)
-    config = dataclasses.replace(c, sections={**c.sections, "muzero": muzero})
+    config = dataclasses.replace(c, muzero=muzero)
     torch.manual_seed(0)
     net = make_network(config.network, (4,), 2, stacked).eval()
     envs = [gym.wrappers.TimeLimit(gym.make("CartPole-v1").unwrapped, 40) for _ in range(3)]

@@ -28,9 +28,9 @@ def make_config() -> Config:
     return dataclasses.replace(
         c,
         env=EnvConfig(id="CartPole-v1", max_episode_steps=TIME_LIMIT),
-        sections={**c.sections, "network": NetworkConfig(kind="fc", encoding_size=8, hidden=[16], support_size=5),
-                  "mcts": dataclasses.replace(c.mcts, num_simulations=4),
-                  "muzero": dataclasses.replace(c.muzero, td_steps=5, stacked_observations=0)},
+        network=NetworkConfig(kind="fc", encoding_size=8, hidden=[16], support_size=5),
+        mcts=dataclasses.replace(c.mcts, num_simulations=4),
+        muzero=dataclasses.replace(c.muzero, td_steps=5, stacked_observations=0),
     )  # fmt: skip
 
 
@@ -87,10 +87,9 @@ def test_game_segments_are_the_whole_game_cut_into_pieces():
     the last piece count the whole game."""
     length = 7
     whole = make_config()
-    whole = dataclasses.replace(whole, env=EnvConfig(id="CartPole-v1"), sections={
-        **whole.sections, "muzero": dataclasses.replace(whole.muzero, game_segment_length=None)})  # fmt: skip
-    cut = dataclasses.replace(whole, sections={
-        **whole.sections, "muzero": dataclasses.replace(whole.muzero, game_segment_length=length)})  # fmt: skip
+    whole = dataclasses.replace(whole, env=EnvConfig(id="CartPole-v1"),
+                                muzero=dataclasses.replace(whole.muzero, game_segment_length=None))
+    cut = dataclasses.replace(whole, muzero=dataclasses.replace(whole.muzero, game_segment_length=length))
     games, _ = play_until_games_end(whole, 6, seed=11)
     pieces, net = play_until_games_end(cut, 6, seed=11)
     assert all(ep.ends_game for ep in games)
@@ -135,8 +134,8 @@ def test_game_segments_are_the_whole_game_cut_into_pieces():
 def test_game_segments_are_not_cut_in_greedy_play():
     """Evaluation (explore False) plays whole games whatever game_segment_length says."""
     config = make_config()
-    config = dataclasses.replace(config, env=EnvConfig(id="CartPole-v1"), sections={
-        **config.sections, "muzero": dataclasses.replace(config.muzero, game_segment_length=3)})  # fmt: skip
+    config = dataclasses.replace(config, env=EnvConfig(id="CartPole-v1"),
+                                 muzero=dataclasses.replace(config.muzero, game_segment_length=3))
     torch.manual_seed(0)
     net = make_network(config.network, (4,), 2).eval()
     player = BatchedPlayer(config, [gym.make("CartPole-v1") for _ in range(2)], net, explore=False, seed=0)
