@@ -171,7 +171,9 @@ def run_reanalyser(setup: RunSetup, buffer_handle, weight_handle, stop, reports)
     positions_searched) and once at exit."""
     name = "reanalyser"
     with child_process(name, setup.config, reports, stop, buffer_handle, weight_handle) as (buf, store):
-        worker = setup.algorithm.make_reanalyser(setup.config, buf, store)
+        make_reanalyser = setup.algorithm.make_reanalyser
+        assert make_reanalyser is not None  # started only for an algorithm that reanalyses
+        worker = make_reanalyser(setup.config, buf, store)
         while store.version < 1:  # nothing published yet
             if stop.wait(0.1):
                 return

@@ -76,15 +76,17 @@ def evaluate(config: Config, network, seed: int, stop=None, envs: list | None = 
     if envs is None:
         envs = [make_env(config.env) for _ in range(config.runtime.evaluation_episodes)]
     algorithm = algorithm_of(config)
-    if algorithm.two_player and is_two_player(envs[0]):
+    if algorithm.play_against is not None and is_two_player(envs[0]):
         opponents = evaluation_opponents(envs[0], seed)
         return algorithm.play_against(config, network, opponents, config.runtime.evaluation_episodes, seed, stop=stop)
     count = len(envs)
     returns = greedy_returns(config, envs, network, seed, count, stop, must_reach)
     if returns is None:
         return None
-    if len(returns) < count:
-        bound = best_possible_mean(sum(returns), len(returns), count, config.runtime.max_episode_return)
+    if len(returns) < count:  # stopped early, which only a max_episode_return allows
+        most = config.runtime.max_episode_return
+        assert most is not None
+        bound = best_possible_mean(sum(returns), len(returns), count, most)
         return {"stopped_early": True, "mean_return_at_most": bound, "returns": returns}
     solve, confirm = config.runtime.solve_return, config.runtime.solve_confirm_episodes
     if solve is None or confirm == 0 or np.mean(returns) < solve:
@@ -134,11 +136,13 @@ def greedy_returns(config: Config, envs: list, network, seed: int, count: int, s
                              f"{ep.game_return:g}: set it to the most one episode can return, or null")  # fmt: skip
         batch_done, batch_sum = batch_done + 1, batch_sum + ep.game_return
 
-    def hopeless() -> bool:
-        bound = best_possible_mean(earlier_sum + batch_sum, len(returns) + batch_done, count, best_case)
-        return bound < must_reach
+    give_up = None
+    if must_reach is not None and best_case is not None:
+        bar, most = must_reach, best_case
 
-    give_up = hopeless if must_reach is not None and best_case is not None else None
+        def give_up() -> bool:
+            return best_possible_mean(earlier_sum + batch_sum, len(returns) + batch_done, count, most) < bar
+
     while len(returns) < count:
         batch = envs[: count - len(returns)]
         batch_done, batch_sum, earlier_sum = 0, 0.0, sum(returns)
@@ -200,6 +204,7 @@ class PeriodicVideo:
         if (self.evaluations - 1) % self.every:
             return
         try:
+            assert self.folder is not None  # no folder: every is None
             record_greedy_episode(self.config, network, seed, self.folder / f"{training_step}.mp4", stop)
         except (RenderError, MissingExtraError, OSError) as exc:
             self.every = None

@@ -82,7 +82,7 @@ class TensorBoardLog:
         # the HPARAMS tab: the config, with the evaluation's mean return as its metric
         # (the plugin reads that metric's scalars from this same event file)
         for summary in hparams(flat_config(config), {"evaluation/mean_return": 0.0}):
-            self.writer.file_writer.add_summary(summary)
+            self.writer.file_writer.add_summary(summary)  # type: ignore[attr-defined]  # set while the writer is open
         self.writer.add_text("config", "```\n" + json.dumps(config, indent=2) + "\n```", 0)
 
     def write(self, record: dict) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import ctypes
 import multiprocessing as mp
 import os
@@ -69,7 +71,7 @@ def stop_process_server() -> None:
         os.kill(pid, signal.SIGKILL)  # it holds no child and no shared state yet
     except ProcessLookupError:
         pass
-    forkserver._forkserver._stop()  # reaps it, closes its pipe, removes its socket (no public API)
+    forkserver._forkserver._stop()  # type: ignore[attr-defined]  # reaps it, closes its pipe, removes its socket (no public API)
 
 
 def forkserver_pid() -> int | None:
@@ -117,7 +119,7 @@ class StopRequests:
         self._during_shutdown = 0  # signals after the first
         self._pending: BaseException | None = None  # asked for, not raised yet
         self._obeying = False
-        self._previous: dict[int, object] = {}
+        self._previous: dict[int, Any] = {}  # signal.signal's previous handlers
 
     def __enter__(self) -> StopRequests:
         if threading.current_thread() is threading.main_thread():

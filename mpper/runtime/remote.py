@@ -319,12 +319,12 @@ class RaySelfPlay:
         self.buffer = buffer
         self.store = store
         self.workers: dict[str, RemoteWorker] = {}
-        self.ingest = None
+        self.ingest: Any = None  # the EpisodeIngest actor's handle
         self._drain_ref = None
         self._version = 0
         self._step = 0
         self._weights_ref = None
-        self._flat = None
+        self._flat: np.ndarray | None = None
         self.placements: dict[str, dict] = {}
         self._placements_changed = False
         self._lock = threading.Lock()  # the weights thread and the supervisor's thread: actors, versions
@@ -339,7 +339,7 @@ class RaySelfPlay:
         self.ingest = ray.remote(EpisodeIngest).options(
             num_cpus=0, max_concurrency=workers + 4, max_restarts=0,
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=here, soft=False),
-        ).remote(self.buffer.handle.portable(), self.config.training)  # fmt: skip
+        ).remote(self._handle().portable(), self.config.training)  # fmt: skip
         with self._lock:
             for i in range(workers):
                 worker = RemoteWorker(f"ray-worker-{i}", i)
@@ -347,6 +347,11 @@ class RaySelfPlay:
                 self._launch(worker)
         self._offer_thread = threading.Thread(target=self._offer_loop, name="mpper-ray-weights", daemon=True)
         self._offer_thread.start()
+
+    def _handle(self) -> BufferHandle:
+        handle = self.buffer.handle
+        assert handle is not None  # the supervisor's buffer is shared
+        return handle
 
     def _launch(self, worker: RemoteWorker) -> None:  # with self._lock
         rt = self.config.runtime
@@ -414,7 +419,7 @@ class RaySelfPlay:
                     worker.actor.offer_weights.remote(version, step, [ref])
 
     def _drain(self) -> list[tuple[str, str, dict]]:
-        reports = []
+        reports: list[tuple[str, str, dict]] = []
         if self._drain_ref is not None:
             ready, _ = ray.wait([self._drain_ref], timeout=0)
             if not ready:
@@ -449,7 +454,7 @@ class RaySelfPlay:
             if worker.actor is not None:
                 ray.kill(worker.actor, no_restart=True)
                 worker.actor = worker.run_ref = None
-        reports = []
+        reports: list[tuple[str, str, dict]] = []
         if self.ingest is not None:
             try:
                 reports, _ = ray.get(self.ingest.drain.remote(), timeout=timeout)

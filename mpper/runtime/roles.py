@@ -122,7 +122,7 @@ class StoredEpisode:
     ended_unix: float
 
 
-Sink = Callable[[StoredEpisode], None]
+Sink = Callable[[StoredEpisode], object]  # what it returns is the sink's own business
 
 
 class SelfPlay:

@@ -27,6 +27,7 @@ import json
 import os
 import sys
 import time
+from typing import TextIO
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +41,7 @@ from ..checkpoint import load_checkpoint, save_network_checkpoint
 from ..config import Config, config_to_dict
 from ..replay.buffer import ReplayBuffer
 from ..safe_files import open_append
-from .logs import MetricsCsv, open_tensorboard, open_wandb
+from .logs import MetricsCsv, TensorBoardLog, WandbLog, open_tensorboard, open_wandb
 from .progress import Budget, startup_line
 from .setup import Seeds
 
@@ -108,7 +109,11 @@ class Run:
         self.evaluation: dict = {}
         self.solving: dict | None = None  # the first evaluation at runtime.solve_return
         self._last_progress = self.started
-        self._metrics = self._episodes = self._tensorboard = self._csv = self._wandb = None
+        self._metrics: TextIO | None = None
+        self._episodes: TextIO | None = None
+        self._csv: MetricsCsv | None = None
+        self._tensorboard: TensorBoardLog | None = None
+        self._wandb: WandbLog | None = None
         self._metrics_lost = False  # a write failed (a full disk): said once
 
     # ---- files ------------------------------------------------------------------------
@@ -177,7 +182,8 @@ class Run:
         try:
             self._metrics.write(json.dumps(record) + "\n")
             self._metrics.flush()
-            self._csv.write(record)
+            if self._csv is not None:
+                self._csv.write(record)
         except OSError as exc:  # a full disk: the run goes on; said once, not at every record
             if not self._metrics_lost:
                 self._metrics_lost = True

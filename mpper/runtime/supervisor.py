@@ -31,6 +31,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
+from typing import Any
 from pathlib import Path
 
 from .. import shm
@@ -84,7 +85,7 @@ class Child:
     name: str
     target: object  # the process main (``run_learner``, ``run_selfplay``, ...)
     kwargs: dict  # its keyword arguments (picklable: handles, config, signals, seed)
-    process: mp.Process | None = None
+    process: Any = None  # its multiprocessing Process, once started
     restarts: int = 0
     essential: bool = False  # its death stops the run (the learner)
     last_error: str = ""  # the last line of the last traceback it reported
@@ -111,8 +112,19 @@ class Supervisor:
         # The forkserver died: multiprocessing then reports every child as exited (code
         # 255), though they run on, orphaned. Their pids are watched directly instead.
         self.forkserver_lost = False
-        self.remote = None  # with runtime.ray_address: the self-play actors (runtime/remote.py)
+        self.remote: Any = None  # with runtime.ray_address: the self-play actors (remote.RaySelfPlay)
         self.snapshot_lost: str | None = None  # why the final snapshot was not written
+
+    @property
+    def _buf(self) -> ReplayBuffer:
+        """The shared buffer (made by ``_start``, before anything that reads it)."""
+        assert self.buffer is not None
+        return self.buffer
+
+    @property
+    def _store(self) -> WeightStore:
+        assert self.store is not None
+        return self.store
 
     # ---- lifecycle ------------------------------------------------------------------
     def run(self) -> int:
@@ -181,7 +193,7 @@ class Supervisor:
         if cfg.runtime.ray_address is not None:
             from .remote import RaySelfPlay
 
-            self.remote = RaySelfPlay(setup, self.buffer, self.store)
+            self.remote = RaySelfPlay(setup, self._buf, self._store)
             self.remote.start()
 
     def _rate_limiter(self):
@@ -195,14 +207,14 @@ class Supervisor:
     def _spawn_all(self) -> None:
         setup, cfg = self.setup, self.config
         shared = {"setup": setup, "stop": self.stop, "reports": self.reports}
-        handles = {"buffer_handle": self.buffer.handle, "weight_handle": self.store.handle}
+        handles = {"buffer_handle": self._buf.handle, "weight_handle": self._store.handle}
         self._add(Child("learner", run_learner, {**shared, **handles, "rate": self.rate}, essential=True))
         for i in range(cfg.runtime.workers if cfg.runtime.ray_address is None else 0):  # else Ray actors
             self._add(Child(f"worker-{i}", run_selfplay, {**shared, **handles, "worker_id": i,
                                                           "seed": self.run_files.seeds.worker(i), "rate": self.rate}))  # fmt: skip
         if setup.algorithm.make_reanalyser is not None and setup.algorithm.reanalyses(cfg):
             self._add(Child("reanalyser", run_reanalyser, {**shared, **handles}))
-        self._add(Child("evaluator", run_evaluator, {**shared, "weight_handle": self.store.handle}))
+        self._add(Child("evaluator", run_evaluator, {**shared, "weight_handle": self._store.handle}))
 
     def _add(self, child: Child) -> None:
         self.children[child.name] = child
@@ -213,7 +225,8 @@ class Supervisor:
         process.start()  # may raise (no forkserver, no memory...): then the child keeps no process to stop
         child.process = process
         # which pid plays which role, for people (and tests) looking at a live run
-        self.run_files.write_processes({name: c.process.pid for name, c in self.children.items() if c.process})
+        self.run_files.write_processes({name: c.process.pid for name, c in self.children.items()
+                                        if c.process is not None and c.process.pid is not None})
 
     # ---- supervision ----------------------------------------------------------------
     def _supervise(self) -> int:
@@ -240,10 +253,10 @@ class Supervisor:
                     last_snapshot = now
                     progress.clear()  # the snapshot's line goes below the progress line, not into it
                     try:
-                        self.run_files.snapshot(self.buffer)
+                        self.run_files.snapshot(self._buf)
                     except Exception as exc:  # disk full...: training goes on, the previous snapshot stays
                         print(f"mpper: {_snapshot_failed(self.setup.run_dir.buffer, exc)}", file=sys.stderr)
-                reason = self.run_files.stop_reason(self.buffer.counters["steps"])
+                reason = self.run_files.stop_reason(self._buf.counters["steps"])
                 if reason is not None:
                     self.finished_reason = reason
                     return 0
@@ -272,7 +285,7 @@ class Supervisor:
 
     def _on_episode(self, source: str, payload: dict) -> None:
         self.worker_weights[source] = payload["weights_version"]
-        self.run_files.episode(source, payload, self.buffer.counters["steps"])
+        self.run_files.episode(source, payload, self._buf.counters["steps"])
 
     def _check_remote(self) -> int | None:
         """The Ray self-play actors: their episode reports, and a dead actor restarted (up
@@ -351,11 +364,11 @@ class Supervisor:
 
     def _figures(self) -> ProgressFigures:
         """The progress line's figures now."""
-        c = self.buffer.counters
+        c = self._buf.counters
         step = int(self.learner.get("training_step", 0))
         return ProgressFigures(
             elapsed_s=self.run_files.elapsed(), training_step=step, env_steps=c["steps"],
-            buffer_fill=len(self.buffer) / self.buffer.capacity, evaluation=self.run_files.evaluation,
+            buffer_fill=len(self._buf) / self._buf.capacity, evaluation=self.run_files.evaluation,
             loss=self.learner.get("total_loss"), learner_state=self.learner.get("state", ""),
             budgets=self.run_files.budgets(step, c["steps"]),
         )  # fmt: skip

@@ -204,14 +204,14 @@ class _Turns:
         self.buf: ReplayBuffer | None = None
         self.store: WeightStore | None = None
         self.hosts: _StreamHosts | None = None
-        self.stop = None
+        self.stop: StopSignal | None = None
 
     def train(self) -> tuple[int, str]:
         code, reason = 0, ""
         try:
             code, reason = self._train()
         finally:
-            if self.hosts is not None:
+            if self.hosts is not None and self.stop is not None:
                 self.stop.set()
                 self.hosts.stop()
             for obj in (self.buf, self.store):
@@ -287,7 +287,8 @@ class _Turns:
                     weights.refresh()
                     with self.signals.obeying():  # the longest call of a turn; its own envs, nothing shared
                         result = evaluation.round(weights.network, weights.training_step, weights.version)
-                    run.evaluated(result)
+                    if result is not None:  # None only when stopped first, which this round never is
+                        run.evaluated(result)
                     record("evaluation")
                     with self.signals.obeying():
                         evaluation.film(weights.network, weights.training_step)
@@ -331,7 +332,7 @@ class _Turns:
 
     def _evaluation_due(self, step: int, last_step: int, last_time: float) -> bool:
         every = self.schedule.evaluation_interval_steps
-        if self.schedule.lockstep:
+        if every is not None:  # lockstep
             return step // every > last_step // every
         return time.monotonic() - last_time >= self.schedule.evaluation_interval_s
 

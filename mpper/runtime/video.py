@@ -10,6 +10,8 @@ the frame padded by one row or column where not), so a long episode holds no fra
 
 from __future__ import annotations
 
+from typing import Any
+
 import os
 from pathlib import Path
 
@@ -37,7 +39,7 @@ class Mp4Writer:
         self.fps = fps
         self.tmp = self.path.with_name(f".{self.path.stem}.tmp-{os.getpid()}{self.path.suffix or '.mp4'}")
         self.frames = 0
-        self._gen = None
+        self._gen: Any = None  # imageio-ffmpeg's frame writer (a generator), from the first frame
 
     def add(self, frame: np.ndarray) -> None:
         """One ``(H, W, 3)`` (or RGBA) uint8 frame."""
