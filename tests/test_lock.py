@@ -28,7 +28,7 @@ from mpper.replay.episode_ring import FAULT_ENV
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _ENV = {**os.environ, "PYTHONPATH": _REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}
-_SCHEMA = {"observation": ((4,), "float32")}
+_SCHEMA = {"observation": ((4,), "float32"), "value": ((), "float32")}
 _DIED = "died holding the replay buffer's lock"
 
 
@@ -72,6 +72,9 @@ rng = np.random.default_rng(1)
 if sys.argv[2] == "priorities":
     batch = buf.sample(16, rng=rng)
     buf.update_priorities(batch.indices, batch.generations, rng.random(16) * 5)
+elif sys.argv[2] == "rewrite":
+    ref = buf.episodes()[-1]
+    buf.rewrite_rows(ref, {"value": np.full(ref.rows, 5.0), "observation": np.zeros((ref.rows, 4))})
 else:
     for _ in range(50):
         obs = np.zeros((9, 4), np.float32)
@@ -82,13 +85,14 @@ print("survived the fault", flush=True)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("point", ["reserve", "publish", "evict", "priorities"])
+@pytest.mark.parametrize("point", ["reserve", "publish", "evict", "priorities", "rewrite"])
 def test_a_writer_sigkilled_inside_the_lock_is_repaired_by_the_next_locker(point, tmp_path, capfd):
     """A child SIGKILLs itself with the lock held: inside ``add_episode`` while reserving
     (the table row written, the ring not yet advanced), while publishing (leaves and
     generations written, the table not yet), while evicting (leaves zeroed, counters
-    not yet), or inside ``update_priorities`` (half the leaves written, none of their
-    ancestors). The next locker gets the lock, repairs, and the buffer is whole."""
+    not yet), inside ``update_priorities`` (half the leaves written, none of their
+    ancestors), or inside ``rewrite_rows`` (one of two fields written). The next locker
+    gets the lock, repairs, and the buffer is whole."""
     with ReplayBuffer.create(_SCHEMA, capacity=64, max_episodes=16) as buf:
         for i in range(7):  # 63 of 64 slots: the next episode evicts the oldest
             buf.add_episode(_episode(i, 9), priorities=np.full(8, 1.0 + i))
@@ -115,6 +119,12 @@ def test_a_writer_sigkilled_inside_the_lock_is_repaired_by_the_next_locker(point
         elif point == "evict":
             assert after["episodes_evicted"] == before["episodes_evicted"] + 1 and after["episodes_abandoned"] == 0
             assert "while evicting episode 0" in died[0]
+        elif point == "rewrite":
+            newest = buf.episodes()[-1]
+            assert (buf.read_episode(newest)["value"] == 5.0).all()  # the field it wrote stays
+            assert after == before
+            assert f"while rewriting rows of episode {newest.episode_id}" in died[0]
+            assert f"rows of episode {newest.episode_id} kept as written" in died[0]
         else:
             assert buf._tree.leaves.max() == 1e3  # the leaves it wrote stay; their sums are rebuilt
             assert after["priority_updates_applied"] == before["priority_updates_applied"]

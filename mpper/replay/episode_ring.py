@@ -23,7 +23,7 @@ State (all numpy arrays, normally views into shared memory):
 - ``journal``: int64 ``(JOURNAL_FIELDS,)``, what the holder of the buffer's lock is
   changing: every critical section that writes starts with ``begin`` (the ring and the
   counters as they were, then the operation and its episode; ``mark``, the operation
-  alone, for priority updates and reanalysed values) and ends with ``end``. If
+  alone, for priority updates and row rewrites) and ends with ``end``. If
   the holder dies in between (the lock is a robust mutex: the next locker learns it),
   ``repair`` restores the ring and counters from the journal and redoes the operation to
   a consistent end, whichever of its writes had happened: a reservation or a publication
@@ -64,11 +64,11 @@ J_OP, J_EPISODE, J_ROW, J_START, J_ROWS, J_STATE, J_TERMINATED, J_PID = range(8)
 J_RING, J_COUNTERS = 8, 16
 JOURNAL_FIELDS = 32  # J_COUNTERS + the 16 counter slots of the segment
 # Journal operations (OP_NONE: the lock holder is writing nothing).
-OP_NONE, OP_RESERVE, OP_PUBLISH, OP_ABANDON, OP_EVICT, OP_PRIORITIES, OP_REANALYSE = range(7)
+OP_NONE, OP_RESERVE, OP_PUBLISH, OP_ABANDON, OP_EVICT, OP_PRIORITIES, OP_REWRITE = range(7)
 OP_NAMES = {OP_RESERVE: "reserving episode", OP_PUBLISH: "publishing episode", OP_ABANDON: "abandoning episode",
-            OP_EVICT: "evicting episode", OP_PRIORITIES: "updating priorities", OP_REANALYSE: "storing reanalysed values"}
+            OP_EVICT: "evicting episode", OP_PRIORITIES: "updating priorities", OP_REWRITE: "rewriting rows of episode"}
 # Test-only fault injection: "POINT[:N[:CLAIM]]" makes the process SIGKILL itself, lock held, at the
-# N-th time (default 1) it reaches POINT ("reserve", "publish", "evict" or "priorities") inside a
+# N-th time (default 1) it reaches POINT ("reserve", "publish", "evict", "priorities" or "rewrite") inside a
 # critical section; with CLAIM (a file path), only the first process to create that file does, once.
 FAULT_ENV = "MPPER_FAULT_DIE_IN_LOCK"
 _UNLOCKED_COUNTERS = ("samples", "torn_rows_redrawn")
@@ -242,10 +242,12 @@ class EpisodeRing:
         j[J_PID] = pid
         j[J_OP] = op  # last: the entry counts only once it is whole
 
-    def mark(self, op: int) -> None:
+    def mark(self, op: int, episode_id: int = -1) -> None:
         """``begin`` for an operation whose repair needs no copies: it writes only leaves
         (rebuilt after any death) or values and statistics (kept as they are)."""
-        self._journal_view[J_OP] = op
+        j = self._journal_view
+        j[J_EPISODE] = episode_id
+        j[J_OP] = op
 
     def end(self) -> None:
         """The operation recorded by ``begin`` is complete."""
@@ -262,9 +264,9 @@ class EpisodeRing:
         j = self.journal
         op = int(j[J_OP])
         done = []
-        if op in (OP_PRIORITIES, OP_REANALYSE):  # marked only: leaves and values stay as written
+        if op in (OP_PRIORITIES, OP_REWRITE):  # marked only: leaves and values stay as written
             done.append("a half-applied priority update kept as written" if op == OP_PRIORITIES
-                        else "a half-stored reanalysed episode kept as written")  # fmt: skip
+                        else f"the half-rewritten rows of episode {int(j[J_EPISODE])} kept as written")  # fmt: skip
             self.end()
         elif op != OP_NONE:
             # undo the counters and ring positions, then redo the operation to a consistent end

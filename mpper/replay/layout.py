@@ -14,27 +14,24 @@ from .episode_ring import JOURNAL_FIELDS, RING_FIELDS, TABLE_COLUMNS
 from .schema import Field, normalize_schema
 from .sum_tree import SumTree
 
-__all__ = ["COUNTERS", "COUNTER_INDEX", "array_specs", "segment_layout", "segment_offsets", "record_dtype", "segment_bytes"]
+__all__ = ["COUNTERS", "COUNTER_SLOTS", "array_specs", "segment_layout", "segment_offsets", "record_dtype", "segment_bytes"]
 
 
+# Every buffer's own event counters, first in the counter slots; the slots after them
+# hold the counters its schema declares (``Schema.counters``), in their order.
 COUNTERS = (
     "games",  # episodes published
     "steps",  # positions (moves) published
     "samples",  # rows drawn by sample()
     "priority_updates_applied",
     "priority_updates_dropped",  # generation changed since sampling: slot rewritten
-    "reanalysed_episodes",
-    "reanalysed_dropped",
     "episodes_evicted",
     "episodes_abandoned",  # reserved but never published (writer died or failed)
     "torn_rows_redrawn",  # rows discarded by the post-gather generation check
 )
 
 
-COUNTER_INDEX = {name: i for i, name in enumerate(COUNTERS)}
-
-
-_COUNTER_SLOTS = 16
+COUNTER_SLOTS = 16
 
 
 _ALIGN = 64
@@ -71,7 +68,7 @@ def segment_layout(fields: tuple[Field, ...], capacity: int, max_episodes: int) 
         ("_tree", (SumTree.storage_size(capacity),), np.dtype(np.float64)),
         ("_episodes", (max_episodes, TABLE_COLUMNS), np.dtype(np.int64)),
         ("_ring", (RING_FIELDS,), np.dtype(np.int64)),
-        ("_counters", (_COUNTER_SLOTS,), np.dtype(np.int64)),
+        ("_counters", (COUNTER_SLOTS,), np.dtype(np.int64)),
         ("_max_priority", (1,), np.dtype(np.float64)),
         ("_lock", (RobustLock.SIZE,), np.dtype(np.uint8)),  # the writers' robust mutex (mpper.shm.RobustLock)
         ("_journal", (JOURNAL_FIELDS,), np.dtype(np.int64)),  # what the lock holder is doing (EpisodeRing)
