@@ -203,6 +203,56 @@ def test_threads_exclude_each_other_and_a_blocked_locker_does_not_hold_the_gil(s
     lock.release()
 
 
+def test_a_priority_update_waits_for_a_live_holder_then_applies(small_buffer):
+    """``update_priorities`` takes the lock in its compiled kernel; while another thread
+    holds it, the kernel does nothing and the update waits on the lock the slow way."""
+    buf = small_buffer
+    buf.add_episode({"observation": np.zeros((9, 4))}, priorities=np.ones(8))
+    batch = buf.sample(4, rng=np.random.default_rng(0))
+    done = threading.Event()
+    result = []
+
+    def update():
+        result.append(buf.update_priorities(batch.indices, batch.generations, np.full(4, 7.0)))
+        done.set()
+
+    assert buf._lock.acquire()
+    try:
+        updater = threading.Thread(target=update, daemon=True)
+        updater.start()
+        assert not done.wait(0.3)  # waiting: nothing applied while the lock is held
+        assert buf.counters["priority_updates_applied"] == 0
+    finally:
+        buf._lock.release()
+    assert done.wait(30)
+    updater.join(30)
+    assert result == [(4, 0)] and buf.max_priority == 7.0
+    assert buf.counters["priority_updates_applied"] == 4 and buf.check_consistency() == []
+    assert buf._lock.holder() == 0 and buf._ring.journal[0] == 0
+
+
+@pytest.mark.slow
+def test_a_priority_update_after_a_holders_death_repairs_then_applies(small_buffer, capfd):
+    """The next locker after a death is the compiled update itself: its trylock returns
+    EOWNERDEAD with the lock taken, and the buffer repairs (one line) before the update
+    applies."""
+    from children import hold_the_buffer_lock_and_exit
+
+    buf = small_buffer
+    buf.add_episode({"observation": np.zeros((9, 4))}, priorities=np.ones(8))
+    batch = buf.sample(4, rng=np.random.default_rng(0))
+    child = mp.get_context("spawn").Process(target=hold_the_buffer_lock_and_exit, args=(buf.handle,))
+    child.start()
+    child.join(120)
+    assert child.exitcode == 0 and buf._lock.holder() == child.pid
+    assert buf.update_priorities(batch.indices, batch.generations, np.full(4, 3.0)) == (4, 0)
+    died = [line for line in capfd.readouterr().err.splitlines() if _DIED in line]
+    assert len(died) == 1 and f"process {child.pid} died" in died[0] and "repaired" in died[0], died
+    assert buf.max_priority == 3.0 and buf.check_consistency() == []
+    assert buf._lock.holder() == 0 and buf._lock.acquire(False)
+    buf._lock.release()
+
+
 @pytest.mark.slow
 def test_writers_sigkilled_at_random_moments_beside_a_sampling_learner(tmp_path):
     """Three writer processes add episodes while a learner thread samples and updates

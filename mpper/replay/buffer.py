@@ -37,6 +37,7 @@ divided by the batch maximum, N the number of sampleable positions.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import os
 import sys
 import time
@@ -51,7 +52,16 @@ from .consistency import problems as consistency_problems
 from .consistency import repair
 from .episode_ring import J_OP, MAX_CAPACITY, NUM_POSITIONS, OP_PRIORITIES, EpisodeRing, RingBusy
 from .episodes import EpisodeAccess, EpisodeRef
-from .kernels import apply_update, check_update, draw_kernel, empty_draw, find_torn, tear_update, warm_kernels
+from .kernels import (
+    apply_update,
+    check_update,
+    draw_kernel,
+    empty_draw,
+    find_torn,
+    locked_update,
+    tear_update,
+    warm_kernels,
+)
 from .layout import COUNTER_SLOTS, COUNTERS, segment_bytes, segment_layout, segment_offsets
 from .locking import SpinThenBlock, weak_call
 from .schema import Field, normalize_counters, normalize_schema
@@ -120,6 +130,8 @@ class ReplayBuffer(EpisodeAccess, shm_mod.SharedObject):
             lock = shm_mod.RobustLock(arrays["_lock"], on_owner_death=weak_call(self, "_repair"))
         self._lock = lock
         self._locked = SpinThenBlock(lock, on_error=weak_call(self, "_repair_after_error"))
+        # the mutex as compiled code takes it (kernels.locked_update); None: no shared mutex
+        self._lock_calls, self._holder = lock.kernel_calls() if isinstance(lock, shm_mod.RobustLock) else (None, None)
         self._segment = segment
         self._owner = owner
         self.read_only = read_only
@@ -288,6 +300,7 @@ class ReplayBuffer(EpisodeAccess, shm_mod.SharedObject):
         if segment is not None:
             if isinstance(self._lock, shm_mod.RobustLock):
                 self._lock.close()
+            self._lock_calls = self._holder = None
             self.fields = {}
             self._arrays = {}
             self._tree = self._ring = None
@@ -428,7 +441,17 @@ class ReplayBuffer(EpisodeAccess, shm_mod.SharedObject):
             self._leaf_values(p[:, 0] if p.shape[1] == 1 else p)  # raises the ValueError naming the bad positions
         clip = np.inf if self.priority_clip is None else self.priority_clip
         tree = self._tree
-        with self._locked:
+        rc = errno.EBUSY
+        if self._lock_calls is not None and episode_ring._fault is None:  # one compiled call: lock, update, unlock
+            rc, applied = locked_update(self._lock_calls, shm_mod.PID, self._holder, self._ring.journal, self._counters,
+                                        self._max_priority, tree.tree, tree._leaf_base, self._generation, self._info,
+                                        idx, gen, p, self.priority_eps, clip, self.alpha)  # fmt: skip
+            if rc == 0:
+                self._locked.wait_hist[0] += 1
+                return applied, idx.shape[0] - applied
+            if rc < 0:
+                raise OSError(-rc, f"pthread_mutex_unlock: {os.strerror(-rc)}")
+        with self._locked.after_trylock(rc):  # held by another (EBUSY), or taken from a dead holder: repaired first
             self._ring.mark(OP_PRIORITIES)
             if episode_ring._fault is not None:  # test-only: die with half the leaves written, no sums
                 episode_ring._fault.reached("priorities", tear=lambda: tear_update(tree, self._generation, self._info,

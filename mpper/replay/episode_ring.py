@@ -43,6 +43,7 @@ import os
 import signal
 from dataclasses import dataclass
 
+import numba
 import numpy as np
 
 from ..shm import pid_alive
@@ -83,6 +84,30 @@ def pack_info(rows: int, terminated: bool) -> np.ndarray:
 def make_unsampleable(gen: np.ndarray) -> None:
     """Set generations to the next odd value (in place): evicted, reserved or a hole."""
     gen += 1 + (gen & 1)
+
+
+# The ring's own writes to slot records, compiled: they run under the buffer's lock,
+# where a few numpy calls per episode would cost more than the rest of the section.
+@numba.njit(cache=True, nogil=True)
+def unsampleable(generation, start, rows):
+    """``make_unsampleable`` of the slots ``start .. start + rows - 1``."""
+    for s in range(start, start + rows):
+        generation[s] = (generation[s] + 1) | 1
+
+
+@numba.njit(cache=True, nogil=True)
+def sampleable(generation, start, rows):
+    """The slots ``start .. start + rows - 1`` of a reserved episode (odd) become even."""
+    for s in range(start, start + rows):
+        generation[s] += 1
+
+
+@numba.njit(cache=True, nogil=True)
+def write_info(info, start, rows, terminated):
+    """``pack_info(rows, terminated)`` written to the slots ``start .. start + rows - 1``."""
+    moves = ((rows - 1) << MOVES_SHIFT) | (TERMINATED_BIT if terminated else 0)
+    for k in range(rows):
+        info[start + k] = (k << POS_SHIFT) | moves
 
 
 class RingBusy(Exception):
@@ -155,10 +180,10 @@ class EpisodeRing:
         pid = pid or os.getpid()
         self.begin(OP_RESERVE, episode_id, row, start, rows, terminated=int(terminated), pid=pid)
         table[row] = (episode_id, start, rows, RESERVED, pid, int(terminated))
-        make_unsampleable(self.generation[start : start + rows])  # before the copy starts
+        unsampleable(self.generation, start, rows)  # before the copy starts
         if _fault is not None:
             _fault.reached("reserve")
-        self.info[start : start + rows] = pack_info(rows, terminated)
+        write_info(self.info, start, rows, terminated)
         ring[NEXT_ID] = episode_id + 1
         ring[WRITE_POS] = start + rows
         self.end()
@@ -174,8 +199,8 @@ class EpisodeRing:
         if row[ID] != res.episode_id or row[STATE] != RESERVED:
             return False
         self.begin(OP_PUBLISH, res.episode_id, res.row, res.start, res.rows)
-        self.tree.set_range(res.start, leaf_values)
-        self.generation[res.start : res.start + res.rows] += 1  # odd -> even: sampleable
+        self.tree.set_range(res.start, leaf_values, check=False)  # checked by the buffer before the lock
+        sampleable(self.generation, res.start, res.rows)
         if _fault is not None:
             _fault.reached("publish")
         row[STATE] = PUBLISHED
@@ -196,8 +221,8 @@ class EpisodeRing:
 
     def _drop(self, row: int, start: int, rows: int) -> None:
         """Turn a reserved (or half-published) episode into a hole: never sampled."""
-        self.tree.set_range(start, np.zeros(rows - 1))
-        make_unsampleable(self.generation[start : start + rows])
+        self.tree.set_range(start, np.zeros(rows - 1), check=False)
+        unsampleable(self.generation, start, rows)
         self.table[row, STATE] = FREE
         self.counters[self._c["episodes_abandoned"]] += 1
 
@@ -215,13 +240,13 @@ class EpisodeRing:
         if state == RESERVED:
             self.counters[self._c["episodes_abandoned"]] += 1  # its writer died mid-copy
         elif state == PUBLISHED:
-            self.tree.set_range(start, np.zeros(rows - 1))
+            self.tree.set_range(start, np.zeros(rows - 1), check=False)
             if _fault is not None:
                 _fault.reached("evict")
             self.ring[NUM_POSITIONS] -= rows - 1
             self.counters[self._c["episodes_evicted"]] += 1
         if state != FREE:
-            make_unsampleable(self.generation[start : start + rows])
+            unsampleable(self.generation, start, rows)
         self.table[head_row, STATE] = FREE
         self.ring[HEAD_ID] += 1
 
@@ -278,7 +303,7 @@ class EpisodeRing:
             episode_id, row, start, rows = (int(j[k]) for k in (J_EPISODE, J_ROW, J_START, J_ROWS))
             if op == OP_RESERVE:  # completed as a hole
                 self.table[row] = (episode_id, start, rows, RESERVED, int(j[J_PID]), int(j[J_TERMINATED]))
-                self.info[start : start + rows] = pack_info(rows, bool(j[J_TERMINATED]))
+                write_info(self.info, start, rows, bool(j[J_TERMINATED]))
                 self.ring[NEXT_ID] = episode_id + 1
                 self.ring[WRITE_POS] = start + rows
                 self._drop(row, start, rows)

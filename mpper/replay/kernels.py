@@ -4,17 +4,59 @@ priority update instead of some twenty numpy calls each.
 The kernels read the slot records (``_generation``, ``_info``) and the sum tree of a
 ``ReplayBuffer`` (see its module docstring for the rules they follow). Compiled on
 first use in a process (cached on disk), or up front by ``warm_kernels``.
+
+``locked_update`` is a whole priority update in one call: it takes the buffer's robust
+mutex itself (``pthread_mutex_trylock`` called from the compiled code, through the
+addresses of ``RobustLock.kernel_calls``), journals, applies, counts and unlocks, so an
+uncontended update pays no Python-level lock call at all. When the mutex is held it
+returns at once having done nothing, and the caller takes the lock the slow way.
 """
 
 from __future__ import annotations
 
 import numba
 import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic
 
-from .layout import record_dtype
+from .. import shm as shm_mod
+from .episode_ring import J_EPISODE, J_OP, JOURNAL_FIELDS, OP_NONE, OP_PRIORITIES, sampleable, unsampleable, write_info
+from .layout import COUNTER_SLOTS, COUNTERS, record_dtype
 from .sum_tree import SumTree, descend, set_leaves
 
-__all__ = ["apply_update", "check_update", "draw_kernel", "empty_draw", "find_torn", "tear_update", "warm_kernels"]
+__all__ = ["apply_update", "check_update", "draw_kernel", "empty_draw", "find_torn", "locked_update", "tear_update",
+           "warm_kernels"]  # fmt: skip
+
+_APPLIED, _DROPPED = COUNTERS.index("priority_updates_applied"), COUNTERS.index("priority_updates_dropped")
+# kernel_calls entries: the mutex's address, then pthread_mutex_trylock's and pthread_mutex_unlock's
+_MUTEX, _TRYLOCK, _UNLOCK = 0, 1, 2
+
+
+@intrinsic
+def _call_c(typingctx, function, argument):
+    """``int function(void *argument)``, both given as addresses (int64)."""
+
+    def codegen(context, builder, signature, args):
+        address, arg = args
+        pointer = ir.IntType(8).as_pointer()
+        fn = builder.inttoptr(address, ir.FunctionType(ir.IntType(32), [pointer]).as_pointer())
+        return builder.call(fn, [builder.inttoptr(arg, pointer)])
+
+    return types.int32(types.int64, types.int64), codegen
+
+
+@intrinsic
+def _compiler_fence(typingctx):
+    """Keep the compiler from moving memory writes across this point (a journal entry
+    must be in memory before the first write it covers: a SIGKILL stops the process
+    between any two instructions)."""
+
+    def codegen(context, builder, signature, args):
+        builder.fence("seq_cst", "singlethread")
+        return context.get_dummy_value()
+
+    return types.none(), codegen
 
 
 @numba.njit(cache=True, nogil=True)
@@ -107,6 +149,38 @@ def apply_update(tree, leaf_base, generation, info_of, indices, gens, priorities
     return applied, top
 
 
+@numba.njit(cache=True, nogil=True)
+def locked_update(calls, pid, holder, journal, counters, max_priority, tree, leaf_base, generation, info_of, indices,
+                  gens, priorities, eps, clip, alpha):  # fmt: skip
+    """``update_priorities`` with the lock taken here: trylock; if it returns 0, record
+    this process as the holder (``holder[0] = pid``), mark the journal, ``apply_update``,
+    raise ``max_priority[0]`` to the largest raw priority written, count the rows applied
+    and dropped, close the journal and unlock. Returns (0, rows applied) once done;
+    (trylock's nonzero code, 0) when it did nothing: ``EBUSY``, the mutex is held;
+    ``EOWNERDEAD``, it is now held by this thread, with its dead holder's damage not yet
+    repaired (the caller repairs and updates with the lock it holds); (-unlock's code, 0)
+    if the unlock failed."""
+    rc = _call_c(calls[_TRYLOCK], calls[_MUTEX])
+    if rc != 0:
+        return rc, 0
+    holder[0] = pid
+    journal[J_EPISODE] = -1
+    journal[J_OP] = OP_PRIORITIES
+    _compiler_fence()
+    applied, top = apply_update(tree, leaf_base, generation, info_of, indices, gens, priorities, eps, clip, alpha)
+    if top > max_priority[0]:
+        max_priority[0] = top
+    counters[_APPLIED] += applied
+    counters[_DROPPED] += indices.shape[0] - applied
+    _compiler_fence()
+    journal[J_OP] = OP_NONE
+    holder[0] = 0
+    rc = _call_c(calls[_UNLOCK], calls[_MUTEX])
+    if rc != 0:
+        return -rc, 0
+    return 0, applied
+
+
 def tear_update(tree: SumTree, generation, info_of, indices, gens) -> None:
     """Test-only: what ``apply_update`` leaves when killed half-way: the first half of
     the leaves it would write, written, and none of their ancestors."""
@@ -144,7 +218,17 @@ def warm_kernels() -> None:
                  one.copy(), one.copy(), np.zeros(1, np.bool_))  # fmt: skip
     find_torn(gen, info, one, one, one)
     apply_update(tree.tree, tree._leaf_base, gen, info, one, one, np.zeros((1, 1)), 0.0, np.inf, 1.0)
+    region = np.zeros(shm_mod.RobustLock.SIZE, np.uint8)  # a mutex of this process alone, for the signature
+    shm_mod.RobustLock.initialize(region)
+    calls, holder = shm_mod.RobustLock(region).kernel_calls()
+    rc, _ = locked_update(calls, shm_mod.PID, holder, np.zeros(JOURNAL_FIELDS, np.int64), np.zeros(COUNTER_SLOTS, np.int64),
+                          np.zeros(1), tree.tree, tree._leaf_base, gen, info, one, one, np.zeros((1, 1)), 0.0, np.inf,
+                          1.0)  # fmt: skip
+    assert rc == 0, rc
     check_update(4, one, np.zeros((1, 1)))
+    unsampleable(gen, 0, 2)
+    sampleable(gen, 0, 2)
+    write_info(info, 0, 2, True)
     _warm = True
 
 
