@@ -434,23 +434,24 @@ class ReplayBuffer(EpisodeAccess, shm_mod.SharedObject):
             )
         p = p.reshape(idx.shape[0], -1)
         warm_kernels()
-        bad = check_update(self.capacity, idx, p)
-        if bad >= 0:
+        clip = np.inf if self.priority_clip is None else self.priority_clip
+        tree = self._tree
+        if self._lock_calls is not None and episode_ring._fault is None:  # one compiled call: lock, update, unlock
+            bad, rc, applied = locked_update(self._lock_calls, shm_mod.PID, self._holder, self._ring.journal,
+                                             self._counters, self._max_priority, self.capacity, tree.tree,
+                                             tree._leaf_base, self._generation, self._info, idx, gen, p,
+                                             self.priority_eps, clip, self.alpha)  # fmt: skip
+            if rc == 0 and bad < 0:
+                self._locked.wait_hist[0] += 1
+                return applied, idx.shape[0] - applied
+        else:
+            bad, rc = check_update(self.capacity, idx, p), errno.EBUSY
+        if bad >= 0:  # nothing written
             if not 0 <= idx[bad] < self.capacity:
                 raise IndexError(f"update_priorities: index {idx[bad]} at position {bad} outside [0, {self.capacity})")
             self._leaf_values(p[:, 0] if p.shape[1] == 1 else p)  # raises the ValueError naming the bad positions
-        clip = np.inf if self.priority_clip is None else self.priority_clip
-        tree = self._tree
-        rc = errno.EBUSY
-        if self._lock_calls is not None and episode_ring._fault is None:  # one compiled call: lock, update, unlock
-            rc, applied = locked_update(self._lock_calls, shm_mod.PID, self._holder, self._ring.journal, self._counters,
-                                        self._max_priority, tree.tree, tree._leaf_base, self._generation, self._info,
-                                        idx, gen, p, self.priority_eps, clip, self.alpha)  # fmt: skip
-            if rc == 0:
-                self._locked.wait_hist[0] += 1
-                return applied, idx.shape[0] - applied
-            if rc < 0:
-                raise OSError(-rc, f"pthread_mutex_unlock: {os.strerror(-rc)}")
+        if rc < 0:
+            raise OSError(-rc, f"pthread_mutex_unlock: {os.strerror(-rc)}")
         with self._locked.after_trylock(rc):  # held by another (EBUSY), or taken from a dead holder: repaired first
             self._ring.mark(OP_PRIORITIES)
             if episode_ring._fault is not None:  # test-only: die with half the leaves written, no sums

@@ -150,19 +150,23 @@ def apply_update(tree, leaf_base, generation, info_of, indices, gens, priorities
 
 
 @numba.njit(cache=True, nogil=True)
-def locked_update(calls, pid, holder, journal, counters, max_priority, tree, leaf_base, generation, info_of, indices,
-                  gens, priorities, eps, clip, alpha):  # fmt: skip
-    """``update_priorities`` with the lock taken here: trylock; if it returns 0, record
-    this process as the holder (``holder[0] = pid``), mark the journal, ``apply_update``,
-    raise ``max_priority[0]`` to the largest raw priority written, count the rows applied
-    and dropped, close the journal and unlock. Returns (0, rows applied) once done;
-    (trylock's nonzero code, 0) when it did nothing: ``EBUSY``, the mutex is held;
-    ``EOWNERDEAD``, it is now held by this thread, with its dead holder's damage not yet
-    repaired (the caller repairs and updates with the lock it holds); (-unlock's code, 0)
-    if the unlock failed."""
+def locked_update(calls, pid, holder, journal, counters, max_priority, capacity, tree, leaf_base, generation,
+                  info_of, indices, gens, priorities, eps, clip, alpha):  # fmt: skip
+    """``update_priorities`` with the lock taken here. First ``check_update``: on a bad
+    row, returns (that row, 0, 0) having done nothing. Then trylock; if it returns 0,
+    record this process as the holder (``holder[0] = pid``), mark the journal,
+    ``apply_update``, raise ``max_priority[0]`` to the largest raw priority written, count
+    the rows applied and dropped, close the journal and unlock: returns (-1, 0, rows
+    applied). When the trylock returns a nonzero code it does nothing and returns (-1,
+    code, 0): ``EBUSY``, the mutex is held; ``EOWNERDEAD``, it is now held by this
+    thread, its dead holder's damage not yet repaired (the caller repairs and updates
+    with the lock it holds). (-1, -code, 0): the unlock failed."""
+    bad = check_update(capacity, indices, priorities)
+    if bad >= 0:
+        return bad, 0, 0
     rc = _call_c(calls[_TRYLOCK], calls[_MUTEX])
     if rc != 0:
-        return rc, 0
+        return -1, rc, 0
     holder[0] = pid
     journal[J_EPISODE] = -1
     journal[J_OP] = OP_PRIORITIES
@@ -177,8 +181,8 @@ def locked_update(calls, pid, holder, journal, counters, max_priority, tree, lea
     holder[0] = 0
     rc = _call_c(calls[_UNLOCK], calls[_MUTEX])
     if rc != 0:
-        return -rc, 0
-    return 0, applied
+        return -1, -rc, 0
+    return -1, 0, applied
 
 
 def tear_update(tree: SumTree, generation, info_of, indices, gens) -> None:
@@ -221,9 +225,9 @@ def warm_kernels() -> None:
     region = np.zeros(shm_mod.RobustLock.SIZE, np.uint8)  # a mutex of this process alone, for the signature
     shm_mod.RobustLock.initialize(region)
     calls, holder = shm_mod.RobustLock(region).kernel_calls()
-    rc, _ = locked_update(calls, shm_mod.PID, holder, np.zeros(JOURNAL_FIELDS, np.int64), np.zeros(COUNTER_SLOTS, np.int64),
-                          np.zeros(1), tree.tree, tree._leaf_base, gen, info, one, one, np.zeros((1, 1)), 0.0, np.inf,
-                          1.0)  # fmt: skip
+    _, rc, _ = locked_update(calls, shm_mod.PID, holder, np.zeros(JOURNAL_FIELDS, np.int64),
+                             np.zeros(COUNTER_SLOTS, np.int64), np.zeros(1), 4, tree.tree, tree._leaf_base, gen, info,
+                             one, one, np.zeros((1, 1)), 0.0, np.inf, 1.0)  # fmt: skip
     assert rc == 0, rc
     check_update(4, one, np.zeros((1, 1)))
     unsampleable(gen, 0, 2)
