@@ -14,7 +14,9 @@ at all. The lock is a robust, process-shared pthread mutex in the segment itself
 holder dies inside a critical section (SIGKILL), the next locker is told, repairs what
 was half-written from the ring's journal (``EpisodeRing.repair``: the episode being
 reserved or published is dropped, an eviction completed, the sum tree rebuilt from its
-leaves), prints one line on stderr naming the dead pid, and goes on:
+leaves), prints one line on stderr naming the dead pid, and goes on. A priority update
+takes the mutex inside its compiled kernel (``kernels.locked_update``), and the Python
+way only when it finds it held or its holder dead:
 
 - a writer reserves slots under the lock (evicting, zeroing priorities, making the
   slots' generations odd), copies its episode *without* the lock, then publishes its
@@ -39,7 +41,6 @@ from __future__ import annotations
 import dataclasses
 import errno
 import os
-import sys
 import time
 from dataclasses import dataclass
 from typing import Mapping, Sequence
@@ -49,8 +50,8 @@ import numpy as np
 from .. import shm as shm_mod
 from . import episode_ring
 from .consistency import problems as consistency_problems
-from .consistency import repair
-from .episode_ring import J_OP, MAX_CAPACITY, NUM_POSITIONS, OP_PRIORITIES, EpisodeRing, RingBusy
+from .consistency import repair_after_death, repair_after_error
+from .episode_ring import MAX_CAPACITY, NUM_POSITIONS, OP_PRIORITIES, EpisodeRing, RingBusy
 from .episodes import EpisodeAccess, EpisodeRef
 from .kernels import (
     apply_update,
@@ -62,9 +63,17 @@ from .kernels import (
     tear_update,
     warm_kernels,
 )
-from .layout import COUNTER_SLOTS, COUNTERS, segment_bytes, segment_layout, segment_offsets
+from .layout import (
+    COUNTERS,
+    POSITIONS,
+    counters_by_name,
+    extra_counter_names,
+    segment_bytes,
+    segment_layout,
+    segment_offsets,
+)
 from .locking import SpinThenBlock, weak_call
-from .schema import Field, normalize_counters, normalize_schema
+from .schema import Field, normalize_schema
 from .snapshot import SnapshotError, load_buffer, save_snapshot
 from .sum_tree import SumTree
 from .targets import RawRows
@@ -76,10 +85,6 @@ __all__ = ["COUNTERS", "Batch", "BufferHandle", "EpisodeRef", "ReplayBuffer", "l
 _RESERVE_TIMEOUT_S = 60.0
 # The buffer's own counters come first in every buffer's counter slots.
 _COUNTER = {name: i for i, name in enumerate(COUNTERS)}
-# Not a counter slot: buf.counters reports the sampleable positions under this name.
-_POSITIONS = "positions"
-# Counters only grow; a loaded one must leave them room (as the snapshot's own checks).
-_MAX_COUNTER = 1 << 62
 
 
 @dataclass(frozen=True)
@@ -194,8 +199,7 @@ class ReplayBuffer(EpisodeAccess, shm_mod.SharedObject):
                 most ``COUNTER_SLOTS - len(COUNTERS)`` in all), reported by ``counters``.
         """
         fields = normalize_schema(schema)
-        extra_counters = normalize_counters(tuple(getattr(schema, "counters", ())) + tuple(counters),
-                                            COUNTERS + (_POSITIONS,), COUNTER_SLOTS - len(COUNTERS))  # fmt: skip
+        extra_counters = extra_counter_names(tuple(getattr(schema, "counters", ())) + tuple(counters))
         capacity = int(capacity)
         if not 2 <= capacity <= MAX_CAPACITY:
             raise ValueError(f"capacity must be between 2 (one move) and {MAX_CAPACITY} slots, got {capacity}")
@@ -270,22 +274,13 @@ class ReplayBuffer(EpisodeAccess, shm_mod.SharedObject):
         without names; the slots stay as loaded) and adopt its extra names."""
         if listed is None:
             return
-        where = f"{path}/manifest.json: 'counters'"
-        if not isinstance(listed, dict):
-            raise SnapshotError(f"{where} must be an object of names and integers")
-        for name, value in listed.items():
-            if not (isinstance(value, int) and not isinstance(value, bool) and 0 <= value < _MAX_COUNTER):
-                raise SnapshotError(f"{where}: {name!r} is {value!r}, expected an integer in [0, 2^62)")
         try:
-            extra = normalize_counters([name for name in listed if name not in COUNTERS], COUNTERS + (_POSITIONS,),
-                                       COUNTER_SLOTS - len(COUNTERS))  # fmt: skip
+            extra, values = counters_by_name(listed)
         except ValueError as exc:
-            raise SnapshotError(f"{where}: {exc}") from None
+            raise SnapshotError(f"{path}/manifest.json: 'counters': {exc}") from None
         self.counter_names = COUNTERS + extra
         self._counter_index = {name: i for i, name in enumerate(self.counter_names)}
-        self._counters[:] = 0
-        for i, name in enumerate(self.counter_names):
-            self._counters[i] = listed.get(name, 0)
+        self._counters[:] = values
         if self.handle is not None:
             self.handle = dataclasses.replace(self.handle, counters=extra)
 
@@ -535,7 +530,7 @@ class ReplayBuffer(EpisodeAccess, shm_mod.SharedObject):
         then ``positions`` (sampleable now); read without the lock: each value is one
         aligned int64."""
         out = {name: int(self._counters[i]) for i, name in enumerate(self.counter_names)}
-        out[_POSITIONS] = int(self._ring_state[NUM_POSITIONS])
+        out[POSITIONS] = int(self._ring_state[NUM_POSITIONS])
         return out
 
     def __len__(self) -> int:
@@ -554,20 +549,12 @@ class ReplayBuffer(EpisodeAccess, shm_mod.SharedObject):
         return {"lock_wait_hist_us": hist, "lock_wait_max_us": self._locked.wait_max_ns / 1000}
 
     def _repair(self, dead_pid: int) -> None:
-        """Called with the lock held when its previous holder died holding it: make the
-        buffer consistent again and say so in one line on stderr."""
-        doing, done = repair(self)
-        who = f"process {dead_pid}" if dead_pid > 0 else "a process"
-        print(f"mpper: {who} died holding the replay buffer's lock ({doing}); process {os.getpid()} repaired it: "
-              f"{done}", file=sys.stderr, flush=True)  # fmt: skip
+        """The lock's ``on_owner_death`` (``consistency.repair_after_death``)."""
+        repair_after_death(self, dead_pid)
 
     def _repair_after_error(self) -> None:
-        """An exception left a critical section of this process half-way (its journal
-        entry still open): finish it as a dead holder's would be, before the lock goes."""
-        if self._ring is not None and self._ring.journal[J_OP] != 0:
-            doing, done = repair(self)
-            print(f"mpper: an error stopped process {os.getpid()} inside the replay buffer's lock ({doing}); "
-                  f"repaired: {done}", file=sys.stderr, flush=True)  # fmt: skip
+        """The locked block's ``on_error`` (``consistency.repair_after_error``)."""
+        repair_after_error(self)
 
     def check_consistency(self) -> list[str]:
         """Problems with the buffer's bookkeeping, none when consistent (takes the lock;
