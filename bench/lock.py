@@ -6,7 +6,12 @@
   shared segment, called through ``ctypes`` (the kernel tells the next locker that the
   holder died);
 * ``fcntl OFD``: an open-file-description byte-range lock (``F_OFD_SETLKW``) on a file
-  (the kernel drops it when the holder dies).
+  (the kernel drops it when the holder dies);
+* ``robust mutex, compiled``: the same mutex taken by compiled code, as the buffer's
+  priority update takes it (``mpper.replay.kernels.locked_update``: ``pthread_mutex_*``
+  called through their addresses from a numba kernel, holder pid written beside it); a
+  kernel call makes 100 round trips, so the figure is the lock's own cost there, without
+  the call.
 
 Two measures, the candidates interleaved in every repetition: the uncontended round trip
 (acquire + release in one process, ns per pair), and two processes (spawn) taking the
@@ -39,6 +44,9 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+import numba  # noqa: E402
+
+from mpper.replay.kernels import _call_c  # noqa: E402
 from mpper.shm import RobustLock, attach  # noqa: E402
 
 F_OFD_SETLK, F_OFD_SETLKW = 37, 38  # Linux
@@ -67,8 +75,40 @@ class OfdLock:
         return OfdLock, (self.path,)
 
 
+@numba.njit(nogil=True)
+def _compiled_pairs(calls, holder, pid, counter, pairs):
+    """``pairs`` times: pthread_mutex_lock, holder pid, counter + 1, holder 0, unlock."""
+    for _ in range(pairs):
+        if _call_c(calls[1], calls[0]) != 0:
+            return -1
+        holder[0] = pid
+        counter[0] += 1
+        holder[0] = 0
+        _call_c(calls[2], calls[0])
+    return pairs
+
+
+class CompiledRobustLock:
+    """``RobustLock``'s mutex as compiled code takes it; ``run(counter, pairs)`` makes
+    ``pairs`` round trips in one kernel call, each adding 1 to ``counter[0]``."""
+
+    def __init__(self, lock: RobustLock) -> None:
+        import ctypes
+
+        self.lock = lock
+        calls, self.holder = lock.kernel_calls()
+        blocking = ctypes.cast(ctypes.CDLL(None).pthread_mutex_lock, ctypes.c_void_p).value
+        self.calls = np.array([calls[0], blocking, calls[2]], np.int64)  # blocks when held, as the others do
+
+    def run(self, counter: np.ndarray, pairs: int) -> None:
+        assert _compiled_pairs(self.calls, self.holder, os.getpid(), counter, pairs) == pairs
+
+
 def open_lock(kind: str, shared):
     """The lock of ``kind`` in this process, from what ``make_locks`` shared."""
+    if kind == "robust mutex, compiled":
+        seg = attach(shared)
+        return CompiledRobustLock(RobustLock(np.ndarray((RobustLock.SIZE,), np.uint8, buffer=seg.buf))), seg
     if kind == "robust mutex":
         seg = attach(shared)
         return RobustLock(np.ndarray((RobustLock.SIZE,), np.uint8, buffer=seg.buf)), seg
@@ -76,6 +116,13 @@ def open_lock(kind: str, shared):
 
 
 def round_trip_ns(lock, pairs: int) -> float:
+    if isinstance(lock, CompiledRobustLock):
+        counter = np.zeros(1, np.int64)
+        lock.run(counter, 100)  # compiled before the clock starts
+        t0 = time.perf_counter_ns()
+        for _ in range(pairs // 100):
+            lock.run(counter, 100)
+        return (time.perf_counter_ns() - t0) / (pairs // 100 * 100)
     acquire, release = lock.acquire, lock.release
     t0 = time.perf_counter_ns()
     for _ in range(pairs):
@@ -89,13 +136,18 @@ def _contender(kind: str, shared, counter_name: str, seconds: float, start, out)
     counter_seg = attach(counter_name)
     counter = np.ndarray((1,), np.int64, buffer=counter_seg.buf)
     pairs = 0
+    if isinstance(lock, CompiledRobustLock):
+        lock.run(np.zeros(1, np.int64), 1)  # compiled before the clock starts
     start.wait()
     t_end = time.perf_counter() + seconds
     while time.perf_counter() < t_end:
-        for _ in range(100):
-            lock.acquire()
-            counter[0] += 1  # not atomic: only the lock keeps the count exact
-            lock.release()
+        if isinstance(lock, CompiledRobustLock):
+            lock.run(counter, 100)
+        else:
+            for _ in range(100):
+                lock.acquire()
+                counter[0] += 1  # not atomic: only the lock keeps the count exact
+                lock.release()
         pairs += 100
     out.put(pairs)
     del counter, lock
@@ -135,12 +187,13 @@ def main(argv: list[str] | None = None) -> int:
     tmp = tempfile.NamedTemporaryFile(prefix="mpper-lock-bench-")
     try:
         RobustLock.initialize(np.ndarray((RobustLock.SIZE,), np.uint8, buffer=seg.buf))
-        shared = {"semaphore": mp.get_context("spawn").Lock(), "robust mutex": seg.name, "fcntl OFD": OfdLock(tmp.name)}
+        shared = {"semaphore": mp.get_context("spawn").Lock(), "robust mutex": seg.name, "fcntl OFD": OfdLock(tmp.name),
+                  "robust mutex, compiled": seg.name}  # fmt: skip
         kinds = list(shared)
         uncontended = {k: [] for k in kinds}
         contended = {k: [] for k in kinds}
         for rep in range(args.reps):
-            order = kinds[rep % 3 :] + kinds[: rep % 3]
+            order = kinds[rep % len(kinds) :] + kinds[: rep % len(kinds)]
             for kind in order:
                 lock, own = open_lock(kind, shared[kind])
                 uncontended[kind].append(round_trip_ns(lock, args.pairs))

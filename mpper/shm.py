@@ -404,6 +404,20 @@ class RobustLock:
         another code for ``settle``; before ``unlock(mutex)``, set ``holder.value = 0``."""
         return self._trylock, self._unlock, self._ptr, self._holder
 
+    def kernel_calls(self):
+        """For compiled code that takes the lock itself (``mpper.replay.kernels``):
+        ``(calls, holder)``, ``calls`` an int64 array of the mutex's address and the
+        addresses of ``pthread_mutex_trylock`` and ``pthread_mutex_unlock``, ``holder`` the
+        int64 array (1,) of the holder's pid (set it after taking the lock, 0 before
+        unlocking, as ``raw_calls`` says). The addresses hold while this lock is open."""
+        import numpy as np  # the lock itself needs no numpy; only this view of it does
+
+        lib = _pthread()
+        calls = np.array([self._ptr.value, ctypes.cast(lib.pthread_mutex_trylock, ctypes.c_void_p).value,
+                          ctypes.cast(lib.pthread_mutex_unlock, ctypes.c_void_p).value], np.int64)  # fmt: skip
+        holder = np.ndarray((1,), np.int64, buffer=self._region, offset=self._HOLDER_OFFSET)
+        return calls, holder
+
     def holder(self) -> int:
         """The pid that holds the lock now (0: nobody, or not known yet)."""
         return int(self._holder.value)

@@ -108,6 +108,49 @@ def test_algorithms_import_no_other_algorithm():
     assert not crossing, "\n".join(crossing)
 
 
+# What the runtime may import of the algorithms: the registry that names them and the
+# contract they all meet. Everything else of an algorithm is reached through them.
+RUNTIME_SEES_OF_ALGOS = ("mpper.algos.registry", "mpper.algos.base")
+
+
+def test_the_runtime_reaches_the_algorithms_only_through_the_registry_and_their_contract():
+    reaching = [f"{module} imports {dep}" for module, deps in sorted(GRAPH.items()) if module.startswith("mpper.runtime")
+                for dep in sorted(deps)
+                if (dep == "mpper.algos" or dep.startswith("mpper.algos.")) and dep not in RUNTIME_SEES_OF_ALGOS]
+    assert not reaching, "\n".join(reaching)
+
+
+def test_a_planted_runtime_import_of_an_algorithm_module_is_found(monkeypatch):
+    monkeypatch.setitem(globals(), "GRAPH", {"mpper.runtime.x": {"mpper.algos.muzero.player", "mpper.algos.base"}})
+    with pytest.raises(AssertionError, match=r"mpper.runtime.x imports mpper.algos.muzero.player\n"):
+        test_the_runtime_reaches_the_algorithms_only_through_the_registry_and_their_contract()
+
+
+def _code_names_and_strings(path: Path) -> set[str]:
+    """The identifiers and string constants of a module's code (docstrings left out)."""
+    tree = ast.parse(path.read_text())
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef)) and node.body
+                  and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+            out.add(node.value)
+        elif isinstance(node, ast.Name):
+            out.add(node.id)
+        elif isinstance(node, ast.Attribute):
+            out.add(node.attr)
+    return out
+
+
+def test_the_replay_core_writes_no_algorithms_fields_or_counters():
+    """MuZero's reanalysed values are a row rewrite its own folder asks for, and its
+    counters are declared by its schema: the replay core names neither."""
+    naming = [f"{module}: {word!r}" for module, path in sorted(MODULES.items()) if module.startswith("mpper.replay")
+              for word in sorted(_code_names_and_strings(path)) if "reanalys" in word.lower()]
+    assert not naming, naming
+
+
 def test_only_the_registry_compares_algorithm_names():
     """``config.algorithm`` is compared in one place: the registry (the config engine
     checks the key's value against the algorithms it is given, and compares no name)."""

@@ -8,13 +8,15 @@ whose layout follows from the schema and capacity, so another process attaches f
 small handle and copies nothing.
 
 Concurrency: one lock serialises the *writers* of the tree, the episode table and the
-ring (``add_episode``, ``update_priorities``, reanalysed values); sampling takes no lock
+ring (``add_episode``, ``update_priorities``, ``rewrite_rows``); sampling takes no lock
 at all. The lock is a robust, process-shared pthread mutex in the segment itself
 (``mpper.shm.RobustLock``): any process that maps the segment shares it, and if its
 holder dies inside a critical section (SIGKILL), the next locker is told, repairs what
 was half-written from the ring's journal (``EpisodeRing.repair``: the episode being
 reserved or published is dropped, an eviction completed, the sum tree rebuilt from its
-leaves), prints one line on stderr naming the dead pid, and goes on:
+leaves), prints one line on stderr naming the dead pid, and goes on. A priority update
+takes the mutex inside its compiled kernel (``kernels.locked_update``), and the Python
+way only when it finds it held or its holder dead:
 
 - a writer reserves slots under the lock (evicting, zeroing priorities, making the
   slots' generations odd), copies its episode *without* the lock, then publishes its
@@ -25,8 +27,8 @@ leaves), prints one line on stderr naming the dead pid, and goes on:
   whose slot was unsampleable or rewritten meanwhile are drawn again, so a batch never
   holds a torn row. The learner therefore never waits for a writer, and a writer waits
   at most for another writer's few-microsecond critical section or a priority update;
-- ``update_priorities`` and reanalysed values apply only where the slot's generation
-  still matches what was sampled.
+- ``update_priorities`` and ``rewrite_rows`` apply only where the slot's generation
+  still matches what was sampled or referenced.
 
 Priorities: callers pass raw priorities ``p >= 0`` (|TD error|, |value error|); the
 tree stores ``min(p + priority_eps, priority_clip) ** alpha``, so ``P(i) = leaf_i / sum``
@@ -36,177 +38,53 @@ divided by the batch maximum, N the number of sampleable positions.
 
 from __future__ import annotations
 
+import dataclasses
+import errno
 import os
-import sys
 import time
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Mapping, Sequence
 
-import numba
 import numpy as np
 
 from .. import shm as shm_mod
 from . import episode_ring
 from .consistency import problems as consistency_problems
-from .consistency import repair
-from .episode_ring import (
-    ID,
-    J_OP,
-    MAX_CAPACITY,
-    NUM_POSITIONS,
-    OP_PRIORITIES,
-    OP_REANALYSE,
-    PUBLISHED,
-    ROWS,
-    START,
-    STATE,
-    TERMINATED,
-    EpisodeRing,
-    RingBusy,
+from .consistency import repair_after_death, repair_after_error
+from .episode_ring import MAX_CAPACITY, NUM_POSITIONS, OP_PRIORITIES, EpisodeRing, RingBusy
+from .episodes import EpisodeAccess, EpisodeRef
+from .kernels import (
+    apply_update,
+    check_update,
+    draw_kernel,
+    empty_draw,
+    find_torn,
+    locked_update,
+    tear_update,
+    warm_kernels,
 )
-from .layout import COUNTER_INDEX, COUNTERS, record_dtype, segment_bytes, segment_layout, segment_offsets
+from .layout import (
+    COUNTERS,
+    POSITIONS,
+    counters_by_name,
+    extra_counter_names,
+    segment_bytes,
+    segment_layout,
+    segment_offsets,
+)
 from .locking import SpinThenBlock, weak_call
 from .schema import Field, normalize_schema
-from .snapshot import load_buffer, save_snapshot
-from .sum_tree import SumTree, descend, set_leaves
+from .snapshot import SnapshotError, load_buffer, save_snapshot
+from .sum_tree import SumTree
 from .targets import RawRows
 
-__all__ = ["COUNTERS", "Batch", "BufferHandle", "EpisodeRef", "ReplayBuffer", "load_snapshot", "segment_bytes"]
+__all__ = ["COUNTERS", "Batch", "BufferHandle", "EpisodeRef", "ReplayBuffer", "load_snapshot", "segment_bytes",
+           "warm_kernels"]
 
 # How long add_episode waits for a live writer's unpublished episode to get out of the way.
 _RESERVE_TIMEOUT_S = 60.0
-
-
-# ---- hot-path kernels: one compiled call per sample / update instead of ~20 numpy calls
-@numba.njit(cache=True, nogil=True)
-def _draw_kernel(tree, leaf_base, u, generation, info_of, out_slot, out_gen, out_info, out_prob, out_pos,
-                 out_moves, out_term):  # fmt: skip
-    """Stratified descent for B uniforms; per drawn slot its generation, packed info,
-    P(i) and the unpacked position, T and termination. Runs without the lock, so a
-    writer may change the tree meanwhile: returns the number of rows that turned out
-    not sampleable (odd generation or a 0 leaf), which are marked with out_gen = -1 and
-    drawn again by the caller. The caller re-checks generation and info after gathering."""
-    total = tree[1]
-    batch = u.shape[0]
-    targets = np.empty(batch)
-    for j in range(batch):
-        targets[j] = (j + u[j]) * (total / batch)
-    descend(tree, leaf_base, targets, out_slot)
-    rejected = 0
-    for j in range(batch):
-        s = out_slot[j]
-        g = generation[s]
-        info = info_of[s]
-        leaf = tree[leaf_base + s]
-        out_info[j] = info
-        out_pos[j] = info >> 32
-        out_moves[j] = (info & 0xFFFFFFFF) >> 2
-        out_term[j] = (info & 2) != 0
-        out_prob[j] = leaf / total
-        if (g & 1) or not leaf > 0.0:
-            g = -1
-            rejected += 1
-        out_gen[j] = g
-    return rejected
-
-
-@numba.njit(cache=True, nogil=True)
-def _find_torn(generation, info_of, drawn, gen, info):
-    """Rows whose slot's generation or info changed since they were drawn."""
-    torn = np.empty(drawn.shape[0], np.int64)
-    n = 0
-    for j in range(drawn.shape[0]):
-        s = drawn[j]
-        if generation[s] != gen[j] or info_of[s] != info[j]:
-            torn[n] = j
-            n += 1
-    return torn[:n]
-
-
-@numba.njit(cache=True, nogil=True)
-def _check_update(capacity, indices, priorities):
-    """-1 if all indices are in range and priorities (n, m) finite and >= 0, else the
-    first bad row (checked before anything is written)."""
-    for j in range(indices.shape[0]):
-        if indices[j] < 0 or indices[j] >= capacity:
-            return j
-        for k in range(priorities.shape[1]):
-            p = priorities[j, k]
-            if not (p >= 0.0 and p < np.inf):
-                return j
-    return -1
-
-
-@numba.njit(cache=True, nogil=True)
-def _apply_update(tree, leaf_base, generation, info_of, indices, gens, priorities, eps, clip, alpha):
-    """For each sampled slot s whose generation is unchanged (published, not rewritten
-    since: every slot of an episode changes generation together, so the whole episode is
-    the same) and that is a position t of an episode of T moves, write
-    ``min(p + eps, clip) ** alpha`` of ``priorities[j, k]`` (n, m) to slot s + k for
-    each k < m with t + k < T (the positions that follow in the same episode; m = 1:
-    the sampled position alone). Returns (rows applied, max p written)."""
-    n, m = priorities.shape
-    live_idx = np.empty(n * m, np.int64)
-    live_leaf = np.empty(n * m)
-    applied = 0
-    written = 0
-    top = 0.0
-    for j in range(n):
-        s = indices[j]
-        info = info_of[s]
-        t = info >> 32
-        big_t = (info & 0xFFFFFFFF) >> 2
-        if generation[s] == gens[j] and (gens[j] & 1) == 0 and t < big_t:
-            applied += 1
-            for k in range(min(m, big_t - t)):
-                p = priorities[j, k]
-                live_idx[written] = s + k
-                live_leaf[written] = min(p + eps, clip) ** alpha
-                written += 1
-                top = max(top, p)
-    set_leaves(tree, leaf_base, live_idx[:written], live_leaf[:written])
-    return applied, top
-
-
-def _tear_update(tree: SumTree, generation, info_of, indices, gens) -> None:
-    """Test-only: what ``_apply_update`` leaves when killed half-way: the first half of
-    the leaves it would write, written, and none of their ancestors."""
-    t, moves = info_of[indices] >> 32, (info_of[indices] & 0xFFFFFFFF) >> 2
-    live = indices[(generation[indices] == gens) & (gens % 2 == 0) & (t < moves)]
-    tree.tree[tree._leaf_base + live[: max(1, live.size // 2)]] = 1e3
-
-
-def _empty_draw(n: int) -> tuple[np.ndarray, ...]:
-    """Output arrays of _draw_kernel: slot, generation, info, P(i), position, T, terminated."""
-    i64 = np.empty((5, n), np.int64)
-    return i64[0], i64[1], i64[2], np.empty(n), i64[3], i64[4], np.empty(n, np.bool_)
-
-
-_warm = False
-
-
-def warm_kernels() -> None:
-    """Load the compiled kernels that run under the shared lock once per process, on
-    tiny arrays and outside the lock: the first call of a numba function in a process
-    takes ~0.2 s (the very first ~1 s, numba's compiler included), and under the lock it
-    would stall every other process that long. Called by the methods that run them (a no-op after the first
-    call), so that a process that never writes (the supervisor) never loads them, and
-    by the forkserver for every child (``mpper.runtime.preload``)."""
-    global _warm
-    if _warm:
-        return
-    tree = SumTree(4)
-    tree.set_range(0, np.ones(3))
-    tree.set(np.arange(2), np.ones(2))
-    records = np.zeros(4, record_dtype(()))  # strided views, like the shared ones
-    gen, info = records["_generation"], records["_info"]
-    one = np.zeros(1, np.int64)
-    _draw_kernel(tree.tree, tree._leaf_base, np.zeros(1), gen, info, one, one.copy(), one.copy(), np.zeros(1),
-                 one.copy(), one.copy(), np.zeros(1, np.bool_))  # fmt: skip
-    _find_torn(gen, info, one, one, one)
-    _apply_update(tree.tree, tree._leaf_base, gen, info, one, one, np.zeros((1, 1)), 0.0, np.inf, 1.0)
-    _check_update(4, one, np.zeros((1, 1)))
-    _warm = True
+# The buffer's own counters come first in every buffer's counter slots.
+_COUNTER = {name: i for i, name in enumerate(COUNTERS)}
 
 
 @dataclass(frozen=True)
@@ -222,6 +100,7 @@ class BufferHandle:
     priority_eps: float
     priority_clip: float | None
     initial_priority: str | float
+    counters: tuple[str, ...] = ()  # the schema's counters, in the slots after COUNTERS
 
     def portable(self) -> "BufferHandle":
         """This handle for a process of this machine that multiprocessing did not start
@@ -242,18 +121,7 @@ class Batch:
     data: dict[str, np.ndarray]
 
 
-@dataclass(frozen=True)
-class EpisodeRef:
-    """A stored episode as seen at one moment (for reanalyse and inspection)."""
-
-    episode_id: int
-    start: int  # first slot
-    rows: int  # T + 1
-    generation: int  # generation of its first slot when referenced
-    terminated: bool
-
-
-class ReplayBuffer(shm_mod.SharedObject):
+class ReplayBuffer(EpisodeAccess, shm_mod.SharedObject):
     """Prioritized episode replay in shared memory. Build with ``create``, ``attach``
     or ``load``; see the module docstring for the concurrency rules."""
 
@@ -267,6 +135,8 @@ class ReplayBuffer(shm_mod.SharedObject):
             lock = shm_mod.RobustLock(arrays["_lock"], on_owner_death=weak_call(self, "_repair"))
         self._lock = lock
         self._locked = SpinThenBlock(lock, on_error=weak_call(self, "_repair_after_error"))
+        # the mutex as compiled code takes it (kernels.locked_update); None: no shared mutex
+        self._lock_calls, self._holder = lock.kernel_calls() if isinstance(lock, shm_mod.RobustLock) else (None, None)
         self._segment = segment
         self._owner = owner
         self.read_only = read_only
@@ -276,6 +146,8 @@ class ReplayBuffer(shm_mod.SharedObject):
         self.priority_clip = None if params.priority_clip is None else float(params.priority_clip)
         self.initial_priority = params.initial_priority
         self.schema: tuple[Field, ...] = params.fields
+        self.counter_names: tuple[str, ...] = COUNTERS + tuple(getattr(params, "counters", ()))
+        self._counter_index = {name: i for i, name in enumerate(self.counter_names)}
         self._arrays = arrays
         self.fields = {f.name: arrays[f.name] for f in self.schema}
         self._tree = SumTree(self.capacity, arrays["_tree"])
@@ -286,7 +158,7 @@ class ReplayBuffer(shm_mod.SharedObject):
         self._counters = arrays["_counters"]
         self._max_priority = arrays["_max_priority"]
         self._ring = EpisodeRing(self.capacity, self._episodes, self._ring_state, self._generation,
-                                 self._info, self._tree, self._counters, COUNTER_INDEX,
+                                 self._info, self._tree, self._counters, _COUNTER,
                                  arrays.get("_journal"))  # fmt: skip
         self._rng = np.random.default_rng()
         self.snapshot_manifest: dict | None = None  # set by load(): the manifest it came from
@@ -306,11 +178,13 @@ class ReplayBuffer(shm_mod.SharedObject):
         max_episodes: int | None = None,
         tag: str = "replay",
         mp_context=None,
+        counters: Sequence[str] = (),
     ) -> "ReplayBuffer":
         """Create a buffer in a new shared-memory segment owned by this process.
 
         Args:
-            schema: ``{field: (shape, dtype[, fill])}`` per-step fields.
+            schema: ``{field: (shape, dtype[, fill])}`` per-step fields; a ``Schema`` also
+                names the extra event counters its algorithm counts (``counters``).
             capacity: number of step slots (rows) in the ring.
             alpha: priority exponent; 0 samples uniformly.
             priority_eps: added to raw priorities so nothing is starved (easy-rl's epsilon).
@@ -321,8 +195,11 @@ class ReplayBuffer(shm_mod.SharedObject):
                 episodes of 2 rows, the shortest possible).
             mp_context: accepted and unused: the lock lives in the segment, so every start
                 method (fork, forkserver, spawn) and any other process shares it alike.
+            counters: extra event counters beside those of ``schema`` (identifiers; at
+                most ``COUNTER_SLOTS - len(COUNTERS)`` in all), reported by ``counters``.
         """
         fields = normalize_schema(schema)
+        extra_counters = extra_counter_names(tuple(getattr(schema, "counters", ())) + tuple(counters))
         capacity = int(capacity)
         if not 2 <= capacity <= MAX_CAPACITY:
             raise ValueError(f"capacity must be between 2 (one move) and {MAX_CAPACITY} slots, got {capacity}")
@@ -342,7 +219,7 @@ class ReplayBuffer(shm_mod.SharedObject):
         segment = shm_mod.create(nbytes, tag, what=f"a replay buffer of {capacity} steps")
         try:
             handle = BufferHandle(segment.name, fields, capacity, max_episodes, float(alpha),
-                                  float(priority_eps), priority_clip, initial_priority)  # fmt: skip
+                                  float(priority_eps), priority_clip, initial_priority, extra_counters)  # fmt: skip
             arrays = _map_arrays(segment.buf, layout, offsets)
             shm_mod.RobustLock.initialize(arrays["_lock"])
             for f in fields:
@@ -379,8 +256,33 @@ class ReplayBuffer(shm_mod.SharedObject):
         directory, and its manifest, episode table, ring, slot records, priorities and
         the published rows' data are checked for consistency before anything is
         allocated; any problem is a SnapshotError naming the file and the entry.
+
+        The counters are placed by the names the manifest lists them under, so a
+        snapshot written when the counters sat in other slots loads them right; its
+        names beyond ``COUNTERS`` become this buffer's extra counters.
         """
-        return load_buffer(cls, path, mmap=mmap, **kwargs)
+        buf = load_buffer(cls, path, mmap=mmap, **kwargs)
+        try:
+            buf._place_counters(path, buf.snapshot_manifest.get("counters"))
+        except BaseException:
+            buf.close()
+            raise
+        return buf
+
+    def _place_counters(self, path, listed) -> None:
+        """Set the counters to a snapshot manifest's ``{name: value}`` (None: a manifest
+        without names; the slots stay as loaded) and adopt its extra names."""
+        if listed is None:
+            return
+        try:
+            extra, values = counters_by_name(listed)
+        except ValueError as exc:
+            raise SnapshotError(f"{path}/manifest.json: 'counters': {exc}") from None
+        self.counter_names = COUNTERS + extra
+        self._counter_index = {name: i for i, name in enumerate(self.counter_names)}
+        self._counters[:] = values
+        if self.handle is not None:
+            self.handle = dataclasses.replace(self.handle, counters=extra)
 
     def save(self, path, extra: dict | None = None) -> None:
         """Write an atomic, checksummed, pickle-free snapshot directory at ``path``."""
@@ -393,6 +295,7 @@ class ReplayBuffer(shm_mod.SharedObject):
         if segment is not None:
             if isinstance(self._lock, shm_mod.RobustLock):
                 self._lock.close()
+            self._lock_calls = self._holder = None
             self.fields = {}
             self._arrays = {}
             self._tree = self._ring = None
@@ -526,24 +429,35 @@ class ReplayBuffer(shm_mod.SharedObject):
             )
         p = p.reshape(idx.shape[0], -1)
         warm_kernels()
-        bad = _check_update(self.capacity, idx, p)
-        if bad >= 0:
+        clip = np.inf if self.priority_clip is None else self.priority_clip
+        tree = self._tree
+        if self._lock_calls is not None and episode_ring._fault is None:  # one compiled call: lock, update, unlock
+            bad, rc, applied = locked_update(self._lock_calls, shm_mod.PID, self._holder, self._ring.journal,
+                                             self._counters, self._max_priority, self.capacity, tree.tree,
+                                             tree._leaf_base, self._generation, self._info, idx, gen, p,
+                                             self.priority_eps, clip, self.alpha)  # fmt: skip
+            if rc == 0 and bad < 0:
+                self._locked.wait_hist[0] += 1
+                return applied, idx.shape[0] - applied
+        else:
+            bad, rc = check_update(self.capacity, idx, p), errno.EBUSY
+        if bad >= 0:  # nothing written
             if not 0 <= idx[bad] < self.capacity:
                 raise IndexError(f"update_priorities: index {idx[bad]} at position {bad} outside [0, {self.capacity})")
             self._leaf_values(p[:, 0] if p.shape[1] == 1 else p)  # raises the ValueError naming the bad positions
-        clip = np.inf if self.priority_clip is None else self.priority_clip
-        tree = self._tree
-        with self._locked:
+        if rc < 0:
+            raise OSError(-rc, f"pthread_mutex_unlock: {os.strerror(-rc)}")
+        with self._locked.after_trylock(rc):  # held by another (EBUSY), or taken from a dead holder: repaired first
             self._ring.mark(OP_PRIORITIES)
             if episode_ring._fault is not None:  # test-only: die with half the leaves written, no sums
-                episode_ring._fault.reached("priorities", tear=lambda: _tear_update(tree, self._generation, self._info,
+                episode_ring._fault.reached("priorities", tear=lambda: tear_update(tree, self._generation, self._info,
                                                                                     idx, gen))  # fmt: skip
-            applied, top = _apply_update(tree.tree, tree._leaf_base, self._generation, self._info, idx, gen, p,
+            applied, top = apply_update(tree.tree, tree._leaf_base, self._generation, self._info, idx, gen, p,
                                          self.priority_eps, clip, self.alpha)  # fmt: skip
             if top > self._max_priority[0]:
                 self._max_priority[0] = top
-            self._counters[COUNTER_INDEX["priority_updates_applied"]] += applied
-            self._counters[COUNTER_INDEX["priority_updates_dropped"]] += idx.shape[0] - applied
+            self._counters[_COUNTER["priority_updates_applied"]] += applied
+            self._counters[_COUNTER["priority_updates_dropped"]] += idx.shape[0] - applied
             self._ring.end()
         return applied, idx.shape[0] - applied
 
@@ -556,13 +470,13 @@ class ReplayBuffer(shm_mod.SharedObject):
         generation, 0 leaf); such rows are drawn again. P(i) is read as the descent
         found it; with writers active it is that of a tree a few microseconds old.
         """
-        out = _empty_draw(batch_size)
+        out = empty_draw(batch_size)
         tree = self._tree
         rows, todo = out, None
         for _ in range(1000):
             if not tree.tree[1] > 0.0:
                 raise ValueError("cannot sample: the buffer holds no sampleable positions yet")
-            rejected = _draw_kernel(tree.tree, tree._leaf_base, rng.random(rows[0].size), self._generation,
+            rejected = draw_kernel(tree.tree, tree._leaf_base, rng.random(rows[0].size), self._generation,
                                     self._info, *rows)  # fmt: skip
             if todo is not None:  # a redraw: put the new rows in place
                 for full, part in zip(out, rows):
@@ -570,11 +484,11 @@ class ReplayBuffer(shm_mod.SharedObject):
             if rejected == 0:
                 break
             todo = np.flatnonzero(out[1] < 0)
-            rows = _empty_draw(todo.size)
+            rows = empty_draw(todo.size)
         else:  # pragma: no cover - the tree kept changing under 1000 redraws
             raise RuntimeError("sample: could not draw sampleable rows; is a writer stuck?")
         # exact with one sampling process (the learner); no lock, so not with several
-        self._counters[COUNTER_INDEX["samples"]] += batch_size
+        self._counters[_COUNTER["samples"]] += batch_size
         return out
 
     def sample(self, batch_size: int, beta: float = 0.4, targets=None, rng: np.random.Generator | None = None) -> Batch:
@@ -593,10 +507,10 @@ class ReplayBuffer(shm_mod.SharedObject):
         # before it touches any of them, so an unchanged (even) generation and info mean
         # the rows gathered are intact. Rewritten rows are drawn and gathered again.
         for _ in range(1000):
-            torn = _find_torn(self._generation, self._info, slots, gen, info)
+            torn = find_torn(self._generation, self._info, slots, gen, info)
             if torn.size == 0:
                 break
-            self._counters[COUNTER_INDEX["torn_rows_redrawn"]] += torn.size  # statistics only
+            self._counters[_COUNTER["torn_rows_redrawn"]] += torn.size  # statistics only
             s2, g2, i2, p2, pos2, m2, t2 = self._draw(torn.size, rng)
             d2 = targets.build(self.fields, s2, pos2, m2, t2, rng)
             slots[torn], gen[torn], info[torn], prob[torn] = s2, g2, i2, p2
@@ -609,79 +523,14 @@ class ReplayBuffer(shm_mod.SharedObject):
         weights = (prob * (1.0 / prob.min())).astype(np.float32) ** np.float32(-beta)
         return Batch(slots, gen, weights, prob, data)
 
-    # ---- episodes (reanalyse, inspection) ------------------------------------------
-    def sample_episodes(self, count: int, rng: np.random.Generator | None = None) -> list[EpisodeRef]:
-        """Up to ``count`` distinct published episodes, uniformly at random."""
-        rng = self._rng if rng is None else rng
-        with self._locked:
-            rows = self._ring.published_rows()
-            if rows.size == 0:
-                return []
-            return self._refs(rows[rng.choice(rows.size, size=min(count, rows.size), replace=False)])
-
-    def episodes(self) -> list[EpisodeRef]:
-        """All published episodes, oldest first."""
-        with self._locked:
-            return self._refs(self._ring.published_rows())
-
-    def _refs(self, table_rows: np.ndarray) -> list[EpisodeRef]:
-        """EpisodeRefs of episode-table rows (call with the lock held)."""
-        ep = self._episodes[table_rows]
-        gens = self._generation[ep[:, START]]
-        return [EpisodeRef(int(e[ID]), int(e[START]), int(e[ROWS]), int(g), bool(e[TERMINATED]))
-                for e, g in zip(ep, gens)]  # fmt: skip
-
-    def read_episode(self, ref: EpisodeRef, names=None) -> dict[str, np.ndarray] | None:
-        """Copies of an episode's rows, or None if it was evicted before or during the read."""
-        sl = slice(ref.start, ref.start + ref.rows)
-        out = {name: self.fields[name][sl].copy() for name in (names or self.fields)}
-        return out if self._generation[ref.start] == ref.generation else None
-
-    def store_reanalysed_values(self, ref: EpisodeRef, values: np.ndarray, policies: np.ndarray | None = None) -> bool:
-        """Store fresh values for the T positions of ``ref``, or for all T + 1 rows (the
-        final observation's value is what a truncated episode's targets bootstrap from),
-        and, given ``policies`` (T, A), fresh policy targets for its T positions (field
-        ``reanalysed_policy``), if it is still the same episode (generation rule);
-        returns whether they were stored."""
-        if self.read_only:
-            raise PermissionError("this buffer was loaded read-only (mmap=True)")
-        if "reanalysed_value" not in self.fields:
-            raise KeyError("the schema has no 'reanalysed_value' field")
-        values = np.asarray(values, dtype=np.float32)
-        if values.shape not in ((ref.rows - 1,), (ref.rows,)):
-            raise ValueError(f"expected {ref.rows - 1} or {ref.rows} values for episode {ref.episode_id}, "
-                             f"got {values.shape}")  # fmt: skip
-        if not np.isfinite(values).all():
-            raise ValueError(f"reanalysed values for episode {ref.episode_id} must be finite")
-        if policies is not None:
-            if "reanalysed_policy" not in self.fields:
-                raise KeyError("the schema has no 'reanalysed_policy' field")
-            policies = np.asarray(policies, dtype=np.float32)
-            expected = (ref.rows - 1, *self.fields["reanalysed_policy"].shape[1:])
-            if policies.shape != expected:
-                raise ValueError(f"expected reanalysed policies of shape {expected} for episode {ref.episode_id}, "
-                                 f"got {policies.shape}")  # fmt: skip
-            if not np.isfinite(policies).all():
-                raise ValueError(f"reanalysed policies for episode {ref.episode_id} must be finite")
-        with self._locked:
-            self._ring.mark(OP_REANALYSE)
-            row = self._episodes[ref.episode_id % self._episodes.shape[0]]
-            ok = (self._generation[ref.start] == ref.generation and row[ID] == ref.episode_id
-                  and row[STATE] == PUBLISHED)  # fmt: skip
-            if ok:
-                self.fields["reanalysed_value"][ref.start : ref.start + values.shape[0]] = values
-                if policies is not None:
-                    self.fields["reanalysed_policy"][ref.start : ref.start + policies.shape[0]] = policies
-            self._counters[COUNTER_INDEX["reanalysed_episodes" if ok else "reanalysed_dropped"]] += 1
-            self._ring.end()
-        return bool(ok)
-
     # ---- statistics ----------------------------------------------------------------
     @property
     def counters(self) -> dict[str, int]:
-        """Shared counters (read without the lock: each value is one aligned int64)."""
-        out = {name: int(self._counters[i]) for i, name in enumerate(COUNTERS)}
-        out["positions"] = int(self._ring_state[NUM_POSITIONS])
+        """Shared counters by name, the buffer's own (``COUNTERS``), then its schema's,
+        then ``positions`` (sampleable now); read without the lock: each value is one
+        aligned int64."""
+        out = {name: int(self._counters[i]) for i, name in enumerate(self.counter_names)}
+        out[POSITIONS] = int(self._ring_state[NUM_POSITIONS])
         return out
 
     def __len__(self) -> int:
@@ -700,20 +549,12 @@ class ReplayBuffer(shm_mod.SharedObject):
         return {"lock_wait_hist_us": hist, "lock_wait_max_us": self._locked.wait_max_ns / 1000}
 
     def _repair(self, dead_pid: int) -> None:
-        """Called with the lock held when its previous holder died holding it: make the
-        buffer consistent again and say so in one line on stderr."""
-        doing, done = repair(self)
-        who = f"process {dead_pid}" if dead_pid > 0 else "a process"
-        print(f"mpper: {who} died holding the replay buffer's lock ({doing}); process {os.getpid()} repaired it: "
-              f"{done}", file=sys.stderr, flush=True)  # fmt: skip
+        """The lock's ``on_owner_death`` (``consistency.repair_after_death``)."""
+        repair_after_death(self, dead_pid)
 
     def _repair_after_error(self) -> None:
-        """An exception left a critical section of this process half-way (its journal
-        entry still open): finish it as a dead holder's would be, before the lock goes."""
-        if self._ring is not None and self._ring.journal[J_OP] != 0:
-            doing, done = repair(self)
-            print(f"mpper: an error stopped process {os.getpid()} inside the replay buffer's lock ({doing}); "
-                  f"repaired: {done}", file=sys.stderr, flush=True)  # fmt: skip
+        """The locked block's ``on_error`` (``consistency.repair_after_error``)."""
+        repair_after_error(self)
 
     def check_consistency(self) -> list[str]:
         """Problems with the buffer's bookkeeping, none when consistent (takes the lock;

@@ -17,6 +17,9 @@ state; the tests check it with ``problems``. Call both with the buffer's lock he
 
 from __future__ import annotations
 
+import os
+import sys
+
 import numpy as np
 
 from .episode_ring import (
@@ -37,7 +40,7 @@ from .episode_ring import (
     pack_info,
 )
 
-__all__ = ["problems", "repair", "restore_leaves", "sampleable_mask"]
+__all__ = ["problems", "repair", "repair_after_death", "repair_after_error", "restore_leaves", "sampleable_mask"]
 
 
 def sampleable_mask(buf) -> np.ndarray:
@@ -121,3 +124,21 @@ def repair(buf) -> tuple[str, str]:
     done += restore_leaves(buf)
     buf._tree.rebuild()
     return doing, "; ".join(done + ["sum tree rebuilt from its leaves"])
+
+
+def repair_after_death(buf, dead_pid: int) -> None:
+    """``repair``, called with the lock held when its previous holder died holding it,
+    and the one line on stderr that says so."""
+    doing, done = repair(buf)
+    who = f"process {dead_pid}" if dead_pid > 0 else "a process"
+    print(f"mpper: {who} died holding the replay buffer's lock ({doing}); process {os.getpid()} repaired it: "
+          f"{done}", file=sys.stderr, flush=True)  # fmt: skip
+
+
+def repair_after_error(buf) -> None:
+    """An exception left a critical section of this process half-way (its journal entry
+    still open): finish it as a dead holder's would be, before the lock goes."""
+    if buf._ring is not None and buf._ring.journal[J_OP] != 0:
+        doing, done = repair(buf)
+        print(f"mpper: an error stopped process {os.getpid()} inside the replay buffer's lock ({doing}); "
+              f"repaired: {done}", file=sys.stderr, flush=True)  # fmt: skip

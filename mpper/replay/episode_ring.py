@@ -23,7 +23,7 @@ State (all numpy arrays, normally views into shared memory):
 - ``journal``: int64 ``(JOURNAL_FIELDS,)``, what the holder of the buffer's lock is
   changing: every critical section that writes starts with ``begin`` (the ring and the
   counters as they were, then the operation and its episode; ``mark``, the operation
-  alone, for priority updates and reanalysed values) and ends with ``end``. If
+  alone, for priority updates and row rewrites) and ends with ``end``. If
   the holder dies in between (the lock is a robust mutex: the next locker learns it),
   ``repair`` restores the ring and counters from the journal and redoes the operation to
   a consistent end, whichever of its writes had happened: a reservation or a publication
@@ -43,6 +43,7 @@ import os
 import signal
 from dataclasses import dataclass
 
+import numba
 import numpy as np
 
 from ..shm import pid_alive
@@ -64,11 +65,11 @@ J_OP, J_EPISODE, J_ROW, J_START, J_ROWS, J_STATE, J_TERMINATED, J_PID = range(8)
 J_RING, J_COUNTERS = 8, 16
 JOURNAL_FIELDS = 32  # J_COUNTERS + the 16 counter slots of the segment
 # Journal operations (OP_NONE: the lock holder is writing nothing).
-OP_NONE, OP_RESERVE, OP_PUBLISH, OP_ABANDON, OP_EVICT, OP_PRIORITIES, OP_REANALYSE = range(7)
+OP_NONE, OP_RESERVE, OP_PUBLISH, OP_ABANDON, OP_EVICT, OP_PRIORITIES, OP_REWRITE = range(7)
 OP_NAMES = {OP_RESERVE: "reserving episode", OP_PUBLISH: "publishing episode", OP_ABANDON: "abandoning episode",
-            OP_EVICT: "evicting episode", OP_PRIORITIES: "updating priorities", OP_REANALYSE: "storing reanalysed values"}
+            OP_EVICT: "evicting episode", OP_PRIORITIES: "updating priorities", OP_REWRITE: "rewriting rows of episode"}
 # Test-only fault injection: "POINT[:N[:CLAIM]]" makes the process SIGKILL itself, lock held, at the
-# N-th time (default 1) it reaches POINT ("reserve", "publish", "evict" or "priorities") inside a
+# N-th time (default 1) it reaches POINT ("reserve", "publish", "evict", "priorities" or "rewrite") inside a
 # critical section; with CLAIM (a file path), only the first process to create that file does, once.
 FAULT_ENV = "MPPER_FAULT_DIE_IN_LOCK"
 _UNLOCKED_COUNTERS = ("samples", "torn_rows_redrawn")
@@ -83,6 +84,30 @@ def pack_info(rows: int, terminated: bool) -> np.ndarray:
 def make_unsampleable(gen: np.ndarray) -> None:
     """Set generations to the next odd value (in place): evicted, reserved or a hole."""
     gen += 1 + (gen & 1)
+
+
+# The ring's own writes to slot records, compiled: they run under the buffer's lock,
+# where a few numpy calls per episode would cost more than the rest of the section.
+@numba.njit(cache=True, nogil=True)
+def unsampleable(generation, start, rows):
+    """``make_unsampleable`` of the slots ``start .. start + rows - 1``."""
+    for s in range(start, start + rows):
+        generation[s] = (generation[s] + 1) | 1
+
+
+@numba.njit(cache=True, nogil=True)
+def sampleable(generation, start, rows):
+    """The slots ``start .. start + rows - 1`` of a reserved episode (odd) become even."""
+    for s in range(start, start + rows):
+        generation[s] += 1
+
+
+@numba.njit(cache=True, nogil=True)
+def write_info(info, start, rows, terminated):
+    """``pack_info(rows, terminated)`` written to the slots ``start .. start + rows - 1``."""
+    moves = ((rows - 1) << MOVES_SHIFT) | (TERMINATED_BIT if terminated else 0)
+    for k in range(rows):
+        info[start + k] = (k << POS_SHIFT) | moves
 
 
 class RingBusy(Exception):
@@ -155,10 +180,10 @@ class EpisodeRing:
         pid = pid or os.getpid()
         self.begin(OP_RESERVE, episode_id, row, start, rows, terminated=int(terminated), pid=pid)
         table[row] = (episode_id, start, rows, RESERVED, pid, int(terminated))
-        make_unsampleable(self.generation[start : start + rows])  # before the copy starts
+        unsampleable(self.generation, start, rows)  # before the copy starts
         if _fault is not None:
             _fault.reached("reserve")
-        self.info[start : start + rows] = pack_info(rows, terminated)
+        write_info(self.info, start, rows, terminated)
         ring[NEXT_ID] = episode_id + 1
         ring[WRITE_POS] = start + rows
         self.end()
@@ -174,8 +199,8 @@ class EpisodeRing:
         if row[ID] != res.episode_id or row[STATE] != RESERVED:
             return False
         self.begin(OP_PUBLISH, res.episode_id, res.row, res.start, res.rows)
-        self.tree.set_range(res.start, leaf_values)
-        self.generation[res.start : res.start + res.rows] += 1  # odd -> even: sampleable
+        self.tree.set_range(res.start, leaf_values, check=False)  # checked by the buffer before the lock
+        sampleable(self.generation, res.start, res.rows)
         if _fault is not None:
             _fault.reached("publish")
         row[STATE] = PUBLISHED
@@ -196,8 +221,8 @@ class EpisodeRing:
 
     def _drop(self, row: int, start: int, rows: int) -> None:
         """Turn a reserved (or half-published) episode into a hole: never sampled."""
-        self.tree.set_range(start, np.zeros(rows - 1))
-        make_unsampleable(self.generation[start : start + rows])
+        self.tree.set_range(start, np.zeros(rows - 1), check=False)
+        unsampleable(self.generation, start, rows)
         self.table[row, STATE] = FREE
         self.counters[self._c["episodes_abandoned"]] += 1
 
@@ -215,13 +240,13 @@ class EpisodeRing:
         if state == RESERVED:
             self.counters[self._c["episodes_abandoned"]] += 1  # its writer died mid-copy
         elif state == PUBLISHED:
-            self.tree.set_range(start, np.zeros(rows - 1))
+            self.tree.set_range(start, np.zeros(rows - 1), check=False)
             if _fault is not None:
                 _fault.reached("evict")
             self.ring[NUM_POSITIONS] -= rows - 1
             self.counters[self._c["episodes_evicted"]] += 1
         if state != FREE:
-            make_unsampleable(self.generation[start : start + rows])
+            unsampleable(self.generation, start, rows)
         self.table[head_row, STATE] = FREE
         self.ring[HEAD_ID] += 1
 
@@ -242,10 +267,12 @@ class EpisodeRing:
         j[J_PID] = pid
         j[J_OP] = op  # last: the entry counts only once it is whole
 
-    def mark(self, op: int) -> None:
+    def mark(self, op: int, episode_id: int = -1) -> None:
         """``begin`` for an operation whose repair needs no copies: it writes only leaves
         (rebuilt after any death) or values and statistics (kept as they are)."""
-        self._journal_view[J_OP] = op
+        j = self._journal_view
+        j[J_EPISODE] = episode_id
+        j[J_OP] = op
 
     def end(self) -> None:
         """The operation recorded by ``begin`` is complete."""
@@ -262,9 +289,9 @@ class EpisodeRing:
         j = self.journal
         op = int(j[J_OP])
         done = []
-        if op in (OP_PRIORITIES, OP_REANALYSE):  # marked only: leaves and values stay as written
+        if op in (OP_PRIORITIES, OP_REWRITE):  # marked only: leaves and values stay as written
             done.append("a half-applied priority update kept as written" if op == OP_PRIORITIES
-                        else "a half-stored reanalysed episode kept as written")  # fmt: skip
+                        else f"the half-rewritten rows of episode {int(j[J_EPISODE])} kept as written")  # fmt: skip
             self.end()
         elif op != OP_NONE:
             # undo the counters and ring positions, then redo the operation to a consistent end
@@ -276,7 +303,7 @@ class EpisodeRing:
             episode_id, row, start, rows = (int(j[k]) for k in (J_EPISODE, J_ROW, J_START, J_ROWS))
             if op == OP_RESERVE:  # completed as a hole
                 self.table[row] = (episode_id, start, rows, RESERVED, int(j[J_PID]), int(j[J_TERMINATED]))
-                self.info[start : start + rows] = pack_info(rows, bool(j[J_TERMINATED]))
+                write_info(self.info, start, rows, bool(j[J_TERMINATED]))
                 self.ring[NEXT_ID] = episode_id + 1
                 self.ring[WRITE_POS] = start + rows
                 self._drop(row, start, rows)

@@ -11,30 +11,52 @@ import numpy as np
 
 from ..shm import RobustLock
 from .episode_ring import JOURNAL_FIELDS, RING_FIELDS, TABLE_COLUMNS
-from .schema import Field, normalize_schema
+from .schema import Field, normalize_counters, normalize_schema
 from .sum_tree import SumTree
 
-__all__ = ["COUNTERS", "COUNTER_INDEX", "array_specs", "segment_layout", "segment_offsets", "record_dtype", "segment_bytes"]
+__all__ = ["COUNTERS", "COUNTER_SLOTS", "POSITIONS", "array_specs", "counters_by_name", "extra_counter_names", "segment_layout", "segment_offsets", "record_dtype", "segment_bytes"]
 
 
+# Every buffer's own event counters, first in the counter slots; the slots after them
+# hold the counters its schema declares (``Schema.counters``), in their order.
 COUNTERS = (
     "games",  # episodes published
     "steps",  # positions (moves) published
     "samples",  # rows drawn by sample()
     "priority_updates_applied",
     "priority_updates_dropped",  # generation changed since sampling: slot rewritten
-    "reanalysed_episodes",
-    "reanalysed_dropped",
     "episodes_evicted",
     "episodes_abandoned",  # reserved but never published (writer died or failed)
     "torn_rows_redrawn",  # rows discarded by the post-gather generation check
 )
 
 
-COUNTER_INDEX = {name: i for i, name in enumerate(COUNTERS)}
+COUNTER_SLOTS = 16
+# Not a counter slot: ReplayBuffer.counters reports the sampleable positions under this name.
+POSITIONS = "positions"
+# Counters only grow; a loaded one must leave them room (as the snapshot's own checks).
+_MAX_COUNTER = 1 << 62
 
 
-_COUNTER_SLOTS = 16
+def extra_counter_names(names) -> tuple[str, ...]:
+    """The extra counters a buffer may have, checked (``normalize_counters``): not one of
+    ``COUNTERS`` or ``positions``, and as many as the slots after ``COUNTERS`` hold."""
+    return normalize_counters(names, COUNTERS + (POSITIONS,), COUNTER_SLOTS - len(COUNTERS))
+
+
+def counters_by_name(listed) -> tuple[tuple[str, ...], np.ndarray]:
+    """A snapshot manifest's counters, ``{name: value}``, as a buffer holds them: (the
+    extra names, in their order; the (COUNTER_SLOTS,) int64 slot values, ``COUNTERS``
+    first, a name not listed 0). ValueError naming a bad entry."""
+    if not isinstance(listed, dict):
+        raise ValueError("must be an object of names and integers")
+    for name, value in listed.items():
+        if not (isinstance(value, int) and not isinstance(value, bool) and 0 <= value < _MAX_COUNTER):
+            raise ValueError(f"{name!r} is {value!r}, expected an integer in [0, 2^62)")
+    extra = extra_counter_names([name for name in listed if name not in COUNTERS])
+    values = np.zeros(COUNTER_SLOTS, np.int64)
+    values[: len(COUNTERS) + len(extra)] = [listed.get(name, 0) for name in COUNTERS + extra]
+    return extra, values
 
 
 _ALIGN = 64
@@ -71,7 +93,7 @@ def segment_layout(fields: tuple[Field, ...], capacity: int, max_episodes: int) 
         ("_tree", (SumTree.storage_size(capacity),), np.dtype(np.float64)),
         ("_episodes", (max_episodes, TABLE_COLUMNS), np.dtype(np.int64)),
         ("_ring", (RING_FIELDS,), np.dtype(np.int64)),
-        ("_counters", (_COUNTER_SLOTS,), np.dtype(np.int64)),
+        ("_counters", (COUNTER_SLOTS,), np.dtype(np.int64)),
         ("_max_priority", (1,), np.dtype(np.float64)),
         ("_lock", (RobustLock.SIZE,), np.dtype(np.uint8)),  # the writers' robust mutex (mpper.shm.RobustLock)
         ("_journal", (JOURNAL_FIELDS,), np.dtype(np.int64)),  # what the lock holder is doing (EpisodeRing)

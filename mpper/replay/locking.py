@@ -86,6 +86,13 @@ class SpinThenBlock:
         else:
             self.lock.release()
 
+    def after_trylock(self, rc: int) -> "SpinThenBlock | _TakenBy":
+        """The block to enter after compiled code's own ``pthread_mutex_trylock`` returned
+        ``rc`` (nonzero) and did nothing: ``EBUSY``, this block itself (it waits for the
+        holder); any other code, the lock is this thread's already (``EOWNERDEAD``: its
+        holder died; ``settle`` repairs) and the block only settles and releases it."""
+        return self if rc == errno.EBUSY else _TakenBy(self, rc)
+
     def _release(self) -> None:
         if self._unlock is not None:
             self._holder.value = 0
@@ -94,6 +101,24 @@ class SpinThenBlock:
                 raise OSError(rc, f"pthread_mutex_unlock: {os.strerror(rc)}")
         else:
             self.lock.release()
+
+
+class _TakenBy:
+    """``SpinThenBlock.after_trylock`` for a lock already taken by the trylock that
+    returned ``rc``: entering settles it, leaving releases it as the block does."""
+
+    __slots__ = ("block", "rc")
+
+    def __init__(self, block: SpinThenBlock, rc: int) -> None:
+        self.block, self.rc = block, rc
+
+    def __enter__(self) -> SpinThenBlock:
+        self.block.lock.settle(self.rc)
+        self.block.wait_hist[0] += 1
+        return self.block
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.block.__exit__(exc_type, exc, tb)
 
 
 def weak_call(obj, method: str):

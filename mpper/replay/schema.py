@@ -7,7 +7,7 @@ from typing import Mapping, NamedTuple, Sequence
 
 import numpy as np
 
-__all__ = ["Field", "normalize_schema", "schema_from_json", "schema_to_json"]
+__all__ = ["Field", "Schema", "normalize_schema", "normalize_counters", "schema_from_json", "schema_to_json"]
 
 
 class Field(NamedTuple):
@@ -17,6 +17,20 @@ class Field(NamedTuple):
     shape: tuple[int, ...]
     dtype: np.dtype
     fill: float  # value of rows a writer leaves out
+
+
+class Schema(dict):
+    """An algorithm's replay schema: ``{field: (shape, dtype[, fill])}`` (a dict, as
+    ``ReplayBuffer.create`` takes), plus ``counters``, the names of the event counters
+    the algorithm counts in the buffer beside the buffer's own (``COUNTERS``), e.g. its
+    row rewrites stored and dropped (``ReplayBuffer.rewrite_rows``)."""
+
+    def __init__(self, fields: Mapping[str, Sequence] = (), counters: Sequence[str] = ()) -> None:
+        super().__init__(fields)
+        self.counters = tuple(counters)
+
+    def __reduce__(self):
+        return Schema, (dict(self), self.counters)
 
 
 # A row field's dimensions (an image stack is 3 or 4); numpy's record dtypes take few more.
@@ -60,6 +74,22 @@ def normalize_schema(schema: Mapping[str, Sequence]) -> tuple[Field, ...]:
             raise ValueError(f"schema field {name!r}: fill NaN needs a float dtype, got {dt}")
         fields.append(Field(name, shape, dt, fill))
     return tuple(fields)
+
+
+def normalize_counters(names: Sequence[str], reserved: Sequence[str], room: int) -> tuple[str, ...]:
+    """Extra counter names, checked: identifiers, distinct, none of ``reserved`` (the
+    buffer's own names), at most ``room`` of them. Raises ValueError naming the problem."""
+    names = tuple(names)
+    for name in names:
+        if not isinstance(name, str) or not name.isidentifier():
+            raise ValueError(f"counter name {name!r} must be an identifier")
+        if name in reserved:
+            raise ValueError(f"counter name {name!r} is one of the buffer's own counters")
+    if len(set(names)) != len(names):
+        raise ValueError(f"counter names must be distinct, got {list(names)}")
+    if len(names) > room:
+        raise ValueError(f"at most {room} extra counters fit the buffer, got {len(names)}: {list(names)}")
+    return names
 
 
 def schema_to_json(fields: Sequence[Field]) -> list:

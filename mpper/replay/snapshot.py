@@ -60,7 +60,7 @@ from .episode_ring import (
     TERMINATED_BIT,
     make_unsampleable,
 )
-from .layout import COUNTERS, array_specs
+from .layout import array_specs
 from .schema import schema_from_json, schema_to_json
 
 FORMAT = "mpper-replay-snapshot"
@@ -148,7 +148,7 @@ def save_snapshot(buf, path, extra: dict | None = None) -> None:
             "initial_priority": buf.initial_priority,
             "schema": schema_to_json(buf.schema),
             "positions": int(meta["ring"][NUM_POSITIONS]),
-            "counters": {name: int(meta["counters"][i]) for i, name in enumerate(COUNTERS)},
+            "counters": {name: int(meta["counters"][i]) for i, name in enumerate(buf.counter_names)},
             "extra": extra or {},
             "files": files,
         }

@@ -173,9 +173,10 @@ class SumTree:
         if idx.size:
             set_leaves(self.tree, self._leaf_base, np.ascontiguousarray(idx), np.ascontiguousarray(p))
 
-    def set_range(self, start: int, priorities: np.ndarray) -> None:
-        """Set the contiguous leaves ``start .. start + len(priorities) - 1``."""
-        p = _check_priorities(priorities).ravel()
+    def set_range(self, start: int, priorities: np.ndarray, check: bool = True) -> None:
+        """Set the contiguous leaves ``start .. start + len(priorities) - 1``.
+        ``check=False``: the caller has checked that they are finite and >= 0."""
+        p = _check_priorities(priorities).ravel() if check else np.asarray(priorities, np.float64).ravel()
         if start < 0 or start + p.size > self.capacity:
             raise IndexError(
                 f"leaf range [{start}, {start + p.size}) outside [0, {self.capacity})"

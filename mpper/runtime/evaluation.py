@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..algos.muzero.player import Episode
+from ..algos.base import EpisodeRows as Episode
 from ..algos.registry import algorithm_of
 from ..config import Config
 from ..envs import make_env

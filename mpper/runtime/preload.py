@@ -15,8 +15,7 @@ them at no cost. Imported for its effects, by the forkserver only:
 
 import torch._dynamo  # noqa: F401
 
-import mpper.algos.dqn.dqn  # noqa: F401
-import mpper.algos.muzero.reanalyse  # noqa: F401
+import mpper.algos.registry  # noqa: F401  (every algorithm's modules)
 import mpper.runtime.children  # noqa: F401
 from mpper.replay.buffer import warm_kernels
 

@@ -12,7 +12,7 @@ import sys
 
 import numpy as np
 
-from ..replay.buffer import ReplayBuffer, load_snapshot
+from ..replay.buffer import COUNTERS, ReplayBuffer, load_snapshot
 
 __all__ = ["format_stats", "inspect_main", "snapshot_stats"]
 
@@ -89,8 +89,10 @@ def format_stats(stats: dict) -> str:
     if "reanalysed_policy_share" in stats:
         lines.append(f"positions with a reanalysed policy (searched again): {stats['reanalysed_policy_share']:.1%}")
     c = stats["counters"]
-    lines.append(f"samples drawn {c['samples']:,}; priority updates applied {c['priority_updates_applied']:,}, "
-                 f"dropped {c['priority_updates_dropped']:,}; episodes reanalysed {c['reanalysed_episodes']:,}")  # fmt: skip
+    line = (f"samples drawn {c['samples']:,}; priority updates applied {c['priority_updates_applied']:,}, "
+            f"dropped {c['priority_updates_dropped']:,}")  # fmt: skip
+    extra = [f"{name.replace('_', ' ')} {value:,}" for name, value in c.items() if name not in COUNTERS + ("positions",)]
+    lines.append("; ".join([line, *extra]))
     return "\n".join(lines)
 
 

@@ -29,7 +29,7 @@ from mpper.replay.episode_ring import FAULT_ENV
 
 _REPO = str(Path(__file__).resolve().parents[2])
 _ENV = {**os.environ, "PYTHONPATH": _REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}
-_SCHEMA = {"observation": ((4,), "float32")}
+_SCHEMA = {"observation": ((4,), "float32"), "value": ((), "float32")}
 _DIED = "died holding the replay buffer's lock"
 
 
@@ -73,6 +73,9 @@ rng = np.random.default_rng(1)
 if sys.argv[2] == "priorities":
     batch = buf.sample(16, rng=rng)
     buf.update_priorities(batch.indices, batch.generations, rng.random(16) * 5)
+elif sys.argv[2] == "rewrite":
+    ref = buf.episodes()[-1]
+    buf.rewrite_rows(ref, {"value": np.full(ref.rows, 5.0), "observation": np.zeros((ref.rows, 4))})
 else:
     for _ in range(50):
         obs = np.zeros((9, 4), np.float32)
@@ -83,13 +86,14 @@ print("survived the fault", flush=True)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("point", ["reserve", "publish", "evict", "priorities"])
+@pytest.mark.parametrize("point", ["reserve", "publish", "evict", "priorities", "rewrite"])
 def test_a_writer_sigkilled_inside_the_lock_is_repaired_by_the_next_locker(point, tmp_path, capfd):
     """A child SIGKILLs itself with the lock held: inside ``add_episode`` while reserving
     (the table row written, the ring not yet advanced), while publishing (leaves and
     generations written, the table not yet), while evicting (leaves zeroed, counters
-    not yet), or inside ``update_priorities`` (half the leaves written, none of their
-    ancestors). The next locker gets the lock, repairs, and the buffer is whole."""
+    not yet), inside ``update_priorities`` (half the leaves written, none of their
+    ancestors), or inside ``rewrite_rows`` (one of two fields written). The next locker
+    gets the lock, repairs, and the buffer is whole."""
     with ReplayBuffer.create(_SCHEMA, capacity=64, max_episodes=16) as buf:
         for i in range(7):  # 63 of 64 slots: the next episode evicts the oldest
             buf.add_episode(_episode(i, 9), priorities=np.full(8, 1.0 + i))
@@ -116,6 +120,12 @@ def test_a_writer_sigkilled_inside_the_lock_is_repaired_by_the_next_locker(point
         elif point == "evict":
             assert after["episodes_evicted"] == before["episodes_evicted"] + 1 and after["episodes_abandoned"] == 0
             assert "while evicting episode 0" in died[0]
+        elif point == "rewrite":
+            newest = buf.episodes()[-1]
+            assert (buf.read_episode(newest)["value"] == 5.0).all()  # the field it wrote stays
+            assert after == before
+            assert f"while rewriting rows of episode {newest.episode_id}" in died[0]
+            assert f"rows of episode {newest.episode_id} kept as written" in died[0]
         else:
             assert buf._tree.leaves.max() == 1e3  # the leaves it wrote stay; their sums are rebuilt
             assert after["priority_updates_applied"] == before["priority_updates_applied"]
@@ -192,6 +202,56 @@ def test_threads_exclude_each_other_and_a_blocked_locker_does_not_hold_the_gil(s
     waiter.join(30)
     assert lock.acquire(False)
     lock.release()
+
+
+def test_a_priority_update_waits_for_a_live_holder_then_applies(small_buffer):
+    """``update_priorities`` takes the lock in its compiled kernel; while another thread
+    holds it, the kernel does nothing and the update waits on the lock the slow way."""
+    buf = small_buffer
+    buf.add_episode({"observation": np.zeros((9, 4))}, priorities=np.ones(8))
+    batch = buf.sample(4, rng=np.random.default_rng(0))
+    done = threading.Event()
+    result = []
+
+    def update():
+        result.append(buf.update_priorities(batch.indices, batch.generations, np.full(4, 7.0)))
+        done.set()
+
+    assert buf._lock.acquire()
+    try:
+        updater = threading.Thread(target=update, daemon=True)
+        updater.start()
+        assert not done.wait(0.3)  # waiting: nothing applied while the lock is held
+        assert buf.counters["priority_updates_applied"] == 0
+    finally:
+        buf._lock.release()
+    assert done.wait(30)
+    updater.join(30)
+    assert result == [(4, 0)] and buf.max_priority == 7.0
+    assert buf.counters["priority_updates_applied"] == 4 and buf.check_consistency() == []
+    assert buf._lock.holder() == 0 and buf._ring.journal[0] == 0
+
+
+@pytest.mark.slow
+def test_a_priority_update_after_a_holders_death_repairs_then_applies(small_buffer, capfd):
+    """The next locker after a death is the compiled update itself: its trylock returns
+    EOWNERDEAD with the lock taken, and the buffer repairs (one line) before the update
+    applies."""
+    from children import hold_the_buffer_lock_and_exit
+
+    buf = small_buffer
+    buf.add_episode({"observation": np.zeros((9, 4))}, priorities=np.ones(8))
+    batch = buf.sample(4, rng=np.random.default_rng(0))
+    child = mp.get_context("spawn").Process(target=hold_the_buffer_lock_and_exit, args=(buf.handle,))
+    child.start()
+    child.join(120)
+    assert child.exitcode == 0 and buf._lock.holder() == child.pid
+    assert buf.update_priorities(batch.indices, batch.generations, np.full(4, 3.0)) == (4, 0)
+    died = [line for line in capfd.readouterr().err.splitlines() if _DIED in line]
+    assert len(died) == 1 and f"process {child.pid} died" in died[0] and "repaired" in died[0], died
+    assert buf.max_priority == 3.0 and buf.check_consistency() == []
+    assert buf._lock.holder() == 0 and buf._lock.acquire(False)
+    buf._lock.release()
 
 
 @pytest.mark.slow

@@ -1,5 +1,7 @@
 """ReplayBuffer in one process: ring placement, eviction, priorities, weights, errors."""
 
+import pickle
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -9,6 +11,7 @@ from scipy.stats import chisquare
 from mpper import COUNTERS, ReplayBuffer
 from mpper.algos.dqn.targets import dqn_schema
 from mpper.replay.episode_ring import PUBLISHED, START, STATE
+from mpper.replay.schema import Schema
 
 SCHEMA = {**dqn_schema((2,)), "tag": ((2,), "int64")}  # tag = (episode id, position)
 
@@ -263,8 +266,8 @@ def test_batches_are_stratified_over_unequal_priorities():
         b.close()
 
 
-def test_reanalysed_values_follow_the_generation_rule():
-    schema = {**dqn_schema((2,)), "reanalysed_value": ((), "float32", float("nan"))}
+def test_rewritten_rows_follow_the_generation_rule_and_count_in_the_schemas_counters():
+    schema = Schema({**dqn_schema((2,)), "value": ((), "float32", float("nan"))}, counters=("rewritten", "stale"))
     b = ReplayBuffer.create(schema, 30)
     try:
         for i in range(3):
@@ -272,19 +275,60 @@ def test_reanalysed_values_follow_the_generation_rule():
         refs = b.sample_episodes(5, rng=np.random.default_rng(0))
         assert len(refs) == 3 and len({r.episode_id for r in refs}) == 3
         first = min(refs, key=lambda r: r.episode_id)
-        assert b.store_reanalysed_values(first, np.arange(7.0))
-        np.testing.assert_array_equal(b.fields["reanalysed_value"][first.start : first.start + 7], np.arange(7.0))
-        assert np.isnan(b.fields["reanalysed_value"][first.start + 7])  # final row untouched
+        assert b.rewrite_rows(first, {"value": np.arange(7.0), "reward": np.full(3, 2.0)}, counters=("rewritten", "stale"))
+        np.testing.assert_array_equal(b.fields["value"][first.start : first.start + 7], np.arange(7.0))
+        assert np.isnan(b.fields["value"][first.start + 7])  # a row not given: untouched
+        np.testing.assert_array_equal(b.fields["reward"][first.start : first.start + 4], [2, 2, 2, 0])
         b.add_episode({"observation": np.zeros((8, 2))})
         b.add_episode({"observation": np.zeros((8, 2))})  # wraps, evicts the first episode
-        assert not b.store_reanalysed_values(first, np.ones(7))
+        assert not b.rewrite_rows(first, {"value": np.ones(7)}, counters=("rewritten", "stale"))
         assert b.read_episode(first) is None
+        assert b.rewrite_rows(b.episodes()[-1], {"value": np.ones(8)})  # no counters: counted nowhere
         c = b.counters
-        assert (c["reanalysed_episodes"], c["reanalysed_dropped"]) == (1, 1)
-        with pytest.raises(ValueError):
-            b.store_reanalysed_values(refs[1], np.ones(3))
+        assert (c["rewritten"], c["stale"]) == (1, 1)
+        assert list(c)[: len(COUNTERS) + 2] == [*COUNTERS, "rewritten", "stale"]
     finally:
         b.close()
+
+
+@pytest.mark.parametrize("rows, counters, match", [
+    ({"nope": np.ones(3)}, None, "unknown field 'nope'"),
+    ({"value": np.ones(9)}, None, r"shape \(9,\), expected \(n, \*\(\)\) with 1 <= n <= 8"),
+    ({"value": np.ones((3, 2))}, None, "shape"),
+    ({"value": np.zeros(0)}, None, "shape"),
+    ({"value": np.array([1.0, np.inf])}, None, "'value' for episode 0 must be finite"),
+    ({"value": np.array([1e300])}, None, "must be finite"),  # finite in float64, not once stored as float32
+    ({"action": np.ones(3)}, None, "dtype float64 cannot be stored as int64"),
+    ({"value": np.ones(3)}, ("rewritten", "nope"), "two of the buffer's counters"),
+])  # fmt: skip
+def test_a_rewrite_with_bad_rows_or_counters_is_refused_before_anything_is_written(rows, counters, match):
+    schema = Schema({**dqn_schema((2,)), "value": ((), "float32", float("nan"))}, counters=("rewritten",))
+    with ReplayBuffer.create(schema, 30) as b:
+        b.add_episode({"observation": np.zeros((8, 2)), "action": np.arange(8)})
+        before = {name: b.fields[name].copy() for name in b.fields}
+        with pytest.raises(ValueError, match=match):
+            b.rewrite_rows(b.episodes()[0], rows, counters=counters)
+        for name, arr in before.items():
+            np.testing.assert_array_equal(b.fields[name], arr)
+        assert b.counters["rewritten"] == 0 and b._ring.journal[0] == 0
+
+
+def test_schema_counters_are_checked_and_shared_with_attached_buffers():
+    with pytest.raises(ValueError, match="counter name 'games' is one of the buffer's own"):
+        ReplayBuffer.create(Schema(SCHEMA, counters=("games",)), 30)
+    with pytest.raises(ValueError, match="at most 8 extra counters fit the buffer, got 9"):
+        ReplayBuffer.create(Schema(SCHEMA, counters=[f"c{i}" for i in range(9)]), 30)
+    with pytest.raises(ValueError, match="must be distinct"):
+        ReplayBuffer.create(SCHEMA, 30, counters=("a", "a"))
+    with pytest.raises(ValueError, match="must be an identifier"):
+        ReplayBuffer.create(SCHEMA, 30, counters=("two words",))
+    with ReplayBuffer.create(Schema(SCHEMA, counters=("a",)), 30, counters=("b",)) as b:
+        other = ReplayBuffer.attach(pickle.loads(pickle.dumps(b.handle)))
+        b.add_episode(episode(0, 5))
+        assert other.rewrite_rows(other.episodes()[0], {"reward": np.ones(4)}, counters=("b", "a"))
+        assert b.counters["a"] == 0 and b.counters["b"] == 1 and other.counters == b.counters
+        other.close()
+    assert "reanalysed_episodes" not in COUNTERS  # the buffer's own counters name no algorithm
 
 
 def test_episode_table_smaller_than_ring_evicts_by_count():

@@ -7,6 +7,7 @@ import hashlib
 import json
 import multiprocessing as mp
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -23,7 +24,7 @@ from conftest import make_episode
 import mpper.replay.snapshot
 from mpper import ReplayBuffer, SnapshotError
 from mpper import shm as mpper_shm
-from mpper.algos.muzero.targets import muzero_schema
+from mpper.algos.muzero.targets import REANALYSE_COUNTERS, muzero_schema
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -46,7 +47,7 @@ def _fill(buf: ReplayBuffer, seed: int = 0, episodes: int = 40) -> None:
     applied, _ = buf.update_priorities(batch.indices, batch.generations, rng.uniform(0, 20, 32))
     assert applied > 0
     ref = buf.episodes()[-1]
-    assert buf.store_reanalysed_values(ref, np.linspace(-1, 1, ref.rows - 1))
+    assert buf.rewrite_rows(ref, {"reanalysed_value": np.linspace(-1, 1, ref.rows - 1)})
 
 
 @pytest.fixture
@@ -166,12 +167,55 @@ def test_round_trip_mmap_read_only(filled, tmp_path):
         loaded.close()
 
 
-def test_mmap_store_reanalysed_values_is_refused(filled, tmp_path):
+# Written by mpper before the buffer's counters named no algorithm: MuZero's reanalyse
+# counters sat in slots 5 and 6, before episodes_evicted; its manifest lists them by name.
+_OLD_SNAPSHOT = Path(__file__).resolve().parents[1] / "data" / "snapshot_v1_counters"
+_OLD_COUNTERS = {"games": 7, "steps": 46, "samples": 8, "priority_updates_applied": 8, "priority_updates_dropped": 0,
+                 "episodes_evicted": 2, "episodes_abandoned": 0, "torn_rows_redrawn": 0, "reanalysed_episodes": 2,
+                 "reanalysed_dropped": 1, "positions": 34}  # fmt: skip
+
+
+def test_a_snapshot_from_before_the_schemas_counters_loads_them_by_name_and_keeps_counting(tmp_path):
+    for mmap in (True, False):
+        with ReplayBuffer.load(_OLD_SNAPSHOT, mmap=mmap) as old:
+            assert old.counters == _OLD_COUNTERS
+            assert old.check_consistency() == []
+    with ReplayBuffer.load(_OLD_SNAPSHOT) as resumed:
+        ref = resumed.episodes()[-1]
+        assert resumed.rewrite_rows(ref, {"reanalysed_value": np.ones(ref.rows - 1)}, counters=REANALYSE_COUNTERS)
+        with ReplayBuffer.attach(resumed.handle) as child:  # a child process of the resumed run
+            assert child.counters == resumed.counters
+        resumed.save(tmp_path / "again")
+    manifest = json.loads((tmp_path / "again" / "manifest.json").read_text())
+    assert manifest["counters"]["reanalysed_episodes"] == 3
+    with ReplayBuffer.load(tmp_path / "again") as again:
+        assert again.counters == {**_OLD_COUNTERS, "reanalysed_episodes": 3}
+
+
+@pytest.mark.parametrize("counters, match", [
+    ([1, 2], "must be an object"),
+    ({"games": -1}, "'games' is -1, expected an integer"),
+    ({"games": 1.5}, "'games' is 1.5"),
+    ({"games": 1 << 62}, "expected an integer in"),
+    ({"two words": 1}, "must be an identifier"),
+    ({f"c{i}": 1 for i in range(9)}, "at most 8 extra counters"),
+])  # fmt: skip
+def test_a_manifest_with_bad_counters_is_refused_in_one_line(tmp_path, counters, match):
+    shutil.copytree(_OLD_SNAPSHOT, tmp_path / "snap")
+    manifest = json.loads((tmp_path / "snap" / "manifest.json").read_text())
+    manifest["counters"] = counters
+    (tmp_path / "snap" / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(SnapshotError, match=match) as err:
+        ReplayBuffer.load(tmp_path / "snap")
+    assert "manifest.json: 'counters'" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_mmap_rewrite_rows_is_refused(filled, tmp_path):
     filled.save(tmp_path / "snap")
     loaded = ReplayBuffer.load(tmp_path / "snap", mmap=True)
     ref = loaded.episodes()[0]
     with pytest.raises(PermissionError):
-        loaded.store_reanalysed_values(ref, np.zeros(ref.rows - 1))
+        loaded.rewrite_rows(ref, {"reanalysed_value": np.zeros(ref.rows - 1)})
 
 
 def _chi_square_limit(dof: int, z: float = 4.265) -> float:

@@ -48,7 +48,7 @@ def test_the_snapshot_example_runs_and_reports_the_snapshot(tmp_path):
             ep = make_episode(rng, moves)
             ep["reward"] = np.r_[0.0, np.ones(moves)].astype(np.float32)
             buf.add_episode(ep, priorities=np.full(moves, priority))
-        buf.store_reanalysed_values(buf.episodes()[0], np.zeros(10))
+        buf.rewrite_rows(buf.episodes()[0], {"reanalysed_value": np.zeros(10)})
         buf.save(tmp_path / path)
     finally:
         buf.close()

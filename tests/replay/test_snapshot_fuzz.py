@@ -60,7 +60,7 @@ def snapshot(tmp_path_factory) -> Path:
         batch = buf.sample(16, 0.4, rng=rng)
         buf.update_priorities(batch.indices, batch.generations, rng.uniform(0, 3, 16))
         ref = buf.episodes()[-1]
-        buf.store_reanalysed_values(ref, np.linspace(-1, 1, ref.rows - 1))
+        buf.rewrite_rows(ref, {"reanalysed_value": np.linspace(-1, 1, ref.rows - 1)})
         res = buf._reserve(3, True)  # an episode still being written when the save starts: a hole
         buf.save(path)
         buf._ring.abandon(res)

@@ -22,12 +22,12 @@ pytestmark = pytest.mark.slow  # a forkserver and a fresh interpreter: seconds e
 
 def _what_is_loaded(results) -> None:
     """A child's main: report what was already there when it began."""
-    from mpper.replay import buffer
+    from mpper.replay import kernels
 
     results.put({
         "torch._dynamo": "torch._dynamo" in sys.modules,
-        "apply_update": len(buffer._apply_update.signatures),
-        "draw": len(buffer._draw_kernel.signatures),
+        "apply_update": len(kernels.apply_update.signatures),
+        "draw": len(kernels.draw_kernel.signatures),
     })  # fmt: skip
 
 
@@ -54,14 +54,14 @@ def test_a_process_that_only_creates_and_reads_a_buffer_loads_no_kernel():
     code = """
 import numpy as np
 from mpper.algos.dqn.targets import dqn_schema
-from mpper.replay import buffer as b
+from mpper.replay import buffer as b, kernels as k
 buf = b.ReplayBuffer.create(dqn_schema((4,)), capacity=64)
 try:
-    loaded = [len(b._apply_update.signatures), len(b._draw_kernel.signatures)]
+    loaded = [len(k.apply_update.signatures), len(k.draw_kernel.signatures)]
     print(*loaded, buf.counters["steps"], len(buf))
     buf.add_episode({"observation": np.zeros((3, 4), np.float32), "action": np.zeros(3, np.int64),
                      "reward": np.ones(3, np.float32)}, priorities=np.ones(2))
-    print(len(b._apply_update.signatures), len(b._draw_kernel.signatures), buf.counters["steps"], len(buf))
+    print(len(k.apply_update.signatures), len(k.draw_kernel.signatures), buf.counters["steps"], len(buf))
 finally:
     buf.close()
 """

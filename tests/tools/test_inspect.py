@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from mpper import ReplayBuffer, load_snapshot
+from mpper.algos.muzero.reanalyse import store_reanalysed
 from mpper.algos.muzero.targets import muzero_schema
 from mpper.cli import main
 
@@ -19,8 +20,8 @@ def snapshot(tmp_path):
             buf.add_episode({"observation": np.zeros((moves + 1, 4)), "reward": np.full(moves + 1, reward)},
                             priorities=np.full(moves, prio))  # fmt: skip
         ref, searched = buf.episodes()[:2]
-        buf.store_reanalysed_values(ref, np.ones(3))
-        buf.store_reanalysed_values(searched, np.ones(5), np.full((5, 2), 0.5))
+        store_reanalysed(buf, ref, np.ones(3))
+        store_reanalysed(buf, searched, np.ones(5), np.full((5, 2), 0.5))
         buf.save(tmp_path / "snap")
     finally:
         buf.close()

@@ -33,14 +33,14 @@ import torch
 
 from ...envs.spec import make_env
 from ...envs.two_player import is_two_player
-from ...replay.buffer import ReplayBuffer
+from ...replay.buffer import EpisodeRef, ReplayBuffer
 from ..base import WeightSource
 from .config import MuZeroRunConfig
 from .networks import make_network, support_to_scalar
 from .search import make_search
-from .targets import stacked_observations
+from .targets import REANALYSE_COUNTERS, stacked_observations
 
-__all__ = ["Reanalyser"]
+__all__ = ["Reanalyser", "store_reanalysed"]
 
 NAME = "reanalyser"
 _REPORT_INTERVAL_S = 1.0
@@ -51,6 +51,27 @@ _SEARCH_FIELDS = ("to_play", "legal_actions", "reanalysed_policy")
 # rows of 84 x 84 Atari frames stacked with 4 past frames and actions (254 KiB a row), whose
 # convolutions' activations are several times the input.
 INPUT_BYTES_PER_PASS = 16 * 2**20
+
+
+def store_reanalysed(buf: ReplayBuffer, ref: EpisodeRef, values: np.ndarray, policies: np.ndarray | None = None) -> bool:
+    """Store fresh values for the T positions of ``ref``, or for all T + 1 rows (the
+    final observation's value is what a truncated episode's targets bootstrap from), as
+    ``reanalysed_value``, and, given ``policies`` (T, A), fresh policy targets for its T
+    positions as ``reanalysed_policy``, if it is still the same episode (the buffer's
+    generation rule); returns whether they were stored. Counted in the buffer's
+    ``reanalysed_episodes`` or ``reanalysed_dropped``."""
+    values = np.asarray(values, dtype=np.float32)
+    if values.shape not in ((ref.rows - 1,), (ref.rows,)):
+        raise ValueError(f"expected {ref.rows - 1} or {ref.rows} values for episode {ref.episode_id}, "
+                         f"got {values.shape}")  # fmt: skip
+    rows = {"reanalysed_value": values}
+    if policies is not None:
+        policies = np.asarray(policies, dtype=np.float32)
+        if policies.shape[:1] != (ref.rows - 1,):
+            raise ValueError(f"expected reanalysed policies for the {ref.rows - 1} positions of episode "
+                             f"{ref.episode_id}, got shape {policies.shape}")  # fmt: skip
+        rows["reanalysed_policy"] = policies
+    return buf.rewrite_rows(ref, rows, counters=REANALYSE_COUNTERS)
 
 
 class Reanalyser:
@@ -202,7 +223,7 @@ class Reanalyser:
             bounds = np.cumsum([0] + [ref.rows for ref in kept])
             policies = self._search_episodes(kept, episodes, searched, values, bounds)
             for ref, lo, hi, policy in zip(kept, bounds[:-1], bounds[1:], policies):
-                if self.buf.store_reanalysed_values(ref, values[lo:hi], policy):
+                if store_reanalysed(self.buf, ref, values[lo:hi], policy):
                     stored += 1
                     self.searched += policy is not None
                     self.positions_searched += 0 if policy is None else ref.rows - 1

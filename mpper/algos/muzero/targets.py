@@ -16,9 +16,15 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
+from ...replay.schema import Schema
 from ...replay.targets import gather_rows
 
-__all__ = ["MuZeroTargets", "latest_stacked_observation", "muzero_schema", "stacked_observations"]
+__all__ = ["REANALYSE_COUNTERS", "MuZeroTargets", "latest_stacked_observation", "muzero_schema",
+           "stacked_observations"]
+
+# The buffer counters MuZero's schema declares: reanalysed episodes stored, and dropped
+# (rewritten since they were read).
+REANALYSE_COUNTERS = ("reanalysed_episodes", "reanalysed_dropped")
 
 
 @numba.njit(cache=True, nogil=True)
@@ -268,9 +274,10 @@ class MuZeroTargets:
         out["next_observation_mask"] = (pos[:, None] + steps[None, :] <= moves[:, None]).astype(np.float32)
 
 
-def muzero_schema(observation_shape: Sequence[int], num_actions: int, observation_dtype="float32") -> dict:
-    """Fields MuZero self-play stores per row (see ``mpper.replay.targets`` for the layout)."""
-    return {
+def muzero_schema(observation_shape: Sequence[int], num_actions: int, observation_dtype="float32") -> Schema:
+    """Fields MuZero self-play stores per row (see ``mpper.replay.targets`` for the layout),
+    and the reanalyser's counters."""
+    fields = {
         "observation": (tuple(observation_shape), observation_dtype),
         "action": ((), "int64"),
         "reward": ((), "float32"),
@@ -281,3 +288,4 @@ def muzero_schema(observation_shape: Sequence[int], num_actions: int, observatio
         "reanalysed_value": ((), "float32", float("nan")),  # NaN: not reanalysed yet
         "reanalysed_policy": ((num_actions,), "float32", float("nan")),  # NaN: not searched again yet
     }
+    return Schema(fields, counters=REANALYSE_COUNTERS)

@@ -15,7 +15,7 @@ from mpper import ReplayBuffer
 from mpper.algos.configs import default_config
 from mpper.algos.muzero.config import NetworkConfig
 from mpper.algos.muzero.networks import make_network, support_to_scalar
-from mpper.algos.muzero.reanalyse import Reanalyser
+from mpper.algos.muzero.reanalyse import Reanalyser, store_reanalysed
 from mpper.algos.muzero.search import make_search
 from mpper.algos.muzero.targets import muzero_schema
 from mpper.runtime.children import run_reanalyser
@@ -371,17 +371,19 @@ def test_stored_policies_obey_shape_values_and_the_generation_rule():
         rng = np.random.default_rng(8)
         buf.add_episode(make_episode(rng, 4))
         ref = buf.episodes()[0]
-        with pytest.raises(ValueError, match=r"shape \(4, 2\) for episode 0, got \(5, 2\)"):
-            buf.store_reanalysed_values(ref, np.zeros(5), np.full((5, 2), 0.5))
+        with pytest.raises(ValueError, match=r"policies for the 4 positions of episode 0, got shape \(5, 2\)"):
+            store_reanalysed(buf, ref, np.zeros(5), np.full((5, 2), 0.5))
         with pytest.raises(ValueError, match="must be finite"):
-            buf.store_reanalysed_values(ref, np.zeros(5), np.full((4, 2), np.nan))
+            store_reanalysed(buf, ref, np.zeros(5), np.full((4, 2), np.nan))
+        with pytest.raises(ValueError, match=r"expected 4 or 5 values for episode 0, got \(3,\)"):
+            store_reanalysed(buf, ref, np.zeros(3))
         assert np.isnan(buf.fields["reanalysed_policy"]).all() and np.isnan(buf.fields["reanalysed_value"]).all()
         for _ in range(3):  # lap the 12-slot ring: episode 0 is evicted
             buf.add_episode(make_episode(rng, 4))
-        assert not buf.store_reanalysed_values(ref, np.zeros(5), np.full((4, 2), 0.5))
+        assert not store_reanalysed(buf, ref, np.zeros(5), np.full((4, 2), 0.5))
         assert np.isnan(buf.fields["reanalysed_policy"]).all(), "a stale policy reached a newer episode"
         newest = buf.episodes()[-1]
-        assert buf.store_reanalysed_values(newest, np.zeros(5), np.full((4, 2), 0.25))
+        assert store_reanalysed(buf, newest, np.zeros(5), np.full((4, 2), 0.25))
         rows = slice(newest.start, newest.start + 4)
         assert (buf.fields["reanalysed_policy"][rows] == 0.25).all()
         assert np.isnan(buf.fields["reanalysed_policy"][newest.start + 4]).all()  # row T: no move
