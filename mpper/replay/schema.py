@@ -54,8 +54,10 @@ def normalize_schema(schema: Mapping[str, Sequence]) -> tuple[Field, ...]:
             dt = np.dtype(dtype)
         except TypeError:
             raise ValueError(f"schema field {name!r}: unknown dtype {dtype!r}") from None
-        if dt.kind not in "biuf":
-            raise ValueError(f"schema field {name!r}: dtype must be bool, integer or float, got {dt}")
+        if dt.kind not in "biuf" or (dt.kind == "f" and dt.itemsize not in (4, 8)):
+            raise ValueError(f"schema field {name!r}: dtype must be bool, integer, float32 or float64, got {dt}")
+        if not dt.isnative:  # the compiled gathers read this machine's byte order only
+            raise ValueError(f"schema field {name!r}: dtype {dt.str} is not in this machine's byte order")
         if math.isnan(fill) and dt.kind != "f":
             raise ValueError(f"schema field {name!r}: fill NaN needs a float dtype, got {dt}")
         fields.append(Field(name, shape, dt, fill))
