@@ -467,7 +467,8 @@ def main() -> int:
     cases_per_kind = Counter()
     entry_totals = defaultdict(Counter)
     examples = defaultdict(list)
-    excess = Counter(max=-(1 << 62))  # peak - (baseline + 2x size): the largest, and how many over 0
+    excess: dict = Counter(max=-(1 << 62))  # peak - (baseline + 2x size): the largest, and how many over 0
+    worst = [""]  # where the largest was
     kept = 0
 
     def collect():
@@ -478,7 +479,8 @@ def main() -> int:
             for entry, r in results.items():
                 if "peak" in r:
                     strict = r["peak"] - baseline[case["base"], entry] - case["disk"] * 2
-                    excess["max"] = max(excess["max"], strict)
+                    if strict > excess["max"]:
+                        excess["max"], worst[0] = strict, f"case {case['i']} ({case['kind']}, {case['base']}, {entry})"
                     excess["over strict"] += strict > 0
                 table[case["kind"]][r["outcome"]] += 1
                 entry_totals[entry][r["outcome"]] += 1
@@ -533,6 +535,7 @@ def main() -> int:
     pool.drain()
     collect()
     elapsed = time.monotonic() - started
+    excess["where"] = worst[0]
     return report(args, table, cases_per_kind, entry_totals, examples, excess, elapsed)
 
 
@@ -558,7 +561,7 @@ def report(args, table, cases_per_kind, entry_totals, examples, excess, elapsed)
           f"({args.workers} workers, timeout {args.timeout:g} s per load, --on-snapshot for 1 case in "
           f"{args.on_snapshot_every}); memory budget per load: the baseline peak RSS of that load of the unmutated "
           f"snapshot + 2x the mutated snapshot's bytes on disk + {args.allowance_kib} KiB; without the allowance "
-          f"{excess['over strict']} loads went over, by at most {excess['max'] / 1024:.0f} KiB; failures (accepted, "
+          f"{excess['over strict']} loads went over, by at most {excess['max'] / 1024:.0f} KiB ({excess['where']}); failures (accepted, "
           f"crash, hang, memory, traceback): {failed}")  # fmt: skip
     return 1 if failed else 0
 

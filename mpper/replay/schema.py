@@ -60,8 +60,21 @@ def normalize_schema(schema: Mapping[str, Sequence]) -> tuple[Field, ...]:
             raise ValueError(f"schema field {name!r}: dtype {dt.str} is not in this machine's byte order")
         if math.isnan(fill) and dt.kind != "f":
             raise ValueError(f"schema field {name!r}: fill NaN needs a float dtype, got {dt}")
+        if not _holds(dt, fill):  # rows a writer leaves out are set to it
+            raise ValueError(f"schema field {name!r}: fill {fill!r} is not a value of {dt}")
         fields.append(Field(name, shape, dt, fill))
     return tuple(fields)
+
+
+def _holds(dt: np.dtype, fill: float) -> bool:
+    """Whether ``fill`` is a value of ``dt``: NaN or a finite float in its range, an
+    integer in its range, 0 or 1 for bool."""
+    if dt.kind == "f":
+        return math.isnan(fill) or abs(fill) <= float(np.finfo(dt).max)
+    if dt.kind == "b":
+        return fill in (0.0, 1.0)
+    info = np.iinfo(dt)
+    return fill.is_integer() and info.min <= fill <= info.max
 
 
 def schema_to_json(fields: Sequence[Field]) -> list:

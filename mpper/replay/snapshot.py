@@ -223,7 +223,7 @@ def _load_buffer_once(cls, path: Path, mmap: bool, verify: bool, mp_context, num
     params = manifest_priorities(mpath, manifest)
     try:
         fields = schema_from_json(manifest["schema"])
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
         raise SnapshotError(f"{mpath}: bad schema ({exc})") from None
     check_declared_size(mpath, fields, capacity, max_episodes, shared_memory=not mmap)
     layout = array_specs(fields, capacity, max_episodes)

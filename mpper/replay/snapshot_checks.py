@@ -156,9 +156,10 @@ def check_declared_size(mpath: Path, fields, capacity: int, max_episodes: int, s
     nothing on disk, and hashing it reads every byte. Real data cannot outgrow the file
     system that holds it; a buffer loaded into shared memory (``shared_memory``) must
     fit the room there as well."""
-    layout = array_specs(fields, capacity, max_episodes)
-    layout["_tree"] = ((capacity,), np.dtype(np.float64))  # tree_leaves.npy: the leaves only
-    declared = sum(math.prod(shape) * dtype.itemsize for shape, dtype in layout.values())
+    internal = array_specs((), capacity, max_episodes)  # without fields: no slot record to build yet
+    internal["_tree"] = ((capacity,), np.dtype(np.float64))  # tree_leaves.npy: the leaves only
+    declared = sum(capacity * math.prod(f.shape) * f.dtype.itemsize for f in fields)
+    declared += sum(math.prod(shape) * dtype.itemsize for shape, dtype in internal.values())
     fs = os.statvfs(mpath.parent)
     disk = fs.f_blocks * fs.f_frsize
     if declared > disk:
