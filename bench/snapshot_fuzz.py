@@ -559,7 +559,7 @@ def report(args, table, cases_per_kind, entry_totals, examples, excess, elapsed)
     failed = sum(total[c] for c in FAILURES) + total["bench-error"]
     print(f"\n{sum(cases_per_kind.values())} cases, {sum(total.values())} loads in {elapsed / 60:.1f} min "
           f"({args.workers} workers, timeout {args.timeout:g} s per load, --on-snapshot for 1 case in "
-          f"{args.on_snapshot_every}); memory budget per load: the baseline peak RSS of that load of the unmutated "
+          f"{args.on_snapshot_every}); memory budget per load: the rise of the peak RSS in that load of the unmutated "
           f"snapshot + 2x the mutated snapshot's bytes on disk + {args.allowance_kib} KiB; without the allowance "
           f"{excess['over strict']} loads went over, by at most {excess['max'] / 1024:.0f} KiB ({excess['where']}); failures (accepted, "
           f"crash, hang, memory, traceback): {failed}")  # fmt: skip

@@ -381,6 +381,23 @@ def manifest_value(rng, snap, base):
     return "any"
 
 
+def declared_size(rng, snap, base):
+    """Sizes the manifest declares, edited consistently with nothing else: a schema shape
+    with a negative, zero or huge dimension or 17 dimensions, a capacity or max_episodes
+    doubled, huge or negative."""
+    m = read_manifest(snap)
+    how = rng.integers(3)
+    if how == 0:
+        f = m["schema"][rng.integers(len(m["schema"]))]
+        shapes = [[-1], [0], [4, -4], [1 << 31], [1 << 40, 1 << 40], [1] * 17, [2**63], [3, 0]]
+        f["shape"] = shapes[rng.integers(len(shapes))]
+    else:
+        key = "capacity" if how == 1 else "max_episodes"
+        m[key] = [m[key] * 2, m[key] + 1, 1 << 30, (1 << 30) + 1, -m[key], 2**63][rng.integers(6)]
+    write_manifest(snap, m)
+    return "refuse"
+
+
 def manifest_missing_key(rng, snap, base):
     """A manifest key, a schema entry's key or a file's entry removed."""
     m = read_manifest(snap)
@@ -511,6 +528,7 @@ MUTATIONS = {
     "shape-of-file": shape_of_file,
     "shape-of-field": shape_of_field,
     "manifest-value": manifest_value,
+    "declared-size": declared_size,
     "manifest-missing-key": manifest_missing_key,
     "manifest-text": manifest_text,
     "file-bytes": file_bytes,
