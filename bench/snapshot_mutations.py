@@ -256,8 +256,7 @@ def counter_edit(rng, snap, base):
     """A counter or a generation set near, at or past the limits (2^62, int64)."""
     name = "counters.npy" if rng.random() < 0.5 else "generation.npy"
     array = np.load(snap / name)
-    # near the limit: LIMIT - 2^20 (a value a few writes below it loads, and the buffer's next snapshot after those
-    # writes is refused: the buffer does not stop counting at the limit)
+    # near the limit: LIMIT - 2^20 (a few writes below it loads, and the buffer's snapshot after them is refused)
     value = [-1, LIMIT - (1 << 20), LIMIT, LIMIT + 2, 2**63 - 1, -(2**63), 1 << 40][rng.integers(7)]
     set_value(array, int(rng.integers(array.size)), value)
     rewrite(snap, name, array)
@@ -282,8 +281,7 @@ def hole(rng, snap, base):
 
 def evict_oldest(rng, snap, base):
     """The oldest episode evicted as the ring does it (valid: must load)."""
-    table, ring = np.load(snap / "episodes.npy"), np.load(snap / "ring.npy")
-    gen, leaves = np.load(snap / "generation.npy"), np.load(snap / "tree_leaves.npy")
+    ring, gen, leaves = (np.load(snap / n) for n in ("ring.npy", "generation.npy", "tree_leaves.npy"))
     ep = base.episodes[0]
     ring[HEAD_ID] += 1
     if ep[3] == PUBLISHED:
@@ -292,7 +290,6 @@ def evict_oldest(rng, snap, base):
     gen[ep[1] : ep[1] + ep[2]] |= 1
     for name, array in (("ring.npy", ring), ("generation.npy", gen), ("tree_leaves.npy", leaves)):
         rewrite(snap, name, array)
-    del table
     return "any"
 
 
