@@ -535,9 +535,8 @@ MUTATIONS = {
 
 
 def mutate(kind: str, rng, snap: Path, base: Base) -> tuple[str, str]:
-    """Apply ``kind`` to ``snap``; returns (the kind applied, the expectation). A kind
-    that does not apply to this snapshot (no two adjacent episodes) falls back to
-    ``array-value``."""
+    """Apply ``kind`` to ``snap``; returns (the kind applied, the expectation). A kind that
+    does not apply to this snapshot (no two adjacent episodes) falls back to ``array-value``."""
     expect = MUTATIONS[kind](rng, snap, base)
     if expect is None:  # not applicable to this snapshot
         kind, expect = "array-value", array_value(rng, snap, base)
