@@ -68,10 +68,14 @@ def normalize_schema(schema: Mapping[str, Sequence]) -> tuple[Field, ...]:
             dt = np.dtype(dtype)
         except TypeError:
             raise ValueError(f"schema field {name!r}: unknown dtype {dtype!r}") from None
-        if dt.kind not in "biuf":
-            raise ValueError(f"schema field {name!r}: dtype must be bool, integer or float, got {dt}")
+        if dt.kind not in "biuf" or (dt.kind == "f" and dt.itemsize not in (4, 8)):
+            raise ValueError(f"schema field {name!r}: dtype must be bool, integer, float32 or float64, got {dt}")
+        if not dt.isnative:  # the compiled gathers read this machine's byte order only
+            raise ValueError(f"schema field {name!r}: dtype {dt.str} is not in this machine's byte order")
         if math.isnan(fill) and dt.kind != "f":
             raise ValueError(f"schema field {name!r}: fill NaN needs a float dtype, got {dt}")
+        if not _holds(dt, fill):  # rows a writer leaves out are set to it
+            raise ValueError(f"schema field {name!r}: fill {fill!r} is not a value of {dt}")
         fields.append(Field(name, shape, dt, fill))
     return tuple(fields)
 
@@ -90,6 +94,17 @@ def normalize_counters(names: Sequence[str], reserved: Sequence[str], room: int)
     if len(names) > room:
         raise ValueError(f"at most {room} extra counters fit the buffer, got {len(names)}: {list(names)}")
     return names
+
+
+def _holds(dt: np.dtype, fill: float) -> bool:
+    """Whether ``fill`` is a value of ``dt``: NaN or a finite float in its range, an
+    integer in its range, 0 or 1 for bool."""
+    if dt.kind == "f":
+        return math.isnan(fill) or abs(fill) <= float(np.finfo(dt).max)
+    if dt.kind == "b":
+        return fill in (0.0, 1.0)
+    info = np.iinfo(dt)
+    return fill.is_integer() and info.min <= fill <= info.max
 
 
 def schema_to_json(fields: Sequence[Field]) -> list:

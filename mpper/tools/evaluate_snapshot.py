@@ -33,7 +33,7 @@ from ..atomic import write_json_atomic
 from ..checkpoint import CheckpointError
 from ..config import ConfigError
 from ..envs import env_spec
-from ..replay.buffer import load_snapshot
+from ..replay.buffer import ReplayBuffer
 from ..replay.positions import all_positions
 from ..replay.schema import Field, normalize_schema
 from ..replay.snapshot import SnapshotError
@@ -95,7 +95,8 @@ def evaluate_on_snapshot(run_dir: Path, snapshot_dir: Path, checkpoint: Path | N
     spec = env_spec(config.env)
     state = load_run_checkpoint(checkpoint, config, spec, follow_links=named)
     started = time.monotonic()
-    with load_snapshot(snapshot_dir) as buf:
+    # memory-mapped, read-only; its stored actions checked against this env's (the network indexes by them)
+    with ReplayBuffer.load(snapshot_dir, mmap=True, num_actions=spec.num_actions) as buf:
         expected = algorithm.schema(spec.observation_shape, spec.num_actions, spec.observation_dtype)
         check_schema(snapshot_dir, run_dir, buf.schema, normalize_schema(expected))
         positions = all_positions(buf)

@@ -25,6 +25,7 @@ import pytest
 from children import write_tagged_episodes
 
 from mpper import ReplayBuffer
+from mpper.runtime.procs import StopSignal
 from mpper.replay.episode_ring import FAULT_ENV
 
 _REPO = str(Path(__file__).resolve().parents[2])
@@ -284,7 +285,7 @@ def test_writers_sigkilled_at_random_moments_beside_a_sampling_learner(tmp_path)
 
         learner_thread = threading.Thread(target=learner, daemon=True)
         learner_thread.start()
-        stop = ctx.Event()
+        stop = StopSignal(ctx)  # a shared byte: a writer SIGKILLed inside an Event's is_set would hold its lock
         writers = {}
         tags = iter(range(1, 1000))
 

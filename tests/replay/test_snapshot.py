@@ -869,7 +869,7 @@ def test_a_snapshot_replaced_by_a_save_while_it_is_read_loads_the_new_one_not_co
     path = tmp_path / "snap"
     filled.save(path)
     rng = np.random.default_rng(9)
-    read_manifest, saves = snapshot._read_manifest, []
+    read_manifest, saves = snapshot.read_manifest, []
 
     def a_save_lands_after_the_manifest(where):
         manifest = read_manifest(where)
@@ -879,7 +879,7 @@ def test_a_snapshot_replaced_by_a_save_while_it_is_read_loads_the_new_one_not_co
             saves.append(where)
         return manifest
 
-    monkeypatch.setattr(snapshot, "_read_manifest", a_save_lands_after_the_manifest)
+    monkeypatch.setattr(snapshot, "read_manifest", a_save_lands_after_the_manifest)
     with ReplayBuffer.load(path, mmap=mmap) as loaded:
         assert saves and loaded.counters["games"] == filled.counters["games"]
         assert len(loaded) == len(filled)
@@ -890,7 +890,7 @@ def test_a_snapshot_replaced_by_every_read_says_so(filled, tmp_path, monkeypatch
 
     path = tmp_path / "snap"
     filled.save(path)
-    read_manifest = snapshot._read_manifest
+    read_manifest = snapshot.read_manifest
     rng = np.random.default_rng(10)
 
     def a_save_lands_after_every_manifest(where):
@@ -899,7 +899,7 @@ def test_a_snapshot_replaced_by_every_read_says_so(filled, tmp_path, monkeypatch
         filled.save(path)
         return manifest
 
-    monkeypatch.setattr(snapshot, "_read_manifest", a_save_lands_after_every_manifest)
+    monkeypatch.setattr(snapshot, "read_manifest", a_save_lands_after_every_manifest)
     with pytest.raises(SnapshotError, match=r"replaced by a new save 4 times while it was read .*; try again$"):
         ReplayBuffer.load(path)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import shutil
 import tempfile
 import tracemalloc
@@ -262,3 +263,198 @@ def test_a_manifest_field_of_seventy_dimensions_is_refused_in_one_line(snapshot,
     with pytest.raises(SnapshotError, match=r"manifest.json: bad schema \(schema field .*: at most 16 dimensions, "
                                             r"got 70\)"):  # fmt: skip
         ReplayBuffer.load(snap, mmap=True)
+
+
+# ---- classes of crafted snapshots that bench/snapshot_fuzz.py found: each was a traceback (or
+# a buffer that loaded and then failed in use) before the loader refused it in one line
+def _manifest_edit(snapshot: Path, tmp_path: Path, edit) -> Path:
+    snap = shutil.copytree(snapshot, tmp_path / "snapshot")
+    manifest = json.loads((snap / "manifest.json").read_text())
+    edit(manifest)
+    (snap / "manifest.json").write_text(json.dumps(manifest))
+    return snap
+
+
+def _field(manifest: dict, name: str) -> dict:
+    return next(f for f in manifest["schema"] if f["name"] == name)
+
+
+def _set_entry_shape_to_a_number(m):
+    m["files"]["ring.npy"]["shape"] = 4
+
+
+def _set_alpha_beyond_any_float(m):
+    m["alpha"] = 10**400
+
+
+def _set_fill_beyond_the_dtype(m):
+    _field(m, "action")["fill"] = 10**30
+
+
+def _set_fill_beyond_any_float(m):
+    _field(m, "reward")["fill"] = 10**400
+
+
+@pytest.mark.parametrize("mmap", [True, False], ids=["mmap", "shm"])
+@pytest.mark.parametrize("edit, message", [
+    (_set_entry_shape_to_a_number, r"manifest.json: ring.npy is listed as <i8 4, the schema needs <i8 \[4\]$"),
+    (_set_alpha_beyond_any_float, r"manifest.json: alpha must be a finite number >= 0, got 1000+$"),
+    (_set_fill_beyond_the_dtype, r"manifest.json: bad schema \(schema field 'action': fill 1e\+30 is not a value of int64\)$"),
+    (_set_fill_beyond_any_float, r"manifest.json: bad schema \(int too large to convert to float\)$"),
+], ids=["entry-shape-a-number", "alpha-10^400", "fill-beyond-int64", "fill-beyond-float"])  # fmt: skip
+def test_a_manifest_value_of_the_wrong_kind_is_refused_in_one_line(snapshot, tmp_path, mmap, edit, message):
+    snap = _manifest_edit(snapshot, tmp_path, edit)
+    with pytest.raises(SnapshotError, match=message):
+        ReplayBuffer.load(snap, mmap=mmap)
+
+
+@pytest.mark.parametrize("text, message", [
+    ('{"format": "mpper-replay-snapshot", "extra": ' + "[" * 100_000 + "]" * 100_000 + "}",
+     r"manifest.json: not a manifest \(JSON nested deeper than Python reads\)$"),
+    ('{"format": "mpper-replay-snapshot", "capacity": ' + "9" * 5000 + "}",
+     r"manifest.json: not valid JSON \(Exceeds the limit \(4300 digits\) .*\)$"),
+], ids=["nested-100000-deep", "5000-digit-number"])  # fmt: skip
+def test_a_manifest_that_python_cannot_read_as_json_is_refused_in_one_line(snapshot, tmp_path, text, message):
+    snap = shutil.copytree(snapshot, tmp_path / "snapshot")
+    (snap / "manifest.json").write_text(text)
+    with pytest.raises(SnapshotError, match=message) as info:
+        ReplayBuffer.load(snap, mmap=True)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("dtype", [">f4", "<f2"])
+def test_a_field_the_kernels_cannot_read_is_refused_at_load(snapshot, tmp_path, dtype):
+    """A field in another byte order, or float16, consistently in the schema, the file
+    and its checksum: numba's gathers cannot read it, so the buffer could be loaded but
+    never sampled. It is refused when the snapshot loads, naming the field."""
+    snap = shutil.copytree(snapshot, tmp_path / "snapshot")
+    manifest = json.loads((snap / "manifest.json").read_text())
+    _field(manifest, "observation")["dtype"] = dtype
+    array = np.load(snap / "field.observation.npy").astype(dtype)
+    np.save(snap / "field.observation.npy", array)
+    entry = manifest["files"]["field.observation.npy"]
+    entry["dtype"], entry["sha256"] = array.dtype.str, hashlib.sha256((snap / "field.observation.npy").read_bytes()).hexdigest()
+    (snap / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(SnapshotError, match=r"manifest.json: bad schema \(schema field 'observation': dtype"):
+        ReplayBuffer.load(snap, mmap=True)
+
+
+def test_an_action_field_of_a_row_shape_is_checked_per_row(snapshot, tmp_path):
+    """``action`` stored as a (2,) row per slot (schema, file and checksum agree): a
+    stored action out of range is refused naming the slot, not a broadcasting error."""
+    snap = shutil.copytree(snapshot, tmp_path / "snapshot")
+    manifest = json.loads((snap / "manifest.json").read_text())
+    _field(manifest, "action")["shape"] = [2]
+    with ReplayBuffer.load(snapshot, mmap=True) as buf:
+        slot = buf.episodes()[0].start + 1
+    actions = np.repeat(np.load(snap / "field.action.npy")[:, None], 2, axis=1)
+    actions[slot, 1] = NUM_ACTIONS
+    np.save(snap / "field.action.npy", actions)
+    manifest["files"]["field.action.npy"]["shape"] = list(actions.shape)
+    (snap / "manifest.json").write_text(json.dumps(manifest))
+    _recompute_checksum(snap, "field.action.npy")
+    with pytest.raises(SnapshotError, match=rf"field.action.npy: slot {slot}, in a published episode, holds an "
+                                            rf"action outside \[0, {NUM_ACTIONS}\)$"):  # fmt: skip
+        ReplayBuffer.load(snap, mmap=True)
+
+
+# ---- declared sizes: bounded before anything is hashed or mapped
+def _declare_huge_observation(snap: Path, rows: int, per_row: int) -> Path:
+    """The observation field declared (per_row,) float32, consistently in the schema and
+    its file entry, with a sparse file of exactly the declared size (no disk used)."""
+    manifest = json.loads((snap / "manifest.json").read_text())
+    _field(manifest, "observation")["shape"] = [per_row]
+    manifest["files"]["field.observation.npy"] = {"sha256": "0" * 64, "shape": [rows, per_row], "dtype": "<f4"}
+    (snap / "manifest.json").write_text(json.dumps(manifest))
+    path = snap / "field.observation.npy"
+    with open(path, "wb") as f:
+        np.lib.format.write_array_header_2_0(f, {"descr": "<f4", "fortran_order": False, "shape": (rows, per_row)})
+        f.truncate(f.tell() + rows * per_row * 4)
+    return path
+
+
+def _refuse_to_open(monkeypatch, path: Path) -> list:
+    """Fail the test if the loader opens ``path`` (to hash or map it)."""
+    from mpper.replay import snapshot_checks
+
+    opened, real = [], snapshot_checks.open_regular
+
+    def spy(p):
+        opened.append(p)
+        assert Path(p) != path, f"{path} was opened: hashed or mapped before its declared size was checked"
+        return real(p)
+
+    monkeypatch.setattr(snapshot_checks, "open_regular", spy)
+    return opened
+
+
+@pytest.mark.parametrize("mmap", [True, False], ids=["mmap", "shm"])
+def test_a_sparse_file_larger_than_its_file_system_is_refused_before_it_is_read(snapshot, tmp_path, monkeypatch,
+                                                                                 mmap):  # fmt: skip
+    """A manifest that declares a field larger than the file system holding it, with a
+    sparse file of exactly that size (consistent with the manifest, so the size check of
+    each file passes): refused on the declared size, before the file is opened, where
+    hashing it whole would read every byte of its holes."""
+    snap = shutil.copytree(snapshot, tmp_path / "snapshot")
+    fs = os.statvfs(snap)
+    per_row = fs.f_blocks * fs.f_frsize // (CAPACITY * 4) + 1
+    path = _declare_huge_observation(snap, CAPACITY, per_row)
+    assert path.stat().st_blocks * 512 < 1 << 20  # sparse: the test costs no disk
+    opened = _refuse_to_open(monkeypatch, path)
+    with pytest.raises(SnapshotError, match=r"manifest.json: its sizes declare .* of arrays, more than the file system "
+                                            r"holding the snapshot can store .*: files that size can only be sparse, "
+                                            r"not data \(refused before reading them\)$"):  # fmt: skip
+        ReplayBuffer.load(snap, mmap=mmap)
+    assert [Path(p).name for p in opened] == ["manifest.json"]  # read; no array file opened
+
+
+def test_a_sparse_buffer_larger_than_shared_memory_is_refused_before_it_is_read(snapshot, tmp_path, monkeypatch):
+    """A load into shared memory of a buffer larger than the room in /dev/shm (its sparse
+    file consistent with the manifest) is refused before any file is hashed; where the
+    file system is smaller than that, its own bound refuses it first."""
+    from mpper.shm import SHM_DIR, free_bytes
+
+    snap = shutil.copytree(snapshot, tmp_path / "snapshot")
+    per_row = (free_bytes(SHM_DIR) + (1 << 30)) // (CAPACITY * 4)
+    path = _declare_huge_observation(snap, CAPACITY, per_row)
+    opened = _refuse_to_open(monkeypatch, path)
+    with pytest.raises(SnapshotError, match=r"manifest.json: (the buffer it declares needs .* of shared memory, "
+                                            r"/dev/shm has .* free|its sizes declare .* more than the file system)"):  # fmt: skip
+        ReplayBuffer.load(snap, mmap=False)
+    assert [Path(p).name for p in opened] == ["manifest.json"]  # read; no array file opened
+
+
+@pytest.fixture(scope="module")
+def dqn_run(tmp_path_factory) -> Path:
+    """A real DQN run directory on CartPole (config.json, checkpoint.pt, buffer/), short."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    run_dir = tmp_path_factory.mktemp("dqn") / "run"
+    args = [sys.executable, str(root / "run.py"), "--config", "cartpole_dqn", "--workers", "0", "--run-dir", str(run_dir)]
+    for setting in ("replay.capacity=256", "env.max_episode_steps=60", "training.min_buffer_steps=64",
+                    "training.batch_size=32", "training.env_steps=300", "runtime.time_limit_s=120"):  # fmt: skip
+        args += ["--set", setting]
+    proc = subprocess.run(args, cwd=root, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return run_dir
+
+
+@pytest.mark.slow
+def test_on_snapshot_refuses_a_dqn_action_outside_the_envs_actions(dqn_run, tmp_path, capsys):
+    """A DQN schema has no child_visits to bound its actions: ``--on-snapshot`` checks
+    them against the run's env, so a stored action of 2^40 is one line and exit code 2,
+    not an index error inside the network's gather."""
+    from mpper.cli import main
+
+    snap = shutil.copytree(dqn_run / "buffer", tmp_path / "snapshot")
+    with ReplayBuffer.load(snap, mmap=True) as buf:
+        slot = buf.episodes()[0].start + 1
+    actions = np.load(snap / "field.action.npy")
+    actions[slot] = 1 << 40
+    np.save(snap / "field.action.npy", actions)
+    _recompute_checksum(snap, "field.action.npy")
+    assert main(["--evaluate", str(dqn_run), "--on-snapshot", str(snap)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"error: {snap}/field.action.npy: slot {slot}, in a published episode, holds an action outside [0, 2)"
