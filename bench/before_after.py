@@ -7,8 +7,9 @@ next), so that whatever else the machine does weighs on both alike:
 * ``bench/solve_cartpole.py``, one seed at a time: the time to solve CartPole-v1 with
   ``run.py --workers W``, for the old tree, this tree, and this tree with
   ``runtime.lockstep`` (``--lockstep``);
-* ``bench/replay.py --quick --skip-mp`` and ``bench/mcts_speed.py`` (``--micro``): the
-  buffer's and the search's per-call times, each tree's own benchmark on its own code.
+* ``bench/replay.py --quick --skip-mp``, ``bench/mcts_speed.py`` and ``bench/learner.py``
+  (``--micro``): the buffer's and the search's per-call times and the learner process's
+  training steps per second, each tree's own benchmark on its own code.
 
 Prints the per-seed table and, for the micro benchmarks, each tree's own output.
 
@@ -52,7 +53,7 @@ def main() -> int:
     ap.add_argument("--workers", type=int, default=8)
     ap.add_argument("--time-limit", type=float, default=300.0)
     ap.add_argument("--lockstep", action="store_true", help="also this tree with runtime.lockstep")
-    ap.add_argument("--micro", action="store_true", help="also bench/replay.py and bench/mcts_speed.py")
+    ap.add_argument("--micro", action="store_true", help="also bench/replay.py, bench/mcts_speed.py, bench/learner.py")
     args = ap.parse_args()
     command = "python bench/before_after.py " + " ".join(sys.argv[1:])
     with tempfile.TemporaryDirectory(prefix="mpper-before-") as tmp:
@@ -96,7 +97,8 @@ def run(args, command: str, before: Path) -> int:
     print("", *summary, sep="\n")
     if args.micro:
         micro = [("bench/replay.py", ["--quick", "--skip-mp", "--capacities", "100000", "--out", "/dev/null"]),
-                 ("bench/mcts_speed.py", ["--ks", "8", "64", "--searches", "puct:25", "gumbel:8", "--seconds", "2"])]
+                 ("bench/mcts_speed.py", ["--ks", "8", "64", "--searches", "puct:25", "gumbel:8", "--seconds", "2"]),
+                 ("bench/learner.py", ["--seconds", "6", "--batch-size", "128"])]
         for script, extra in micro:
             for rep in range(2):
                 for name, root in ((("before", before), ("after", ROOT)) if rep == 0 else

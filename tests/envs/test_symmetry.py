@@ -183,13 +183,13 @@ def test_rows_redrawn_after_a_torn_read_get_one_symmetry_each(monkeypatch):
     symmetry (observation, policy target and next action agree on it)."""
     import mpper.replay.buffer as rb
 
-    real, calls = rb._find_torn, []
+    real, calls = rb.find_torn, []
 
     def tear_ten_rows_once(*args):
         calls.append(1)
         return np.arange(10) if len(calls) == 1 else real(*args)
 
-    monkeypatch.setattr(rb, "_find_torn", tear_ten_rows_once)
+    monkeypatch.setattr(rb, "find_torn", tear_ten_rows_once)
     buf = tictactoe_buffer()
     try:
         aug = SymmetryAugmented(MuZeroTargets(num_unroll_steps=1, td_steps=20, discount=1.0, num_actions=9),
