@@ -243,7 +243,8 @@ class _Turns:
         sink = BufferSink(buf, None, None, lambda source, report: run.episode(source, report, buf.counters["steps"]))
         evaluation = Evaluation(setup)
         status = ProgressLine()  # stderr: rewritten on a terminal, a plain line per log interval otherwise
-        last_eval_time, last_eval_step = time.monotonic(), learner.training_step
+        # free-running: a first evaluation after the first round, as the evaluator process starts with one
+        last_eval_time, last_eval_step = -float("inf"), learner.training_step
         last_checkpoint = time.monotonic()
 
         def figures() -> ProgressFigures:

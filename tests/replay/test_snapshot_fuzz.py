@@ -430,7 +430,7 @@ def dqn_run(tmp_path_factory) -> Path:
     import subprocess
     import sys
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     run_dir = tmp_path_factory.mktemp("dqn") / "run"
     args = [sys.executable, str(root / "run.py"), "--config", "cartpole_dqn", "--workers", "0", "--run-dir", str(run_dir)]
     for setting in ("replay.capacity=256", "env.max_episode_steps=60", "training.min_buffer_steps=64",
