@@ -43,7 +43,7 @@ from .run import Run, create_buffer, end_text
 from .setup import RunSetup
 from .weights import WeightStore
 
-__all__ = ["play_streams", "run_stream_host", "stream_name", "train_in_turns"]
+__all__ = ["StreamHostLost", "play_streams", "run_stream_host", "stream_name", "train_in_turns"]
 
 _HOST_JOIN_TIMEOUT_S = 10.0
 
@@ -91,6 +91,10 @@ def run_stream_host(setup: RunSetup, host: int, stream_ids: list[int], weight_ha
             results.put(("played", name, dict(zip(stream_ids, played))))
 
 
+class StreamHostLost(RuntimeError):
+    """A lockstep run's stream host failed or died mid-round: the schedule cannot go on."""
+
+
 class _StreamHosts:
     """The stream-host processes of a lockstep run with workers: started, asked to play
     a round, stopped."""
@@ -129,13 +133,13 @@ class _StreamHosts:
                 dead = [f"{p.name.removeprefix('mpper-')} ({_exit_text(p.exitcode)})"
                         for p in self.processes if not p.is_alive()]  # fmt: skip
                 if dead:
-                    raise RuntimeError(f"lockstep stream host {', '.join(dead)} ended mid-round; a lockstep run "
+                    raise StreamHostLost(f"lockstep stream host {', '.join(dead)} ended mid-round; a lockstep run "
                                        "cannot go on without it")  # fmt: skip
                 continue
             if kind == "error":
                 lines = payload["traceback"].strip().splitlines()
                 print(f"mpper: {name} failed:\n{payload['traceback']}", file=sys.stderr)
-                raise RuntimeError(f"{name} failed: {lines[-1] if lines else 'error'}")
+                raise StreamHostLost(f"{name} failed: {lines[-1] if lines else 'error'}")
             played.update(payload)
             waiting -= 1
         return [played[s] for s in sorted(played)]
@@ -308,9 +312,7 @@ class _Turns:
             code, reason = 130, "interrupted (Ctrl-C)"
         except SystemExit as exc:  # SIGTERM (StopRequests)
             code, reason = 143, f"terminated (exit {exc.code})"
-        except RuntimeError as exc:  # a lockstep stream host failed
-            if self.hosts is None:
-                raise
+        except StreamHostLost as exc:
             print(f"mpper: run stopped: {exc}", file=sys.stderr)
             code, reason = 1, str(exc)
         finally:
