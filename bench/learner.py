@@ -43,9 +43,9 @@ from mpper.algos.muzero.targets import muzero_schema  # noqa: E402
 from mpper.algos.registry import algorithm_of  # noqa: E402
 from mpper.envs import env_spec, make_env  # noqa: E402
 from mpper.runtime.children import run_learner  # noqa: E402
-from mpper.runtime.setup import RunSetup  # noqa: E402
 from mpper.runtime.procs import StopSignal  # noqa: E402
 from mpper.runtime.run import create_buffer  # noqa: E402
+from mpper.runtime.setup import RunSetup  # noqa: E402
 from mpper.runtime.weights import WeightStore  # noqa: E402
 
 CARTPOLE = ROOT / "configs" / "cartpole.json"

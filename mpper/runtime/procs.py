@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import ctypes
 import multiprocessing as mp
 import os
@@ -12,6 +10,7 @@ import threading
 import time
 import traceback
 from contextlib import contextmanager
+from typing import Any
 
 from ..replay.buffer import ReplayBuffer
 from .weights import WeightStore

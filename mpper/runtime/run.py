@@ -27,10 +27,9 @@ import json
 import os
 import sys
 import time
-from typing import TextIO
 from collections import deque
-from dataclasses import dataclass
 from pathlib import Path
+from typing import TextIO
 
 import numpy as np
 import torch

@@ -23,7 +23,6 @@ supervisor was killed sees the stop signal set (its parent is gone) and exits.
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 import queue
 import signal
@@ -31,8 +30,8 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 from .. import shm
 from ..checkpoint import CheckpointError, load_checkpoint

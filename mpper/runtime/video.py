@@ -10,10 +10,9 @@ the frame padded by one row or column where not), so a long episode holds no fra
 
 from __future__ import annotations
 
-from typing import Any
-
 import os
 from pathlib import Path
+from typing import Any
 
 import gymnasium as gym
 import numpy as np

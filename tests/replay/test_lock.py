@@ -25,8 +25,8 @@ import pytest
 from children import write_tagged_episodes
 
 from mpper import ReplayBuffer
-from mpper.runtime.procs import StopSignal
 from mpper.replay.episode_ring import FAULT_ENV
+from mpper.runtime.procs import StopSignal
 
 _REPO = str(Path(__file__).resolve().parents[2])
 _ENV = {**os.environ, "PYTHONPATH": _REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}

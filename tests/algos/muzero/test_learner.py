@@ -481,7 +481,7 @@ class _CountingRate(RateLimiter):
     often the learner asks it whether it may sample (waiting for a batch, or before
     drawing the next one ahead)."""
 
-    def __init__(self, config: Config):
+    def __init__(self, config: MuZeroRunConfig):
         t = config.training
         super().__init__(None, 0.0, t.min_buffer_steps, t.batch_size, None)
         self.calls = 0
