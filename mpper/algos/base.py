@@ -210,6 +210,7 @@ class Trainer(Generic[C]):
         self.network = network.to(self.device)
         self.network.train()
         self.training_step = 0  # completed updates; the lr of the next one depends on it
+        self.lr_drop_step: int | None = None  # the step training.lr_drop_factor took effect (training.lr_drop_return)
         params = list(self.network.parameters())
         # One fused kernel for the whole Adam update instead of a dozen tensor ops per
         # parameter (torch >= 2.4, CPU and CUDA): the same arithmetic, and a cost that
@@ -252,10 +253,20 @@ class Trainer(Generic[C]):
 
     def learning_rate(self, step: int | None = None) -> float:
         """``lr_init * lr_decay_rate ** (step / lr_decay_steps)`` (muzero-general's
-        ``update_lr``), for ``step`` completed updates (default: now)."""
+        ``update_lr``), for ``step`` completed updates (default: now), times
+        ``lr_drop_factor`` from the step :meth:`drop_learning_rate` was called on."""
         t = self.train_config
         step = self.training_step if step is None else step
-        return t.lr_init * t.lr_decay_rate ** (step / t.lr_decay_steps)
+        lr = t.lr_init * t.lr_decay_rate ** (step / t.lr_decay_steps)
+        if self.lr_drop_step is not None and step >= self.lr_drop_step:
+            lr *= t.lr_drop_factor
+        return lr
+
+    def drop_learning_rate(self) -> None:
+        """From the next update on, the learning rate is multiplied by ``training.lr_drop_factor``
+        (once: an evaluation reached ``training.lr_drop_return``)."""
+        if self.lr_drop_step is None:
+            self.lr_drop_step = self.training_step
 
     # ---- gradients -------------------------------------------------------------------
     def backward(self, loss: torch.Tensor, clip_value: float | None = None) -> torch.Tensor:
@@ -320,6 +331,8 @@ class Trainer(Generic[C]):
             "optimizer": self.optimizer.state_dict(),
             "training_step": int(self.training_step),
         }
+        if self.lr_drop_step is not None:
+            state["lr_drop_step"] = int(self.lr_drop_step)
         if self.averaged is not None:
             state["online_network"] = self.network.state_dict()
             state["averaged_updates"] = int(self.averaged.n_averaged)
@@ -359,6 +372,7 @@ class Trainer(Generic[C]):
                         raise ValueError(f"optimizer state {name!r} has shape {tuple(value.shape)} for a weight of "
                                          f"shape {tuple(param.shape)}")  # fmt: skip
         self.training_step = int(state["training_step"])
+        self.lr_drop_step = int(state["lr_drop_step"]) if "lr_drop_step" in state else None
         if self.averaged is not None:
             self.averaged.module.load_state_dict(state["network"])
             self.averaged.n_averaged.fill_(int(state.get("averaged_updates", 0)))

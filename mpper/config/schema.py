@@ -118,6 +118,11 @@ class TrainingConfig:
     lr_init: float = opt(0.02, "> 0", "initial learning rate")
     lr_decay_rate: float = opt(0.8, "(0, 1]", "exponential: lr = lr_init * rate ** (step / lr_decay_steps); 1: constant")
     lr_decay_steps: int = opt(1000, "[1, 1e15]", "training steps per factor lr_decay_rate")
+    lr_drop_return: float | None = opt(None, None, "once an evaluation's mean greedy return reaches this, the "
+                                       "learning rate is multiplied by lr_drop_factor for the rest of the run (kept in "
+                                       "checkpoint.pt), so that weights that solve the env settle there instead of "
+                                       "wandering off; null: off")
+    lr_drop_factor: float = opt(0.1, "(0, 1]", "see lr_drop_return")
     weight_decay: float = opt(1e-4, ">= 0", "L2 weight regularisation")
     grad_clip: float | None = opt(None, "> 0", "max global gradient norm; null: off")
     publish_interval: int = opt(10, "[1, 1e15]", "publish the weights to self-play, the evaluator and the reanalyser "
@@ -161,6 +166,10 @@ class RuntimeConfig:
                                            "that failing weights cost less evaluation time; null: every "
                                            "evaluation plays all its episodes to the end")
     checkpoint_interval_s: float = opt(60.0, "> 0", "seconds between checkpoint.pt writes")
+    weights_history_interval_steps: int | None = opt(None, "[1, 1e15]", "every N training steps also keep the "
+                                                     "published weights as run_dir/weights/step-<step>.pt (a network "
+                                                     "checkpoint that --evaluate --checkpoint reads), to study how "
+                                                     "the policy changes; null: off")
     max_worker_restarts: int = opt(3, "[0, 1000000]", "restarts of a failing worker before the run stops")
     time_limit_s: float | None = opt(None, "> 0", "stop cleanly after this many seconds; null: no limit")
     max_episodes: int | None = opt(None, "[1, 1e15]", "stop cleanly once this many self-play games have ended in this run "

@@ -214,7 +214,7 @@ def run_evaluator(setup: RunSetup, weight_handle, stop, reports) -> None:
         weights = LatestWeights(setup, store)
         if not weights.wait_first(stop):
             return
-        evaluation = Evaluation(setup, labelled_envs(config, name, config.runtime.evaluation_episodes))
+        evaluation = Evaluation(setup, store, labelled_envs(config, name, config.runtime.evaluation_episodes))
         while not stop.is_set():
             started = time.monotonic()
             weights.refresh()

@@ -29,7 +29,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from ..checkpoint import load_checkpoint, save_checkpoint
+from ..checkpoint import load_checkpoint, save_checkpoint, save_network_checkpoint
 from ..config import config_to_dict
 from ..envs.spec import make_env
 from ..replay.buffer import ReplayBuffer
@@ -242,6 +242,8 @@ class Learner:
         raised before anything changed) writes the last finite weights to the checkpoint
         and re-raises."""
         beta = beta_schedule(self.config, self.training_step)
+        if self.trainer.lr_drop_step is None and self.store.return_reached_at is not None:
+            self.trainer.drop_learning_rate()  # an evaluation reached training.lr_drop_return
         try:
             metrics, priorities = self.trainer.train_step(batch)
         except FloatingPointError:
@@ -254,6 +256,10 @@ class Learner:
         self.metrics = {**metrics, "beta": beta}
         if self.training_step % self.config.training.publish_interval == 0:
             self.publish()
+        history = self.config.runtime.weights_history_interval_steps
+        if history and self.training_step % history == 0:
+            save_network_checkpoint(self.setup.run_dir.weights_at(self.training_step),
+                                    self.trainer.published_network, self.training_step)  # fmt: skip
         return self.metrics
 
     def publish(self) -> None:
@@ -275,11 +281,12 @@ class Learner:
 class Evaluation:
     """One greedy evaluation round at a time (``mpper.runtime.evaluation.evaluate``, round
     ``k`` with the seed ``Seeds.evaluation(k)``), keeping ``best.pt``
-    (:class:`~mpper.runtime.run.BestCheckpoint`) and filming every
+    (:class:`~mpper.runtime.run.BestCheckpoint`), telling the learner through the weight
+    store when one reached ``training.lr_drop_return``, and filming every
     ``runtime.video_every_evaluations``-th one (:meth:`film`)."""
 
-    def __init__(self, setup: RunSetup, envs: list | None = None) -> None:
-        self.setup, self.config, self.envs = setup, setup.config, envs
+    def __init__(self, setup: RunSetup, store: WeightStore, envs: list | None = None) -> None:
+        self.setup, self.config, self.store, self.envs = setup, setup.config, store, envs
         self.best = BestCheckpoint(setup.run_dir.root)
         self.video = PeriodicVideo(setup.config, setup.run_dir.root)
         self.rounds = 0
@@ -293,6 +300,9 @@ class Evaluation:
         if evaluation is None:
             return None
         self.best.offer(network, training_step, evaluation)
+        drop_at = self.config.training.lr_drop_return
+        if drop_at is not None and evaluation["mean_return"] >= drop_at:
+            self.store.mark_return_reached(training_step)
         return {"training_step": training_step, **evaluation, "best_mean_return": self.best.best,
                 "weights_version": weights_version}  # fmt: skip
 

@@ -35,7 +35,7 @@ _RUN_FILES = ("config.json", "metrics.jsonl", "checkpoint.pt", "buffer")
 _RUN_ENTRIES = {
     **dict.fromkeys((LOCK_NAME, "config.json", "metrics.jsonl", "episodes.jsonl", "processes.json", "ray_actors.json",
                      "checkpoint.pt", "best.pt", "evaluation.json", "snapshot_evaluation.json"), "file"),
-    **dict.fromkeys(("buffer", "tensorboard", "plots"), "directory"),
+    **dict.fromkeys(("buffer", "tensorboard", "plots", "weights"), "directory"),
 }  # fmt: skip
 _LOCK_MAX_BYTES = 4096  # the lock file holds a pid
 
@@ -92,6 +92,10 @@ class RunDir:
     @property
     def videos(self) -> Path:
         return self.root / "videos"
+
+    def weights_at(self, training_step: int) -> Path:
+        """The weights history's file of ``training_step`` (``runtime.weights_history_interval_steps``)."""
+        return self.root / "weights" / f"step-{training_step:08d}.pt"
 
 
 class RunDirError(ValueError):

@@ -245,7 +245,7 @@ class _Turns:
             reanalyser = setup.algorithm.make_reanalyser(cfg, buf, store)
         rate = RateLimiter.from_config(t, None)
         sink = BufferSink(buf, None, None, lambda source, report: run.episode(source, report, buf.counters["steps"]))
-        evaluation = Evaluation(setup)
+        evaluation = Evaluation(setup, store)
         status = ProgressLine()  # stderr: rewritten on a terminal, a plain line per log interval otherwise
         # free-running: a first evaluation after the first round, as the evaluator process starts with one
         last_eval_time, last_eval_step = -float("inf"), learner.training_step

@@ -1,8 +1,10 @@
 """WeightStore: the latest network parameters in shared memory, for every process.
 
-One segment holds a header ``[sequence, version, training_step]`` (int64) and the flat
-float32 parameters. The learner publishes; self-play workers, the reanalyser and the
-evaluator copy only when ``version`` changed since their last copy.
+One segment holds a header ``[sequence, version, training_step, reached]`` (int64) and
+the flat float32 parameters. The learner publishes; self-play workers, the reanalyser and
+the evaluator copy only when ``version`` changed since their last copy. ``reached`` is the
+evaluator's word to the learner: the training step + 1 of the first weights whose
+evaluation reached ``training.lr_drop_return`` (0: none yet).
 
 Consistency is a seqlock, so readers never block the learner: the publisher makes
 ``sequence`` odd, writes the parameters, then makes it even again; a reader copies the
@@ -21,7 +23,7 @@ from .. import shm as shm_mod
 
 __all__ = ["WeightStore", "WeightHandle"]
 
-_SEQ, _VERSION, _STEP = range(3)
+_SEQ, _VERSION, _STEP, _REACHED = range(4)
 _HEADER = 8  # int64 slots reserved for the header (64 bytes: parameters start aligned)
 
 
@@ -63,6 +65,19 @@ class WeightStore(shm_mod.SharedObject):
     def training_step(self) -> int:
         """Learner step of the latest publication."""
         return int(self._header[_STEP])
+
+    @property
+    def return_reached_at(self) -> int | None:
+        """The training step of the first weights an evaluation found at
+        ``training.lr_drop_return``; None until then."""
+        reached = int(self._header[_REACHED])
+        return reached - 1 if reached > 0 else None
+
+    def mark_return_reached(self, training_step: int) -> None:
+        """The evaluator's mark (the first one stays): weights of ``training_step`` reached
+        ``training.lr_drop_return``. One aligned int64 store: readers see it whole."""
+        if self._header[_REACHED] == 0:
+            self._header[_REACHED] = training_step + 1
 
     def publish(self, flat: np.ndarray, training_step: int) -> int:
         """Write new parameters (single publisher); returns the new version."""
