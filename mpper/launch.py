@@ -148,7 +148,7 @@ def _offline_config(checked: Config, offline: Sequence[str | Path], overrides: I
     (:func:`~mpper.algos.configs.offline_overrides`, and ``replay.capacity`` raised to
     the rows the snapshots hold) before the user's, and what does not apply refused."""
     from .algos.configs import offline_overrides
-    from .runtime.offline import OfflineError, read_sources
+    from .runtime.offline import OfflineError, check_env, read_sources
 
     if checked.runtime.ray_address is not None:
         raise LaunchError("--offline: an offline run plays no self-play; --ray (runtime.ray_address) does not apply")
@@ -164,6 +164,10 @@ def _offline_config(checked: Config, offline: Sequence[str | Path], overrides: I
         checked = config_from_dict(dict(config), "the config dict", every, flags=flag_overrides(**flags))
     else:
         checked = load_config(config_path, every, **flags)
+    try:
+        check_env(data, checked)
+    except OfflineError as e:
+        raise LaunchError(str(e)) from None
     t = checked.training
     for key, value in (("training.samples_per_insert", t.samples_per_insert), ("training.env_steps", t.env_steps)):
         if value is not None:

@@ -36,7 +36,7 @@ from ..replay.schema import normalize_schema
 from ..replay.snapshot import SnapshotError
 from ..replay.snapshot_checks import MANIFEST
 
-__all__ = ["OfflineData", "OfflineError", "OfflineSource", "check_sources", "fill_buffer", "read_sources",
+__all__ = ["OfflineData", "OfflineError", "OfflineSource", "check_env", "check_sources", "fill_buffer", "read_sources",
            "write_record"]  # fmt: skip
 
 # The fields every algorithm's schema has (algos/base.py EpisodeRows): an offline run needs them
@@ -133,17 +133,24 @@ def read_sources(paths: list[str | Path]) -> OfflineData:
     return OfflineData(tuple(sources))
 
 
-def check_sources(data: OfflineData, config, spec, schema) -> None:
-    """OfflineError when a snapshot does not fit the run: recorded on another env (id or
-    kwargs), a core field missing, a field both schemas have of another shape or dtype,
-    or an action outside the env's ``spec.num_actions``."""
-    wanted = {f.name: (tuple(f.shape), f.dtype.str) for f in normalize_schema(schema)}
+def check_env(data: OfflineData, config) -> None:
+    """OfflineError for a snapshot recorded on another env than the run's (``env.id`` or
+    ``env.kwargs``); one that does not say is judged by its fields (:func:`check_sources`)."""
     env = {"id": config.env.id, "kwargs": dict(config.env.kwargs)}
     for source in data.sources:
-        where = f"--offline {source.path}"
         if source.env is not None and source.env != env:
-            raise OfflineError(f"{where}: recorded on env {json.dumps(source.env)}, but the run's env is "
-                               f"{json.dumps(env)}")  # fmt: skip
+            raise OfflineError(f"--offline {source.path}: recorded on env {json.dumps(source.env)}, but the run's env "
+                               f"is {json.dumps(env)}")  # fmt: skip
+
+
+def check_sources(data: OfflineData, config, spec, schema) -> None:
+    """OfflineError when a snapshot does not fit the run: recorded on another env
+    (:func:`check_env`), a core field missing, a field both schemas have of another shape
+    or dtype, or an action outside the env's ``spec.num_actions``."""
+    check_env(data, config)
+    wanted = {f.name: (tuple(f.shape), f.dtype.str) for f in normalize_schema(schema)}
+    for source in data.sources:
+        where = f"--offline {source.path}"
         for name in CORE_FIELDS:
             if name not in source.fields:
                 raise OfflineError(f"{where}: the snapshot has no {name!r} field (it holds {sorted(source.fields)})")
