@@ -122,6 +122,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--inspect", metavar="SNAPSHOT_DIR",
                    help="report what a buffer snapshot holds (opened memory-mapped, read-only) and exit")
     p.add_argument("--json", action="store_true", help="with --inspect: print the statistics as JSON")
+    p.add_argument("--collect", metavar="RUN_DIR",
+                   help="make a dataset: play a run's weights (best.pt, else checkpoint.pt; --checkpoint FILE) for "
+                        "--env-steps N env steps, each greedy action replaced by a random one with probability "
+                        "--epsilon, and write the transitions as a buffer snapshot at --out DIR (for --offline); "
+                        "prints the behaviour's mean return")
+    p.add_argument("--epsilon", type=float, default=0.0, metavar="E",
+                   help="with --collect: the probability of a random action instead of the greedy one (0)")
+    p.add_argument("--out", metavar="DIR", help="with --collect: the new snapshot directory")
     p.add_argument("--help-config", action="store_true",
                    help="print every config key with its type, default, allowed values and meaning, and exit")
     p.add_argument("--version", action="version", version=f"mpper {__version__}")
@@ -144,6 +152,7 @@ MODE_FLAGS = {
     "--evaluate --on-snapshot": frozenset({"evaluate", "on_snapshot", "checkpoint", "overrides"}),
     "--plot": frozenset({"plot"}),
     "--inspect": frozenset({"inspect", "json"}),
+    "--collect": frozenset({"collect", "checkpoint", "env_steps", "epsilon", "out", "seed", "overrides"}),
     "--help-config": frozenset({"help_config"}),
     # its own flags (--seeds, --parallel, ...) are the sweep parser's: mpper.tools.sweep
     "sweep": TRAINING_FLAGS - {"seed", "run_dir"},
@@ -156,7 +165,8 @@ SWEEP_INSTEAD = {"seed": "; a sweep takes --seeds N and --first-seed S", "run_di
 def mode_of(given: set[str]) -> str:
     """The mode the given flags (argparse dests) select, a key of :data:`MODE_FLAGS`."""
     for dest, mode in (("help_config", "--help-config"), ("evaluate", "--evaluate"), ("plot", "--plot"),
-                       ("inspect", "--inspect"), ("resume", "--resume"), ("offline", "--offline")):  # fmt: skip
+                       ("inspect", "--inspect"), ("collect", "--collect"), ("resume", "--resume"),
+                       ("offline", "--offline")):  # fmt: skip
         if dest in given:
             return "--evaluate --on-snapshot" if mode == "--evaluate" and "on_snapshot" in given else mode
     return "training runs"
@@ -255,6 +265,15 @@ def _inspect(args: argparse.Namespace) -> int:
     return inspect_main(args.inspect, args.json)
 
 
+def _collect(args: argparse.Namespace) -> int:
+    if args.seed is not None and not 0 <= args.seed <= MAX_SEED:
+        return _fail(f"--seed: expected an integer in [0, {MAX_SEED}], got {args.seed}")
+    from .tools.collect import collect_main
+
+    return collect_main(args.collect, args.env_steps, args.epsilon, args.out, args.checkpoint, args.seed or 0,
+                        args.overrides)  # fmt: skip
+
+
 def _train(args: argparse.Namespace) -> int:
     """A training run, or ``--resume``: :func:`mpper.launch.launch` checks everything
     (the seed's range included) before it starts anything."""
@@ -277,6 +296,7 @@ MODES: dict[str, Callable[[argparse.Namespace], int]] = {
     "--evaluate --on-snapshot": _evaluate,
     "--plot": _plot,
     "--inspect": _inspect,
+    "--collect": _collect,
     "--help-config": _help_config,
 }
 

@@ -42,6 +42,8 @@ __all__ = ["OfflineData", "OfflineError", "OfflineSource", "check_env", "check_s
 # The fields every algorithm's schema has (algos/base.py EpisodeRows): an offline run needs them
 CORE_FIELDS = ("observation", "action", "reward")
 RECORD_NAME = "offline.json"
+# What names an env's dynamics and observations (a time limit, env.max_episode_steps, may differ)
+ENV_KEYS = ("id", "kwargs", "preprocessing", "preprocessing_kwargs")
 
 
 class OfflineError(ValueError):
@@ -53,7 +55,7 @@ class OfflineSource:
     """One snapshot an offline run learns from: ``path`` (absolute), ``manifest_sha256``
     (the SHA-256 of its ``manifest.json``, which holds every file's), ``episodes``
     (published), ``steps`` (their transitions, T per episode), ``rows`` (T + 1 per episode),
-    ``env`` (``{"id", "kwargs"}`` it was recorded on, or None when it does not say),
+    ``env`` (the :data:`ENV_KEYS` of the env it was recorded on, or None when it does not say),
     ``fields`` ({name: (shape, dtype str)}) and ``max_action`` (-1 when empty)."""
 
     path: str
@@ -126,7 +128,7 @@ def read_sources(paths: list[str | Path]) -> OfflineData:
         env = None
         config = extra.get("config") if isinstance(extra, dict) else None
         if isinstance(config, dict) and isinstance(config.get("env"), dict) and "id" in config["env"]:
-            env = {"id": config["env"]["id"], "kwargs": config["env"].get("kwargs", {})}
+            env = {key: config["env"][key] for key in ENV_KEYS if key in config["env"]}
         sources.append(OfflineSource(str(path.resolve()), digest, len(refs), steps, rows, env, fields, max_action))
     if not sources:
         raise OfflineError("--offline: name at least one snapshot directory")
@@ -134,11 +136,14 @@ def read_sources(paths: list[str | Path]) -> OfflineData:
 
 
 def check_env(data: OfflineData, config) -> None:
-    """OfflineError for a snapshot recorded on another env than the run's (``env.id`` or
-    ``env.kwargs``); one that does not say is judged by its fields (:func:`check_sources`)."""
-    env = {"id": config.env.id, "kwargs": dict(config.env.kwargs)}
+    """OfflineError for a snapshot recorded on another env than the run's (``env.id``,
+    ``env.kwargs`` or the preprocessing: :data:`ENV_KEYS`, those it records); one that
+    does not say is judged by its fields (:func:`check_sources`)."""
     for source in data.sources:
-        if source.env is not None and source.env != env:
+        if source.env is None:
+            continue
+        env = {key: getattr(config.env, key) for key in source.env}
+        if source.env != env:
             raise OfflineError(f"--offline {source.path}: recorded on env {json.dumps(source.env)}, but the run's env "
                                f"is {json.dumps(env)}")  # fmt: skip
 
