@@ -29,12 +29,12 @@ SMALL = ["--device", "cpu", "--set", "training.min_buffer_steps=64", "--set", "t
 
 
 def random_snapshot(path: Path, env: dict, episodes: int = 12, seed: int = 0, obs_shape=(4,),
-                    record_env: bool = True) -> int:  # fmt: skip
+                    record_env: bool = True, max_episode_steps: int = 500) -> int:  # fmt: skip
     """A snapshot of random-policy CartPole episodes in DQN's schema (``env``: the
-    ``{"id", "kwargs"}`` it says it was recorded on, when ``record_env``); returns its
-    transitions."""
+    ``{"id", "kwargs"}`` it says it was recorded on, when ``record_env``), cut at
+    ``max_episode_steps`` moves (truncated); returns its transitions."""
     rng = np.random.default_rng(seed)
-    game = gym.make("CartPole-v1")
+    game = gym.make("CartPole-v1", max_episode_steps=max_episode_steps)
     buf = ReplayBuffer.create(dqn_schema(obs_shape), 4096)
     steps = 0
     try:
