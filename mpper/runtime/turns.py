@@ -30,6 +30,7 @@ from __future__ import annotations
 import queue
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -230,6 +231,7 @@ class _Turns:
         learner = Learner(setup, buf, store)
         run.announce()
         weights = LatestWeights(setup, store)
+        play: Callable[[int], list[list[StoredEpisode]]]
         if not setup.selfplay:  # offline: the buffer holds all the data there is; the rounds only learn
             play = lambda moves: []  # noqa: E731
         elif self.schedule.lockstep and cfg.runtime.workers > 0:
