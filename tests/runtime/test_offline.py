@@ -243,3 +243,15 @@ def test_keys_an_offline_run_cannot_use_are_refused(tmp_path, capsys, good_snaps
                                                                  "--env-steps", "100")  # fmt: skip
     assert "does not apply to --resume" in refused(tmp_path, capsys, "--resume", str(tmp_path), "--offline",
                                                     str(good_snapshot))  # fmt: skip
+
+
+def test_the_python_api_takes_offline_snapshots_and_refuses_a_bad_one_in_one_line(tmp_path, good_snapshot):
+    import mpper
+    from mpper.launch import LaunchError
+
+    with pytest.raises(LaunchError, match=r"^--offline \S+: no such snapshot directory$"):
+        mpper.train("cartpole_dqn", workers=0, run_dir=tmp_path / "run", offline=[tmp_path / "nowhere"])
+    with pytest.raises(LaunchError, match="training.env_steps does not apply to --offline runs"):
+        mpper.train("cartpole_dqn", workers=0, run_dir=tmp_path / "run", offline=[good_snapshot], env_steps=500,
+                    overrides={"training.min_buffer_steps": 64})  # fmt: skip
+    assert not (tmp_path / "run").exists()
