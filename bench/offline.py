@@ -170,6 +170,8 @@ def main() -> None:
             f"| {r['name']} | {r['seed']} | {'yes' if r['solved'] else 'no'} | "
             f"{r.get('wall_s') if r['solved'] else '-'} | {'' if r['solved'] else r.get('best_mean_return')} |"
         )
+    if not 100 <= (b["mean_return"] or 0) <= 200:
+        lines.insert(1, "(not the 100-200 the benchmark asks for: none of --epsilons gave it with this behaviour run)")
     (args.out / "offline.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
