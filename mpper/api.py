@@ -24,7 +24,7 @@ import json
 import multiprocessing
 import sys
 import types
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +41,8 @@ Overrides = Mapping[str, Any] | Iterable[str]
 def train(config: str | Path | Mapping[str, Any], *, overrides: Overrides = (), workers: int | None = None,
           device: str | None = None, seed: int | None = None, run_dir: str | Path | None = None,
           resume: str | Path | None = None, time_limit: float | None = None, max_train_steps: int | None = None,
-          env_steps: int | None = None, ray_address: str | None = None) -> TrainedRun:  # fmt: skip
+          env_steps: int | None = None, ray_address: str | None = None,
+          offline: Sequence[str | Path] | None = None) -> TrainedRun:  # fmt: skip
     """Train as ``python run.py`` does, in this process and its children; returns the
     finished run.
 
@@ -52,7 +53,8 @@ def train(config: str | Path | Mapping[str, Any], *, overrides: Overrides = (), 
     process), ``device``, ``seed``, ``run_dir`` (default ``runs/<config-name>/<timestamp>/``),
     ``resume`` (a run directory to continue), ``time_limit`` (seconds),
     ``max_train_steps``, ``env_steps`` (a budget in env steps), ``ray_address``; None keeps
-    the config's value.
+    the config's value. ``offline``: snapshot directories to learn from with no self-play
+    (``--offline``, docs/offline.md).
 
     With ``workers`` > 0 the run's child processes import the ``__main__`` script again
     (multiprocessing's forkserver does so to find what it pickles): a call at a script's
@@ -81,7 +83,7 @@ def train(config: str | Path | Mapping[str, Any], *, overrides: Overrides = (), 
     code, where = launch(dict(config) if isinstance(config, Mapping) else config, _set_strings(overrides),
                          run_dir=run_dir, resume=resume, workers=workers, device=device, seed=seed,
                          training_steps=max_train_steps, env_steps=env_steps, time_limit_s=time_limit,
-                         ray_address=ray_address,
+                         ray_address=ray_address, offline=offline,
                          check=refuse_unguarded)  # fmt: skip
     if code == 130:
         raise KeyboardInterrupt

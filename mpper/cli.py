@@ -91,6 +91,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "stay on this machine (needs the ray extra: pip install -e .[ray])")
     p.add_argument("--resume", metavar="RUN_DIR",
                    help="continue the run in RUN_DIR from its checkpoint and buffer snapshot")
+    p.add_argument("--offline", nargs="+", metavar="SNAPSHOT_DIR",
+                   help="learn from buffer snapshots (of one env; several are combined) with no self-play: the "
+                        "learner (and MuZero's reanalyser, which searches every stored episode again) trains on "
+                        "them; evaluation, checkpoints and best.pt as in any run; RUN_DIR/offline.json names the "
+                        "snapshots by checksum")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", dest="overrides",
                    help="override one config key, typed and checked like the file; VALUE is parsed as JSON "
                         "when it can be, else taken as a string (repeatable; e.g. --set training.batch_size=64). "
@@ -117,6 +122,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--inspect", metavar="SNAPSHOT_DIR",
                    help="report what a buffer snapshot holds (opened memory-mapped, read-only) and exit")
     p.add_argument("--json", action="store_true", help="with --inspect: print the statistics as JSON")
+    p.add_argument("--collect", metavar="RUN_DIR",
+                   help="make a dataset: play a run's weights (best.pt, else checkpoint.pt; --checkpoint FILE) for "
+                        "--env-steps N env steps, each greedy action replaced by a random one with probability "
+                        "--epsilon, and write the transitions as a buffer snapshot at --out DIR (for --offline); "
+                        "prints the behaviour's mean return")
+    p.add_argument("--epsilon", type=float, default=0.0, metavar="E",
+                   help="with --collect: the probability of a random action instead of the greedy one (0)")
+    p.add_argument("--out", metavar="DIR", help="with --collect: the new snapshot directory")
     p.add_argument("--help-config", action="store_true",
                    help="print every config key with its type, default, allowed values and meaning, and exit")
     p.add_argument("--version", action="version", version=f"mpper {__version__}")
@@ -134,10 +147,12 @@ TRAINING_FLAGS = frozenset({"config", "workers", "device", "seed", "run_dir", "m
 MODE_FLAGS = {
     "training runs": TRAINING_FLAGS,
     "--resume": TRAINING_FLAGS | {"resume"},
+    "--offline": (TRAINING_FLAGS - {"env_steps", "ray_address"}) | {"offline"},
     "--evaluate": frozenset({"evaluate", "episodes", "checkpoint", "render", "seed", "overrides"}),
     "--evaluate --on-snapshot": frozenset({"evaluate", "on_snapshot", "checkpoint", "overrides"}),
     "--plot": frozenset({"plot"}),
     "--inspect": frozenset({"inspect", "json"}),
+    "--collect": frozenset({"collect", "checkpoint", "env_steps", "epsilon", "out", "seed", "overrides"}),
     "--help-config": frozenset({"help_config"}),
     # its own flags (--seeds, --parallel, ...) are the sweep parser's: mpper.tools.sweep
     "sweep": TRAINING_FLAGS - {"seed", "run_dir"},
@@ -150,7 +165,8 @@ SWEEP_INSTEAD = {"seed": "; a sweep takes --seeds N and --first-seed S", "run_di
 def mode_of(given: set[str]) -> str:
     """The mode the given flags (argparse dests) select, a key of :data:`MODE_FLAGS`."""
     for dest, mode in (("help_config", "--help-config"), ("evaluate", "--evaluate"), ("plot", "--plot"),
-                       ("inspect", "--inspect"), ("resume", "--resume")):  # fmt: skip
+                       ("inspect", "--inspect"), ("collect", "--collect"), ("resume", "--resume"),
+                       ("offline", "--offline")):  # fmt: skip
         if dest in given:
             return "--evaluate --on-snapshot" if mode == "--evaluate" and "on_snapshot" in given else mode
     return "training runs"
@@ -163,8 +179,9 @@ def foreign_flag(parser: argparse.ArgumentParser, given: list[str], mode: str) -
     for dest in given:
         if dest not in MODE_FLAGS[mode]:
             modes = [m for m, flags in MODE_FLAGS.items() if dest in flags and m != mode]
-            if {"training runs", "--resume"} <= set(modes):
-                modes.remove("--resume")  # a resumed run is a training run
+            for kind in ("--resume", "--offline"):  # a resumed run and an offline run are training runs
+                if "training runs" in modes and kind in modes:
+                    modes.remove(kind)
             names = [f"{program_name()} sweep" if m == "sweep" else m for m in modes]
             where = " and ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
             instead = SWEEP_INSTEAD.get(dest, "") if mode == "sweep" else ""
@@ -248,6 +265,15 @@ def _inspect(args: argparse.Namespace) -> int:
     return inspect_main(args.inspect, args.json)
 
 
+def _collect(args: argparse.Namespace) -> int:
+    if args.seed is not None and not 0 <= args.seed <= MAX_SEED:
+        return _fail(f"--seed: expected an integer in [0, {MAX_SEED}], got {args.seed}")
+    from .tools.collect import collect_main
+
+    return collect_main(args.collect, args.env_steps, args.epsilon, args.out, args.checkpoint, args.seed or 0,
+                        args.overrides)  # fmt: skip
+
+
 def _train(args: argparse.Namespace) -> int:
     """A training run, or ``--resume``: :func:`mpper.launch.launch` checks everything
     (the seed's range included) before it starts anything."""
@@ -255,7 +281,7 @@ def _train(args: argparse.Namespace) -> int:
         code, _ = launch(args.config, args.overrides, run_dir=args.run_dir, resume=args.resume, workers=args.workers,
                          device=args.device, seed=args.seed, training_steps=args.max_train_steps,
                          env_steps=args.env_steps, time_limit_s=args.time_limit,
-                         ray_address=args.ray_address)  # fmt: skip
+                         ray_address=args.ray_address, offline=args.offline)  # fmt: skip
     except (ConfigError, LaunchError) as e:
         return _fail(str(e))
     return code
@@ -265,10 +291,12 @@ def _train(args: argparse.Namespace) -> int:
 MODES: dict[str, Callable[[argparse.Namespace], int]] = {
     "training runs": _train,
     "--resume": _train,
+    "--offline": _train,
     "--evaluate": _evaluate,
     "--evaluate --on-snapshot": _evaluate,
     "--plot": _plot,
     "--inspect": _inspect,
+    "--collect": _collect,
     "--help-config": _help_config,
 }
 

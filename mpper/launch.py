@@ -16,7 +16,7 @@ import importlib
 import json
 import os
 import sys
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +61,8 @@ def launch(config: str | Path | Mapping[str, Any] | None, overrides: Iterable[st
            run_dir: str | Path | None = None, resume: str | Path | None = None, workers: int | None = None,
            device: str | None = None, seed: int | None = None, training_steps: int | None = None,
            env_steps: int | None = None, time_limit_s: float | None = None, ray_address: str | None = None,
-           check: Callable[[Config], None] | None = None) -> tuple[int, Path]:  # fmt: skip
+           check: Callable[[Config], None] | None = None,
+           offline: Sequence[str | Path] | None = None) -> tuple[int, Path]:  # fmt: skip
     """Check everything, claim the run directory, train; returns ``(exit code, run dir)``.
 
     ``config``: a JSON file, a shipped config's name, or a dict of the file's content
@@ -70,8 +71,9 @@ def launch(config: str | Path | Mapping[str, Any] | None, overrides: Iterable[st
     (``--workers`` ... ``--ray``; None: the config's value). ``run_dir`` defaults to
     ``RUN_DIR`` with ``resume``, else ``runs/<config-name>/<timestamp>/``. ``check(config)``
     runs on the checked config before anything else is checked or started (it raises
-    LaunchError to refuse). Raises ConfigError or LaunchError (one line) for a run that
-    cannot start; exceptions of the run itself propagate.
+    LaunchError to refuse). ``offline``: snapshot directories to learn from with no
+    self-play (``--offline``; :func:`_offline_config`). Raises ConfigError or LaunchError
+    (one line) for a run that cannot start; exceptions of the run itself propagate.
     """
     if seed is not None and not 0 <= seed <= MAX_SEED:
         raise LaunchError(f"--seed: expected an integer in [0, {MAX_SEED}], got {seed}")
@@ -98,6 +100,11 @@ def launch(config: str | Path | Mapping[str, Any] | None, overrides: Iterable[st
                               f"to use it, or --set runtime.ray_address=null to run the workers here")  # fmt: skip
     else:
         raise LaunchError("--config PATH is required (or --resume RUN_DIR); see --help")
+    data = None
+    if offline is not None:
+        if resume is not None:
+            raise LaunchError("--offline starts a new run from snapshots; it does not --resume one")
+        checked, data = _offline_config(checked, offline, overrides, flags, config, config_path)
     if check is not None:
         check(checked)
     _check_extras(checked)
@@ -126,7 +133,7 @@ def launch(config: str | Path | Mapping[str, Any] | None, overrides: Iterable[st
         start_process_server()
         stop_server = stop_process_server
     try:
-        code = _checked_train(checked, where, flag, resume)
+        code = _checked_train(checked, where, flag, resume, data)
     except LaunchError:
         if stop_server is not None:
             stop_server()
@@ -134,8 +141,50 @@ def launch(config: str | Path | Mapping[str, Any] | None, overrides: Iterable[st
     return code, where
 
 
-def _checked_train(config: Config, run_dir: Path, flag: str, resume: Path | None) -> int:
-    """The checks that need the env and torch, the run directory's lock, and the run."""
+def _offline_config(checked: Config, offline: Sequence[str | Path], overrides: Iterable[str], flags: dict,
+                    config: Any, config_path: str):  # fmt: skip
+    """An offline run's config and snapshots: the snapshots read and checked (checksums
+    included), the config loaded again with the offline overrides
+    (:func:`~mpper.algos.configs.offline_overrides`, and ``replay.capacity`` raised to
+    the rows the snapshots hold) before the user's, and what does not apply refused."""
+    from .algos.configs import offline_overrides
+    from .runtime.offline import OfflineError, check_env, read_sources
+
+    if checked.runtime.ray_address is not None:
+        raise LaunchError("--offline: an offline run plays no self-play; --ray (runtime.ray_address) does not apply")
+    try:
+        data = read_sources(list(offline))
+    except OfflineError as e:
+        raise LaunchError(str(e)) from None
+    first = list(offline_overrides(checked.algorithm))
+    if checked.replay.capacity < data.rows:
+        first.append(f"replay.capacity={data.rows}")
+    every = [*first, *overrides]
+    if isinstance(config, Mapping):
+        checked = config_from_dict(dict(config), "the config dict", every, flags=flag_overrides(**flags))
+    else:
+        checked = load_config(config_path, every, **flags)
+    try:
+        check_env(data, checked)
+    except OfflineError as e:
+        raise LaunchError(str(e)) from None
+    t = checked.training
+    for key, value in (("training.samples_per_insert", t.samples_per_insert), ("training.env_steps", t.env_steps)):
+        if value is not None:
+            raise LaunchError(f"{key} does not apply to --offline runs (they store no new env steps): drop it")
+    if checked.replay.capacity < data.rows:
+        raise LaunchError(f"--offline: replay.capacity {checked.replay.capacity} is smaller than the {data.rows} rows "
+                          f"the snapshots hold: drop that override, or raise it")  # fmt: skip
+    if t.min_buffer_steps > data.steps:
+        raise LaunchError(f"--offline: the snapshots hold {data.steps} env steps, fewer than training.min_buffer_steps "
+                          f"{t.min_buffer_steps}: learning would never start; --set training.min_buffer_steps="
+                          f"{t.batch_size}")  # fmt: skip
+    return checked, data
+
+
+def _checked_train(config: Config, run_dir: Path, flag: str, resume: Path | None, offline=None) -> int:
+    """The checks that need the env and torch, the run directory's lock, and the run
+    (``offline``: an offline run's :class:`~mpper.runtime.offline.OfflineData`)."""
     from .algos.registry import run_env_spec
     from .checkpoint import CheckpointError
     from .extras import MissingExtraError
@@ -154,6 +203,15 @@ def _checked_train(config: Config, run_dir: Path, flag: str, resume: Path | None
         problem = _check_resume(resume, config, spec)
         if problem:
             raise LaunchError(problem)
+    if offline is not None:
+        from .algos.registry import algorithm_of
+        from .runtime.offline import OfflineError, check_sources
+
+        schema = algorithm_of(config).schema(spec.observation_shape, spec.num_actions, spec.observation_dtype)
+        try:
+            check_sources(offline, config, spec, schema)
+        except OfflineError as e:
+            raise LaunchError(str(e)) from None
     try:  # held until the run ends: no second run writes into run_dir meanwhile
         lock = claim_run_dir(run_dir, flag, resume is not None)
     except RunDirError as e:
@@ -163,7 +221,7 @@ def _checked_train(config: Config, run_dir: Path, flag: str, resume: Path | None
         from .runtime.setup import RunSetup
 
         try:
-            rc = runtime.train(RunSetup(config, spec, RunDir(run_dir), resume is not None))
+            rc = runtime.train(RunSetup(config, spec, RunDir(run_dir), resume is not None, offline))
         except (SharedMemoryRoomError, SnapshotError, CheckpointError, MissingExtraError, ConnectionError,
                 ReceivedFileError) as e:  # fmt: skip
             # raised while the run sets up, before any child starts (/dev/shm too small for

@@ -26,6 +26,8 @@ MODES = {
     "--plot": (["--plot", "RUN"], ["--workers", "3"]),
     "--inspect": (["--inspect", "SNAP"], ["--max-train-steps", "5"]),
     "--help-config": (["--help-config"], ["--json"]),
+    "--offline": (["--offline", "SNAP"], ["--episodes", "3"]),
+    "--collect": (["--collect", "RUN"], ["--workers", "3"]),
 }
 
 
@@ -140,7 +142,8 @@ SWEEP_MISTAKES = [
     (["--seeds", "0"], "error: --seeds: expected an integer >= 1, got 0"),
     (["--parallel", "0"], "error: --parallel: expected an integer >= 1, got 0"),
     (["--first-seed", "-1"], "error: --first-seed: the seeds must lie in [0, 4294967295], got -1 to 3"),
-    (["--seed", "3"], "error: --seed does not apply to mpper sweep (it applies to training runs and --evaluate); "
+    (["--seed", "3"], "error: --seed does not apply to mpper sweep (it applies to training runs, --evaluate and "
+                      "--collect); "
                       "a sweep takes --seeds N and --first-seed S"),
     (["--run-dir", "D"], "does not apply to mpper sweep (it applies to training runs); a sweep takes --sweep-dir"),
     (["--plot", "RUN"], "error: --plot does not apply to mpper sweep (it applies to --plot)"),

@@ -24,6 +24,7 @@ __all__ = [
     "field_specs",
     "load_config",
     "load_run_config",
+    "offline_overrides",
 ]
 
 ALGORITHM_CONFIGS: dict[str, AlgorithmConfig] = {"muzero": MUZERO, "dqn": DQN}
@@ -57,3 +58,14 @@ def field_specs() -> list[FieldSpec]:
 def describe_config(markdown: bool = False) -> str:
     """:func:`mpper.config.describe_config` of every algorithm listed here (``--help-config``)."""
     return config.describe_config(ALGORITHM_CONFIGS, markdown)
+
+
+# What every offline run sets: no self-play inserts to pace, no env-step budget to reach
+OFFLINE_OVERRIDES = ("training.samples_per_insert=null", "training.env_steps=null")
+
+
+def offline_overrides(algorithm: str) -> tuple[str, ...]:
+    """The ``--set`` overrides an offline run of ``algorithm`` applies before the user's:
+    :data:`OFFLINE_OVERRIDES` and the algorithm's own (``AlgorithmConfig.offline``)."""
+    known = ALGORITHM_CONFIGS.get(algorithm)
+    return OFFLINE_OVERRIDES + (known.offline if known is not None else ())

@@ -53,10 +53,13 @@ def own_sections(cls: type) -> dict[str, type]:
 class AlgorithmConfig:
     """What an algorithm adds to a config: ``config``, its typed config class (a subclass
     of the root config whose own fields are the algorithm's sections, dataclasses built
-    like the shared ones with ``opt`` fields), and the rules between their keys."""
+    like the shared ones with ``opt`` fields), the rules between their keys, and
+    ``offline``: the ``--set`` overrides an offline run (``--offline``) applies before the
+    user's own (MuZero: reanalyse every episode with a new search)."""
 
     config: type
     rules: tuple[Rule, ...] = ()
+    offline: tuple[str, ...] = ()
 
     @property
     def sections(self) -> dict[str, type]:

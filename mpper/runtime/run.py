@@ -41,10 +41,12 @@ from ..config import Config, config_to_dict
 from ..replay.buffer import ReplayBuffer
 from ..safe_files import open_append
 from .logs import MetricsCsv, TensorBoardLog, WandbLog, open_tensorboard, open_wandb
+from .offline import fill_buffer, write_record
 from .progress import Budget, startup_line
 from .setup import Seeds
 
-__all__ = ["BestCheckpoint", "Run", "Seeds", "best_weights_text", "create_buffer", "end_text", "solved_text"]
+__all__ = ["BestCheckpoint", "Run", "Seeds", "best_weights_text", "create_buffer", "end_text", "solved_text",
+           "start_buffer"]  # fmt: skip
 
 
 def create_buffer(cfg: Config, spec, mp_context=None) -> ReplayBuffer:
@@ -58,6 +60,25 @@ def create_buffer(cfg: Config, spec, mp_context=None) -> ReplayBuffer:
     return ReplayBuffer.create(schema, r.capacity, alpha=r.alpha, priority_eps=r.priority_eps,
                                priority_clip=algorithm.priority_clip(cfg), initial_priority=r.buffer_initial_priority,
                                mp_context=mp_context)  # fmt: skip
+
+
+def start_buffer(setup, mp_context=None) -> ReplayBuffer:
+    """The buffer a run starts with (``setup``: its :class:`~mpper.runtime.setup.RunSetup`):
+    its snapshot when it resumes one; for an offline run a new buffer filled from its
+    snapshots (:func:`mpper.runtime.offline.fill_buffer`), with ``offline.json`` written
+    beside; else a new, empty one. A fill that fails closes (and unlinks) the buffer."""
+    snapshot = setup.resume_snapshot
+    if snapshot is not None:
+        return ReplayBuffer.load(snapshot, num_actions=setup.spec.num_actions, mp_context=mp_context)
+    buf = create_buffer(setup.config, setup.spec, mp_context)
+    if setup.offline is not None:
+        try:
+            fill_buffer(buf, setup.offline)
+            write_record(setup.run_dir.root, setup.offline)
+        except BaseException:
+            buf.close()
+            raise
+    return buf
 
 
 class BestCheckpoint:
@@ -98,8 +119,9 @@ class Run:
     each turn; :meth:`finish` once, last.
     """
 
-    def __init__(self, config: Config, run_dir: Path) -> None:
+    def __init__(self, config: Config, run_dir: Path, dataset_steps: int = 0) -> None:
         self.config = config
+        self.dataset_steps = dataset_steps  # steps an offline run loaded from snapshots, before any self-play
         self.run_dir = Path(run_dir)
         self.seeds = Seeds(config.runtime.seed)
         self.started = time.monotonic()
@@ -168,6 +190,9 @@ class Run:
             "time_s": round(self.elapsed(), 3),
             "unix_time": round(time.time(), 3),  # to line the run up with other logs
             "env_steps": c["steps"],
+            # where they came from: an offline run's snapshots, and self-play (an offline run: 0)
+            "dataset_env_steps": self.dataset_steps,
+            "selfplay_env_steps": c["steps"] - self.dataset_steps,
             "games": c["games"],
             "buffer_positions": len(buffer),
             "mean_selfplay_return": float(np.mean(self.recent_returns)) if self.recent_returns else None,

@@ -16,6 +16,7 @@ from ..algos.base import Algorithm
 from ..algos.registry import algorithm_of, run_env_spec
 from ..config import Config
 from ..envs.spec import EnvSpec
+from .offline import OfflineData
 from .rundir import RunDir
 
 __all__ = ["RunSetup", "Seeds"]
@@ -43,12 +44,14 @@ class RunSetup:
     ``config``: the checked config. ``spec``: the env's shapes and action count (from one
     env, made once by :meth:`create`). ``run_dir``: the run directory's paths. ``resume``:
     whether this run continues the one in ``run_dir`` (its ``checkpoint.pt`` and
-    ``buffer/``, where they were written)."""
+    ``buffer/``, where they were written). ``offline``: the snapshots an offline run
+    (``--offline``) fills its buffer from; it then starts no self-play."""
 
     config: Config
     spec: EnvSpec
     run_dir: RunDir
     resume: bool = False
+    offline: OfflineData | None = None
 
     @classmethod
     def create(cls, config: Config, run_dir: str | Path | RunDir, resume: bool = False) -> RunSetup:
@@ -76,6 +79,11 @@ class RunSetup:
         """The buffer snapshot to continue from, when resuming and one was written."""
         path = self.run_dir.buffer
         return path if self.resume and path.exists() else None
+
+    @property
+    def selfplay(self) -> bool:
+        """Whether the run plays: every run but an offline one."""
+        return self.offline is None
 
     def make_network(self):
         """A new network of the run's algorithm for its env (the caller seeds torch first

@@ -40,7 +40,7 @@ from .children import run_evaluator, run_learner, run_reanalyser, run_selfplay
 from .procs import ForcedStop, StopRequests, StopSignal, forkserver_pid, process_context
 from .progress import ProgressFigures, ProgressLine
 from .rate import RateLimiter
-from .run import Run, create_buffer, end_text
+from .run import Run, end_text, start_buffer
 from .setup import RunSetup
 from .turns import train_in_turns
 from .weights import WeightStore
@@ -100,7 +100,7 @@ class Supervisor:
         self.children: dict[str, Child] = {}
         self.buffer: ReplayBuffer | None = None
         self.store: WeightStore | None = None
-        self.run_files = Run(config, run_dir)
+        self.run_files = Run(config, run_dir, setup.offline.steps if setup.offline is not None else 0)
         self.error: str | None = None
         self.finished_reason = ""
         # latest figures, for the progress line and metrics.jsonl
@@ -177,11 +177,7 @@ class Supervisor:
     def _start(self) -> None:
         setup, cfg = self.setup, self.config
         self.run_files.start()
-        snapshot = setup.resume_snapshot
-        if snapshot is not None:
-            self.buffer = ReplayBuffer.load(snapshot, num_actions=setup.spec.num_actions)
-        else:
-            self.buffer = create_buffer(cfg, setup.spec, self.ctx)
+        self.buffer = start_buffer(setup, self.ctx)  # resumed, filled from an offline run's snapshots, or new
         # The learner publishes the first weights (roles.Learner); everyone else waits for them.
         self.store = WeightStore.create(setup.make_network().num_flat_weights())
         self.stop = StopSignal(self.ctx)
@@ -208,7 +204,8 @@ class Supervisor:
         shared = {"setup": setup, "stop": self.stop, "reports": self.reports}
         handles = {"buffer_handle": self._buf.handle, "weight_handle": self._store.handle}
         self._add(Child("learner", run_learner, {**shared, **handles, "rate": self.rate}, essential=True))
-        for i in range(cfg.runtime.workers if cfg.runtime.ray_address is None else 0):  # else Ray actors
+        # Ray actors play instead of local workers; an offline run plays not at all
+        for i in range(cfg.runtime.workers if cfg.runtime.ray_address is None and setup.selfplay else 0):
             self._add(Child(f"worker-{i}", run_selfplay, {**shared, **handles, "worker_id": i,
                                                           "seed": self.run_files.seeds.worker(i), "rate": self.rate}))  # fmt: skip
         if setup.algorithm.make_reanalyser is not None and setup.algorithm.reanalyses(cfg):

@@ -30,6 +30,7 @@ from __future__ import annotations
 import queue
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -39,7 +40,7 @@ from .procs import ForcedStop, StopRequests, StopSignal, child_process, process_
 from .progress import ProgressFigures, ProgressLine
 from .rate import RateLimiter
 from .roles import BufferSink, Evaluation, LatestWeights, Learner, SelfPlay, StoredEpisode, labelled_envs
-from .run import Run, create_buffer, end_text
+from .run import Run, end_text, start_buffer
 from .setup import RunSetup
 from .weights import WeightStore
 
@@ -188,7 +189,7 @@ def train_in_turns(setup: RunSetup) -> int:
     """Train on the turns schedule (see the module docstring); returns the exit code (0
     done, 1 a failure, 130 Ctrl-C, 143 SIGTERM)."""
     config = setup.config
-    run = Run(config, setup.run_dir.root)
+    run = Run(config, setup.run_dir.root, setup.offline.steps if setup.offline is not None else 0)
     run.start()
     run.write_processes({})
     torch.set_num_threads(max(1, config.runtime.torch_threads))
@@ -225,14 +226,15 @@ class _Turns:
 
     def _train(self) -> tuple[int, str]:
         setup, cfg, run, t = self.setup, self.config, self.run, self.config.training
-        snapshot = setup.resume_snapshot
-        self.buf = buf = (ReplayBuffer.load(snapshot, num_actions=setup.spec.num_actions) if snapshot is not None
-                          else create_buffer(cfg, setup.spec))  # fmt: skip
+        self.buf = buf = start_buffer(setup)  # resumed, filled from an offline run's snapshots, or new
         self.store = store = WeightStore.create(setup.make_network().num_flat_weights())
         learner = Learner(setup, buf, store)
         run.announce()
         weights = LatestWeights(setup, store)
-        if self.schedule.lockstep and cfg.runtime.workers > 0:
+        play: Callable[[int], list[list[StoredEpisode]]]
+        if not setup.selfplay:  # offline: the buffer holds all the data there is; the rounds only learn
+            play = lambda moves: []  # noqa: E731
+        elif self.schedule.lockstep and cfg.runtime.workers > 0:
             self.stop = StopSignal(process_context())
             self.hosts = _StreamHosts(setup, store, self.stop, self.signals)
             run.write_processes(self.hosts.pids())

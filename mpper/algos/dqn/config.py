@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ...config import WIDTHS, AlgorithmConfig, Config, opt
+from ...config import WIDTHS, AlgorithmConfig, Config, Rule, opt
 
 __all__ = ["CONFIG", "DQNConfig", "DQNRunConfig"]
 
@@ -39,6 +39,12 @@ class DQNConfig:
     epsilon_end: float = opt(0.05, "[0, 1]", "decay: epsilon it decays to")
     epsilon_decay: float = opt(10_000.0, "> 0", "decay: eps = end + (start - end) * exp(-steps / decay), steps of each worker")
     priority_clip: float | None = opt(None, "> 0", "raw priorities |TD| clipped to at most this (easy-rl's notebook: abs_err_upper); null: off")
+    # Offline learning (--offline): a conservative penalty on the TD loss, or no TD at all
+    objective: str = opt("td", ("td", "bc"), '"td": the TD loss (with cql_alpha\'s penalty); "bc": behaviour '
+                         "cloning, the cross-entropy of softmax(Q(s, .)) against the stored action (a baseline for "
+                         "offline runs; no target network, priorities are each sample's cross-entropy)")
+    cql_alpha: float = opt(0.0, ">= 0", "discrete CQL(H) (Kumar et al., 2020): adds cql_alpha * (logsumexp_a Q(s, a) "
+                           "- Q(s, a_data)) per sample, weighted as the TD loss, to the TD loss; 0: off")
 
 
 @dataclass
@@ -49,4 +55,10 @@ class DQNRunConfig(Config):
     dqn: DQNConfig = field(default_factory=DQNConfig)
 
 
-CONFIG = AlgorithmConfig(DQNRunConfig)
+def _cql_needs_td(config: DQNRunConfig) -> str | None:
+    if config.dqn.cql_alpha > 0 and config.dqn.objective != "td":
+        return f'penalises the TD loss: needs dqn.objective "td", got {config.dqn.objective!r}'
+    return None
+
+
+CONFIG = AlgorithmConfig(DQNRunConfig, rules=(Rule(("dqn.cql_alpha", "dqn.objective"), _cql_needs_td),))

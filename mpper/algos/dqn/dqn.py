@@ -17,7 +17,8 @@ Read top-down:
    per step; finished episodes come back in the buffer's row layout.
 5. ``DQNTrainer``: one update on a batch from ``NStepTargets``: double DQN, Huber or
    MSE loss weighted by the importance weights, gradient clipping, a target network that
-   is a real copy (hard or soft updates), and the new raw priorities.
+   is a real copy (hard or soft updates), and the new raw priorities; for offline runs
+   the CQL(H) penalty (``dqn.cql_alpha``) or behaviour cloning (``dqn.objective`` "bc").
 
 Row layout (``mpper.algos.dqn.targets.dqn_schema``): an episode of T moves is T + 1 rows; row i
 holds o_i, the action a_{i-1} that led to it and the reward r_i it brought (row 0: 0).
@@ -363,6 +364,8 @@ class DQNTrainer(Trainer[DQNRunConfig]):
             group["lr"] = lr = self.learning_rate()
         x = self._to_device({**batch.data, "weights": batch.weights})
         b = x["action"].shape[0]
+        if d.objective == "bc":
+            return self._behaviour_cloning_step(x, lr)
 
         # One forward pass of the online net over s_t and s_{t+m} together; the second
         # half only picks the next action (double DQN) and gets no gradient.
@@ -386,6 +389,11 @@ class DQNTrainer(Trainer[DQNRunConfig]):
             per_sample = F.smooth_l1_loss(q_sa, target, reduction="none", beta=1.0)
         else:
             per_sample = td.pow(2)
+        cql = None
+        if d.cql_alpha > 0:
+            # CQL(H): push Q down everywhere (a soft maximum) and up on the data's action
+            cql = torch.logsumexp(q, dim=1) - q_sa
+            per_sample = per_sample + d.cql_alpha * cql
         loss = (per_sample * x["weights"]).mean()
 
         grad_norm = self.backward(loss, clip_value=d.grad_clip_value)  # clipped as configured
@@ -413,7 +421,30 @@ class DQNTrainer(Trainer[DQNRunConfig]):
             "lr": lr,
             "training_step": self.training_step,
         }
+        if cql is not None:
+            metrics["cql_loss"] = float((cql.detach() * x["weights"]).mean())
         return metrics, priorities
+
+    def _behaviour_cloning_step(self, x: dict[str, torch.Tensor], lr: float) -> tuple[dict[str, float], np.ndarray]:
+        """``dqn.objective`` "bc": one step on the cross-entropy of softmax(Q(s, .)) against
+        the stored action, weighted by the importance weights; priorities: each sample's
+        cross-entropy. The target network is not used."""
+        q = self.network(x["observation"].float())  # (B, A), read as logits
+        per_sample = F.cross_entropy(q, x["action"], reduction="none")
+        loss = (per_sample * x["weights"]).mean()
+        grad_norm = self.backward(loss, clip_value=self.dqn.grad_clip_value)
+        with torch.no_grad():
+            agree = (q.argmax(dim=1) == x["action"]).float().mean()
+            stats = torch.stack([loss.detach(), q.detach().mean(), grad_norm.to(loss.dtype), agree])
+            host = torch.cat([stats, per_sample.detach().to(stats.dtype)]).to("cpu", torch.float64).numpy()
+        total, mean_q, norm, accuracy = (float(v) for v in host[:4])
+        if not (math.isfinite(total) and math.isfinite(norm)):
+            raise FloatingPointError(f"non-finite loss or gradient norm at training step {self.training_step}")
+        self.optimizer.step()
+        self.training_step += 1
+        metrics = {"total_loss": total, "mean_q": mean_q, "bc_accuracy": accuracy, "grad_norm": norm, "lr": lr,
+                   "training_step": self.training_step}  # fmt: skip
+        return metrics, host[4:].copy()
 
     # ---- state ---------------------------------------------------------------------------
     def state_dict(self) -> dict:

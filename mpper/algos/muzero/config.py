@@ -157,4 +157,8 @@ CONFIG = AlgorithmConfig(
         Rule(("muzero.consistency_loss_weight", "network.projection_size"), _consistency_needs_projection),
         Rule(("muzero.game_segment_length", "muzero.stacked_observations"), _segments_need_no_stacking),
     ),
+    # MuZero Unplugged: offline, reanalyse is where the targets come from; every reanalysed
+    # episode is searched again, so both its policy and its value targets are the newest
+    # weights' (a stored episode of a DQN run has no search statistics of its own)
+    offline=("reanalyse.enabled=true", "reanalyse.search_fraction=1.0"),
 )

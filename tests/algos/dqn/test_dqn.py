@@ -5,6 +5,7 @@ The end-to-end runs (processes, snapshots, checkpoints) are in test_train_e2e.py
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 
@@ -399,3 +400,95 @@ def test_dqn_config_rejects_muzero_only_options():
         config_from_dict({"algorithm": "dqn", "network": {"kind": "residual"}}, check_env=False)
     with pytest.raises(ConfigError, match="training.stacked_observations: renamed to muzero.stacked_observations"):
         config_from_dict({"algorithm": "dqn", "training": {"stacked_observations": 2}}, check_env=False)
+
+
+# ---- offline objectives: CQL(H) and behaviour cloning ----------------------------------------
+
+
+def _plain_huber(x: float) -> float:
+    return 0.5 * x * x if abs(x) < 1 else abs(x) - 0.5
+
+
+@pytest.mark.parametrize("alpha", [0.5, 2.0])
+def test_the_cql_loss_and_its_gradient_match_the_paper_written_as_a_loop(alpha):
+    """CQL(H) for discrete actions (Kumar et al., 2020, eq. 4 with the entropy regulariser):
+    alpha * E_s[log sum_a exp Q(s, a) - E_{a ~ data} Q(s, a)] added to the TD loss; here a
+    sample at a time, the soft maximum as log(sum(exp)), against the trainer's one step."""
+    config, buf, trainer, targets = trainer_and_batch(cql_alpha=alpha, target_update_interval=1000)
+    config.training.grad_clip = None  # compare raw gradients
+    try:
+        for i in range(2):
+            batch = buf.sample(16, 0.4, targets=targets, rng=np.random.default_rng(i))
+            buf.update_priorities(batch.indices, batch.generations, trainer.train_step(batch)[1])
+        batch = buf.sample(16, 0.4, targets=targets, rng=np.random.default_rng(9))
+        d = batch.data
+        reference = copy.deepcopy(trainer.network)
+        with torch.no_grad():
+            q_next_online = trainer.network(torch.from_numpy(d["next_observation"])).double()
+            q_next_target = trainer.target_network(torch.from_numpy(d["next_observation"])).double()
+        losses, penalties = [], []
+        for b in range(16):
+            q = reference(torch.from_numpy(d["observation"][b : b + 1]))[0].double()
+            a = int(d["action"][b])
+            boot = 0.0 if d["done"][b] else float(q_next_target[b, int(q_next_online[b].argmax())])
+            target = float(d["reward"][b]) + float(d["discount"][b]) * boot
+            td = q[a] - target
+            huber = 0.5 * td * td if abs(float(td.detach())) < 1 else td.abs() - 0.5
+            soft_max = torch.log(sum(torch.exp(q[k]) for k in range(q.shape[0])))
+            penalties.append(float((soft_max - q[a]).detach()))
+            assert penalties[-1] == pytest.approx(math.log(sum(math.exp(float(v)) for v in q.detach())) - float(q[a].detach()))
+            assert float(huber.detach()) == pytest.approx(_plain_huber(float(td.detach())))
+            losses.append(float(batch.weights[b]) * (huber + alpha * (soft_max - q[a])))
+        want = sum(losses) / 16
+        want.backward()
+        metrics, _ = trainer.train_step(batch)
+        assert metrics["total_loss"] == pytest.approx(float(want.detach()), rel=1e-4)
+        assert metrics["cql_loss"] == pytest.approx(float(np.mean(np.array(penalties) * batch.weights)), rel=1e-4)
+        for mine, theirs in zip(trainer.network.parameters(), reference.parameters()):
+            np.testing.assert_allclose(mine.grad.numpy(), theirs.grad.numpy(), rtol=1e-3, atol=1e-6)
+    finally:
+        buf.close()
+
+
+def test_cql_alpha_zero_is_plain_dqn():
+    results = []
+    for alpha in (0.0, None):
+        _, buf, trainer, targets = trainer_and_batch(**({} if alpha is None else {"cql_alpha": alpha}))
+        torch.manual_seed(0)
+        trainer.network.load_state_dict(QNetwork((4,), 2, [32, 32]).state_dict())
+        trainer.sync_target()
+        try:
+            batch = buf.sample(16, 0.4, targets=targets, rng=np.random.default_rng(3))
+            metrics, priorities = trainer.train_step(batch)
+            results.append((metrics["total_loss"], priorities, "cql_loss" in metrics))
+        finally:
+            buf.close()
+    assert results[0][0] == results[1][0] and not results[0][2]
+    np.testing.assert_array_equal(results[0][1], results[1][1])
+
+
+def test_behaviour_cloning_is_the_cross_entropy_of_the_stored_action():
+    config, buf, trainer, targets = trainer_and_batch(objective="bc")
+    try:
+        batch = buf.sample(16, 0.4, targets=targets, rng=np.random.default_rng(5))
+        d = batch.data
+        with torch.no_grad():
+            q = trainer.network(torch.from_numpy(d["observation"])).double().numpy()
+        per = [math.log(sum(math.exp(v) for v in q[b])) - q[b, int(d["action"][b])] for b in range(16)]
+        metrics, priorities = trainer.train_step(batch)
+        assert metrics["total_loss"] == pytest.approx(float(np.mean(np.array(per) * batch.weights)), rel=1e-4)
+        np.testing.assert_allclose(priorities, per, rtol=1e-4)
+        agree = np.mean([int(np.argmax(q[b])) == int(d["action"][b]) for b in range(16)])
+        assert metrics["bc_accuracy"] == pytest.approx(agree)
+        losses = [trainer.train_step(buf.sample(16, 0.4, targets=targets, rng=np.random.default_rng(6 + i)))[0]
+                  for i in range(60)]  # fmt: skip
+        assert losses[-1]["bc_accuracy"] > 0.5 or losses[-1]["total_loss"] < metrics["total_loss"]
+    finally:
+        buf.close()
+
+
+def test_cql_with_behaviour_cloning_is_refused():
+    from mpper.config import ConfigError
+
+    with pytest.raises(ConfigError, match='needs dqn.objective "td"'):
+        dqn_config(cql_alpha=1.0, objective="bc")
