@@ -5,7 +5,7 @@ episodes' moves (observation, action, reward, next observation or terminal).
 
 d3rlpy 2.8 pins gymnasium 1.0.0, so it lives in a venv of its own (docs/offline.md):
 
-    PYTHONPATH=.:tests/tools /work/peers/d3rlpy-venv/bin/python bench/d3rlpy_export_check.py
+    PYTHONPATH=.:tests/tools <d3rlpy-venv>/bin/python bench/d3rlpy_export_check.py
 """
 
 from __future__ import annotations

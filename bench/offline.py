@@ -15,7 +15,8 @@ reanalyse), mpper's discrete CQL, and d3rlpy 2.8's DiscreteCQL on the same trans
 
 Writes ``OUT/offline.json`` and ``OUT/offline.md``. The full benchmark:
 
-    python bench/offline.py --out runs/bench-offline --seeds 3 --steps 50000 --time-limit 600
+    python bench/offline.py --out runs/bench-offline --seeds 3 --steps 50000 --time-limit 600 \
+        --d3rlpy-python <d3rlpy-venv>/bin/python
 
 A smoke of a few minutes: ``--steps 3000 --seeds 1 --time-limit 60 --behaviour-steps 300``.
 """
@@ -117,7 +118,7 @@ def main() -> None:
     p.add_argument("--epsilons", default="0.0,0.1,0.2,0.3,0.4,0.5,0.7")
     p.add_argument("--probe-steps", type=int, default=3000)
     p.add_argument("--cql-alpha", type=float, default=1.0)
-    p.add_argument("--d3rlpy-python", default="/work/peers/d3rlpy-venv/bin/python")
+    p.add_argument("--d3rlpy-python", required=True, help="the Python of a virtualenv with d3rlpy 2.8 (docs/offline.md)")
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     run_dir = args.behaviour_run or behaviour_run(args.out, args.behaviour_steps, args.workers)

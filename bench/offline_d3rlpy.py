@@ -3,7 +3,7 @@
 reaches ``--solve`` or the time limit: the peer of ``bench/offline.py``. Runs in d3rlpy's
 own venv (docs/offline.md); prints one JSON line.
 
-    PYTHONPATH=. /work/peers/d3rlpy-venv/bin/python bench/offline_d3rlpy.py SNAPSHOT --seed 0
+    PYTHONPATH=. <d3rlpy-venv>/bin/python bench/offline_d3rlpy.py SNAPSHOT --seed 0
 """
 
 from __future__ import annotations
