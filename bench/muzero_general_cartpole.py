@@ -23,7 +23,12 @@ MCTS as mpper's evaluator plays (no root noise, the most visited action), ``--ev
 episodes from env seeds ``--eval-seed`` on, until one set's mean return is >= the
 threshold (``first_mean_solved``). A set stops being played as soon as its mean can no
 longer get there. Use a ``--hold`` as long as ``--time-limit`` to let the run go on past
-its first one-episode success.
+its first one-episode success. With ``--past-solve S`` the pass goes on after that set,
+playing every later set's episodes whole, up to the first set at least S training steps past
+it, whose weights then play ``--final-episodes`` more from env seeds ``--final-seed`` on
+(``bench/holds_peers.py`` judges a run by ``bench/holds.py``'s rule this way);
+``--eval-spacing`` passes over sets closer than that many training steps to the last one
+played.
 
 Times: ``t_run`` from the start of the run (before ``ray.init``), ``t_proc`` from the
 launch of the run's Python process. Writes ``run_<N>/run.json`` per run and
