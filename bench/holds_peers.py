@@ -42,7 +42,7 @@ Usage::
         --mzg-dir /path/to/muzero-general --seeds 0 1 --time-limit 1500
 
 Writes ``bench/results/holds_<tag>.json`` and ``.md`` (tags ``sb3`` and ``muzero_general``
-unless ``--tag``).
+unless ``--tag``). ``--report A.json B.json`` prints one table of the seeds of saved runs.
 """
 
 from __future__ import annotations
@@ -191,6 +191,28 @@ def run_muzero_general(run: int, args) -> dict:
                  versions=res.get("versions"))  # fmt: skip
 
 
+def notes(results: list[dict], args) -> list[str]:
+    """A line per seed that did not get as far as the rule asks, saying how far it got."""
+    out = []
+    for r in results:
+        trained = r.get("training_steps_trained")
+        trained_text = f", trained to training step {trained:,}" if trained is not None else ""
+        if not r["solved"]:
+            out.append(f"- seed {r['seed']}: no evaluation reached {args.target:g}{trained_text}")
+        elif not r.get("past_solve_reached"):
+            out.append(f"- seed {r['seed']}: no final weights {args.past_solve:,} training steps past the solve "
+                       f"(last judged evaluation at training step {r['last_training_step_evaluated']:,}{trained_text})")  # fmt: skip
+        if r.get("evaluation_cut_by_time_limit"):
+            out.append(f"- seed {r['seed']}: playing the saved weights was cut by the time limit")
+        partial = r.get("final_weights_partial")
+        if partial:
+            returns = partial["returns"]
+            mean = f", mean {sum(returns) / len(returns):.1f}" if returns else ""
+            out.append(f"- seed {r['seed']}: final weights (training step {partial['training_step']:,}) played "
+                       f"{len(returns)} of {args.final_episodes} episodes before the time limit{mean}")  # fmt: skip
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--peer", choices=("sb3", "muzero-general"), default="sb3")
@@ -216,7 +238,15 @@ def main() -> int:
     )
     ap.add_argument("--sb3-child", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--sb3-out", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--report", nargs="+", default=None, metavar="JSON",
+                    help="print one table of the seeds of these saved result files, run nothing")  # fmt: skip
     args = ap.parse_args()
+    if args.report:
+        saved = [json.loads(Path(path).read_text()) for path in args.report]
+        commands = "`; `".join(s["command"] for s in saved)
+        results = [r for s in saved for r in s["results"]]
+        print("\n".join([holds.report(results, args, commands), "", *notes(results, args)]))
+        return 0
     if args.sb3_child is not None:
         sb3_child(args.sb3_child, args.sb3_out, args)
         return 0
@@ -239,7 +269,7 @@ def main() -> int:
             (RESULTS / f"holds_{args.tag}.json").write_text(
                 json.dumps({"command": command, "results": results}, indent=1)
             )
-    text = holds.report(results, args, command)
+    text = "\n".join([holds.report(results, args, command), "", *notes(results, args)])
     print(text)
     (RESULTS / f"holds_{args.tag}.md").write_text(text + "\n")
     return 0

@@ -49,3 +49,18 @@ def test_solved_seed_that_did_not_get_past_the_solve_does_not_hold_even_when_eve
     assert row["past_solve_reached"] is False and "final" not in row
     assert row["evaluations_after"] == 1 and row["share_after_at_target"] == 1.0
     assert not holds.holds(row, ARGS)
+
+
+def test_notes_say_how_far_a_seed_got_that_the_rule_could_not_judge_whole():
+    unsolved = holds_peers.judge(5, evals((0, 10.0)), None, ARGS, training_steps_trained=800)
+    short = holds_peers.judge(6, evals((0, 10.0), (500, 500.0)), None, ARGS, training_steps_trained=900,
+                              evaluation_cut_by_time_limit=True,
+                              final_weights_partial={"training_step": 1500, "returns": [500.0, 300.0]})  # fmt: skip
+    whole = holds_peers.judge(7, evals((500, 500.0), (1500, 500.0)), {"training_step": 1500, "returns": [500.0]}, ARGS)
+    assert holds_peers.notes([unsolved, short, whole], ARGS) == [
+        "- seed 5: no evaluation reached 475, trained to training step 800",
+        "- seed 6: no final weights 1,000 training steps past the solve (last judged evaluation at training step 500, "
+        "trained to training step 900)",
+        "- seed 6: playing the saved weights was cut by the time limit",
+        "- seed 6: final weights (training step 1,500) played 2 of 4 episodes before the time limit, mean 400.0",
+    ]
