@@ -23,7 +23,12 @@ MCTS as mpper's evaluator plays (no root noise, the most visited action), ``--ev
 episodes from env seeds ``--eval-seed`` on, until one set's mean return is >= the
 threshold (``first_mean_solved``). A set stops being played as soon as its mean can no
 longer get there. Use a ``--hold`` as long as ``--time-limit`` to let the run go on past
-its first one-episode success.
+its first one-episode success. With ``--past-solve S`` the pass goes on after that set,
+playing every later set's episodes whole, up to the first set at least S training steps past
+it, whose weights then play ``--final-episodes`` more from env seeds ``--final-seed`` on
+(``bench/holds_peers.py`` judges a run by ``bench/holds.py``'s rule this way);
+``--eval-spacing`` passes over sets closer than that many training steps to the last one
+played.
 
 Times: ``t_run`` from the start of the run (before ``ray.init``), ``t_proc`` from the
 launch of the run's Python process. Writes ``run_<N>/run.json`` per run and
@@ -210,9 +215,13 @@ def greedy_episode(cfg, model, seed):
 
 def evaluate_snapshots(a, cfg, weights_dir, res):
     """mpper's rule on the run's weight snapshots, in training-step order: the mean return of
-    ``--eval-episodes`` greedy episodes >= ``--threshold``. A snapshot's evaluation stops as
-    soon as its mean can no longer reach the threshold; the pass stops at the first
-    snapshot that passes (``first_mean_solved``) or at ``--eval-time-limit``."""
+    ``--eval-episodes`` greedy episodes >= ``--threshold``. Snapshots closer than
+    ``--eval-spacing`` training steps to the last one played are passed over. Before the
+    first snapshot that passes (``first_mean_solved``), a snapshot's evaluation stops as
+    soon as its mean can no longer reach the threshold. The pass stops at that snapshot, or,
+    with ``--past-solve``, goes on playing every snapshot whole until the first one at least
+    that many training steps past it, whose weights then play ``--final-episodes`` episodes
+    from env seeds ``--final-seed`` on (``final_weights``); or at ``--eval-time-limit``."""
     import torch
     from models import MuZeroNetwork
 
@@ -220,24 +229,39 @@ def evaluate_snapshots(a, cfg, weights_dir, res):
     model = MuZeroNetwork(cfg)
     model.eval()
     t0 = time.time()
-    res["evaluations"], res["first_mean_solved"] = [], None
+    res["evaluations"], res["first_mean_solved"], res["final_weights"] = [], None, None
     n, need = a.eval_episodes, a.threshold * a.eval_episodes
+    last_played = None
     for snap in sorted(res.get("snapshots", []), key=lambda x: x["training_step"]):
+        if last_played is not None and snap["training_step"] < last_played + a.eval_spacing:
+            continue
         if time.time() - t0 > a.eval_time_limit:
             res["evaluation_cut_by_time_limit"] = True
             break
+        solve = res["first_mean_solved"]
         path = os.path.join(weights_dir, f"step_{snap['training_step']:06d}.pt")
         model.set_weights(torch.load(path, weights_only=True))
         returns = []
         for k in range(n):
             returns.append(greedy_episode(cfg, model, a.eval_seed + k))
-            if sum(returns) + cfg.max_moves * (n - len(returns)) < need:
+            if solve is None and sum(returns) + cfg.max_moves * (n - len(returns)) < need:
                 break  # cannot pass any more
         passed = len(returns) == n and sum(returns) >= need
+        last_played = snap["training_step"]
         res["evaluations"].append({**snap, "returns": returns, "passed": passed})
         print(f"[eval] step {snap['training_step']}: {returns} {'PASS' if passed else ''}", flush=True)
-        if passed:
-            res["first_mean_solved"] = {**snap, "mean_return": sum(returns) / n}
+        if passed and solve is None:
+            res["first_mean_solved"] = solve = {**snap, "mean_return": sum(returns) / n}
+            if not a.past_solve:
+                break
+        if solve is not None and snap["training_step"] >= solve["training_step"] + a.past_solve:
+            final = []
+            while len(final) < a.final_episodes and time.time() - t0 <= a.eval_time_limit:
+                final.append(greedy_episode(cfg, model, a.final_seed + len(final)))
+            cut = len(final) < a.final_episodes  # a partial final set is kept apart: it does not judge the run
+            res["final_weights_partial" if cut else "final_weights"] = {**snap, "returns": final}
+            res["evaluation_cut_by_time_limit"] = cut
+            print(f"[eval] final weights, step {snap['training_step']}: {len(final)} episodes, {final}", flush=True)
             break
     res["evaluation_s"] = time.time() - t0
 
@@ -479,7 +503,9 @@ def parent_main(a):
                "--seed-base", str(a.seed_base), "--mzg-dir", a.mzg_dir,
                "--object-store-mb", str(a.object_store_mb), "--tag", tag, "--ray-tmp", ray_tmp,
                "--weights-every", str(a.weights_every), "--eval-episodes", str(a.eval_episodes),
-               "--eval-seed", str(a.eval_seed), "--eval-time-limit", str(a.eval_time_limit)]
+               "--eval-seed", str(a.eval_seed), "--eval-time-limit", str(a.eval_time_limit),
+               "--eval-spacing", str(a.eval_spacing), "--past-solve", str(a.past_solve),
+               "--final-episodes", str(a.final_episodes), "--final-seed", str(a.final_seed)]
         if a.num_cpus is not None:
             cmd += ["--num-cpus", str(a.num_cpus)]
         if not a.no_netns:
@@ -591,6 +617,13 @@ def main():
                          "(mean of this many greedy episodes >= --threshold); 0: do not")
     ap.add_argument("--eval-seed", type=int, default=50_000_000, help="seed of the first evaluation episode")
     ap.add_argument("--eval-time-limit", type=float, default=1800.0, help="wall s for the evaluations of one run")
+    ap.add_argument("--eval-spacing", type=int, default=0, metavar="STEPS",
+                    help="evaluate only saved weights at least this many training steps after the last evaluated")
+    ap.add_argument("--past-solve", type=int, default=0, metavar="STEPS",
+                    help="go on evaluating after the first passing weights up to the first this many steps past them, "
+                         "and play those on --final-episodes episodes; 0: stop at the first passing weights")
+    ap.add_argument("--final-episodes", type=int, default=100)
+    ap.add_argument("--final-seed", type=int, default=60_000_000, help="seed of the final weights' first episode")
     ap.add_argument("--_child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--run", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--tag", help=argparse.SUPPRESS)

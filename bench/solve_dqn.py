@@ -107,6 +107,33 @@ def run_mpper(config: str, seed: int, workers: int, time_limit: float, eval_inte
 
 # ---- Stable-Baselines3 (in a child process of its own virtualenv) -------------------------
 
+# The RL Zoo's CartPole-v1 DQN hyperparameters (rl-baselines3-zoo hyperparams/dqn.yml), run
+# for its n_timesteps; exploration_fraction is a share of those env steps.
+RL_ZOO_CARTPOLE_DQN = {"learning_rate": 2.3e-3, "batch_size": 64, "buffer_size": 100_000, "learning_starts": 1000,
+                       "gamma": 0.99, "target_update_interval": 10, "train_freq": 256, "gradient_steps": 128,
+                       "exploration_fraction": 0.16, "exploration_final_eps": 0.04,
+                       "policy_kwargs": {"net_arch": [256, 256]}}  # fmt: skip
+RL_ZOO_CARTPOLE_TIMESTEPS = 50_000
+
+
+def sb3_greedy_returns(model, episodes: int, base_seed: int) -> list[float]:
+    """Returns of ``episodes`` greedy (deterministic) CartPole-v1 episodes of an SB3 model,
+    episode ``i`` first reset with seed ``base_seed + i``."""
+    import gymnasium as gym
+
+    env = gym.make("CartPole-v1")
+    returns = []
+    for i in range(episodes):
+        obs, _ = env.reset(seed=base_seed + i)
+        total, done = 0.0, False
+        while not done:
+            action, _ = model.predict(obs, deterministic=True)
+            obs, r, term, trunc, _ = env.step(int(action))
+            total += r
+            done = term or trunc
+        returns.append(total)
+    return returns
+
 
 def sb3_child(seed: int, eval_interval: float, out_dir: str) -> None:
     """Train SB3 DQN with the RL Zoo CartPole-v1 hyperparameters for its 5e4 steps, with
@@ -122,18 +149,7 @@ def sb3_child(seed: int, eval_interval: float, out_dir: str) -> None:
     from stable_baselines3.common.vec_env import DummyVecEnv
 
     def final_return(model, episodes: int = 20, base_seed: int = 10_000) -> float:
-        env = gym.make("CartPole-v1")
-        returns = []
-        for i in range(episodes):
-            obs, _ = env.reset(seed=base_seed + i)
-            total, done = 0.0, False
-            while not done:
-                action, _ = model.predict(obs, deterministic=True)
-                obs, r, term, trunc, _ = env.step(int(action))
-                total += r
-                done = term or trunc
-            returns.append(total)
-        return float(np.mean(returns))
+        return float(np.mean(sb3_greedy_returns(model, episodes, base_seed)))
 
     class TimedEval(BaseCallback):
         """Calls SB3's own EvalCallback every ``eval_interval`` s of training wall time,
@@ -173,12 +189,9 @@ def sb3_child(seed: int, eval_interval: float, out_dir: str) -> None:
     eval_env.seed(100_000 + seed)
     evaluation = EvalCallback(eval_env, n_eval_episodes=10, eval_freq=1, deterministic=True,
                               best_model_save_path=str(out), verbose=0)  # fmt: skip
-    model = DQN("MlpPolicy", "CartPole-v1", learning_rate=2.3e-3, batch_size=64, buffer_size=100_000,
-                learning_starts=1000, gamma=0.99, target_update_interval=10, train_freq=256, gradient_steps=128,
-                exploration_fraction=0.16, exploration_final_eps=0.04, policy_kwargs={"net_arch": [256, 256]},
-                seed=seed, device="cpu", verbose=0)  # fmt: skip
+    model = DQN("MlpPolicy", "CartPole-v1", **RL_ZOO_CARTPOLE_DQN, seed=seed, device="cpu", verbose=0)
     timer = TimedEval(evaluation)
-    model.learn(total_timesteps=50_000, callback=timer)
+    model.learn(total_timesteps=RL_ZOO_CARTPOLE_TIMESTEPS, callback=timer)
     params = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.policy.parameters())).hexdigest()
     result = {"seed": seed, "crossed": timer.crossed is not None, "curve": timer.curve,
               "wall_s_total": time.monotonic() - timer.t0 - timer.excluded_wall,
