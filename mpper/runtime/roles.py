@@ -21,6 +21,7 @@ the roles take turns in one process, self-play optionally in worker processes) a
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -258,8 +259,12 @@ class Learner:
             self.publish()
         history = self.config.runtime.weights_history_interval_steps
         if history and self.training_step % history == 0:
-            save_network_checkpoint(self.setup.run_dir.weights_at(self.training_step),
-                                    self.trainer.published_network, self.training_step)  # fmt: skip
+            path = self.setup.run_dir.weights_at(self.training_step)
+            try:
+                save_network_checkpoint(path, self.trainer.published_network, self.training_step)
+            except OSError as exc:  # a full disk: the history misses this step, training goes on
+                print(f"mpper: learner: {path} not written ({exc.strerror or exc}); training goes on",
+                      file=sys.stderr, flush=True)  # fmt: skip
         return self.metrics
 
     def publish(self) -> None:

@@ -68,6 +68,31 @@ def test_a_periodic_checkpoint_that_does_not_fit_lets_training_go_on(tiny_disk, 
     assert not [p for p in disk.iterdir() if p.name.startswith(".")]  # no temporary file left
 
 
+def test_a_weights_history_file_that_does_not_fit_lets_training_go_on(tiny_disk, capfd):
+    """runtime.weights_history_interval_steps=1 on a disk with room for none: each lost
+    file is one line and training reaches its last step (where the final checkpoint, which
+    the run needs, stops the learner with the disk's error)."""
+    disk = tiny_disk("8k")
+    config = small_config(training_steps=6, batch_size=16, min_buffer_steps=8)
+    config.runtime.checkpoint_interval_s = 3600.0
+    config.runtime.weights_history_interval_steps = 1
+    buf = ReplayBuffer.create(muzero_schema(OBS, ACTIONS), capacity=512, alpha=0.6)
+    store = _store_for(config)
+    reports = queue.Queue()
+    try:
+        rng = np.random.default_rng(0)
+        for _ in range(8):
+            buf.add_episode(make_episode(rng, 10, OBS, ACTIONS))
+        with pytest.raises(OSError) as info:
+            run_learner(RunSetup.create(config, disk), buf.handle, store.handle, threading.Event(), reports)
+    finally:
+        store.close()
+        buf.close()
+    assert info.value.errno == 28  # ENOSPC, from the final checkpoint
+    lines = [line for line in capfd.readouterr().err.splitlines() if "weights/step-" in line]
+    assert len(lines) == 6 and all("not written" in line and "training goes on" in line for line in lines), lines
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("workers", ["0", "1"])
 def test_a_final_snapshot_that_does_not_fit_makes_the_run_exit_1_and_says_why(tiny_disk, workers):
