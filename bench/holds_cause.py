@@ -112,7 +112,7 @@ def failing_states(count: int, seed: int, horizon: int, gamma: float, last_moves
     return np.stack(obs_out[:count]), np.array(values[:count])
 
 
-def value_error(run_dir: Path, weights: Path, config, observations: np.ndarray, truth: np.ndarray) -> float:
+def value_error(weights: Path, config, observations: np.ndarray, truth: np.ndarray) -> float:
     agent = Agent(config, weights)
     with torch.no_grad():
         out = agent.network.initial_inference(torch.as_tensor(observations))
@@ -127,7 +127,7 @@ def support_max(config) -> float:
     return float(h_inv(torch.tensor(float(config.network.support_size))))
 
 
-def failing_play(run_dir: Path, config, weights: Path, episodes: int, seed: int) -> list[dict]:
+def failing_play(config, weights: Path, episodes: int, seed: int) -> list[dict]:
     """Greedy episodes of ``weights`` (env seeds ``seed + k``), as the evaluator plays them;
     for each one that failed before the time limit: how (``"x"``: the cart left the track,
     ``"theta"``: the pole fell), when, and per visited state the moves left to the failure
@@ -179,13 +179,12 @@ def buffer_failures(run_dir: Path, config, recs: list[dict]) -> tuple[list[int],
         if step is None:
             continue
         stored = episodes[: bisect.bisect_right(times, r["time_s"])]
-        kept, total, failed = 0, 0, 0
+        total, failed = 0, 0
         for e in reversed(stored):
             if total + e["length"] > config.replay.capacity:
                 break
             total += e["length"]
             failed += e["length"] < limit
-            kept += 1
         steps_at.append(step)
         failures.append(failed)
     return steps_at, failures
@@ -204,7 +203,7 @@ def analyse(run_dir: Path, args, observations, truth) -> dict:
              if r.get("event") == "evaluation" and "mean_return" in (r.get("evaluation") or {})]  # fmt: skip
     history = sorted((run_dir / "weights").glob("step-*.pt"))
     weight_steps = [int(p.stem.split("-")[1]) for p in history]
-    errors = [value_error(run_dir, p, config, observations, truth) for p in history]
+    errors = [value_error(p, config, observations, truth) for p in history]
     buf_steps, buf_failures = buffer_failures(run_dir, config, recs)
     lr = [(r["learner"]["training_step"], r["learner"]["lr"]) for r in recs if "lr" in (r.get("learner") or {})]
     solve = next((s for s, m in evals if m >= args.target), None)
@@ -214,7 +213,7 @@ def analyse(run_dir: Path, args, observations, truth) -> dict:
         return out
     after = [(s, m) for s, m in evals if s > solve]
     fell_at = [s for s, m in after if m < args.target][: args.failing_weights]
-    out["failures"] = [f for s in fell_at for f in failing_play(run_dir, config, history[max(0, bisect.bisect_right(
+    out["failures"] = [f for s in fell_at for f in failing_play(config, history[max(0, bisect.bisect_right(
         weight_steps, s) - 1)], args.failing_episodes, args.states_seed)]  # fmt: skip
     for name, group in (("held", [e for e in after if e[1] >= args.target]),
                         ("fell", [e for e in after if e[1] < args.target])):  # fmt: skip

@@ -41,6 +41,23 @@ def tiny_disk(tmp_path):
         subprocess.run(["umount", "-l", str(disk)], check=False)
 
 
+def _learn_on(disk, config) -> OSError:
+    """The learner process's main on ``disk`` in this process, over a buffer of 8 stored
+    episodes; the OSError it ends with (its final checkpoint, which the run needs)."""
+    buf = ReplayBuffer.create(muzero_schema(OBS, ACTIONS), capacity=512, alpha=0.6)
+    store = _store_for(config)
+    try:
+        rng = np.random.default_rng(0)
+        for _ in range(8):
+            buf.add_episode(make_episode(rng, 10, OBS, ACTIONS))
+        with pytest.raises(OSError) as info:
+            run_learner(RunSetup.create(config, disk), buf.handle, store.handle, threading.Event(), queue.Queue())
+    finally:
+        store.close()
+        buf.close()
+    return info.value
+
+
 def test_a_periodic_checkpoint_that_does_not_fit_lets_training_go_on(tiny_disk, capfd):
     """The learner checkpoints after every step onto a disk with room for none: each
     failed write is one line, training reaches its last step, and only the final
@@ -48,19 +65,7 @@ def test_a_periodic_checkpoint_that_does_not_fit_lets_training_go_on(tiny_disk, 
     disk = tiny_disk("8k")
     config = small_config(training_steps=6, batch_size=16, min_buffer_steps=8)
     config.runtime.checkpoint_interval_s = 0.0
-    buf = ReplayBuffer.create(muzero_schema(OBS, ACTIONS), capacity=512, alpha=0.6)
-    store = _store_for(config)
-    reports = queue.Queue()
-    try:
-        rng = np.random.default_rng(0)
-        for _ in range(8):
-            buf.add_episode(make_episode(rng, 10, OBS, ACTIONS))
-        with pytest.raises(OSError) as info:
-            run_learner(RunSetup.create(config, disk), buf.handle, store.handle, threading.Event(), reports)
-    finally:
-        store.close()
-        buf.close()
-    assert info.value.errno == 28  # ENOSPC, from the final checkpoint
+    assert _learn_on(disk, config).errno == 28  # ENOSPC, from the final checkpoint
     err = capfd.readouterr().err
     lines = [line for line in err.splitlines() if "checkpoint not written" in line]
     # one per step: training went on to its sixth step, each step trying again
@@ -76,19 +81,7 @@ def test_a_weights_history_file_that_does_not_fit_lets_training_go_on(tiny_disk,
     config = small_config(training_steps=6, batch_size=16, min_buffer_steps=8)
     config.runtime.checkpoint_interval_s = 3600.0
     config.runtime.weights_history_interval_steps = 1
-    buf = ReplayBuffer.create(muzero_schema(OBS, ACTIONS), capacity=512, alpha=0.6)
-    store = _store_for(config)
-    reports = queue.Queue()
-    try:
-        rng = np.random.default_rng(0)
-        for _ in range(8):
-            buf.add_episode(make_episode(rng, 10, OBS, ACTIONS))
-        with pytest.raises(OSError) as info:
-            run_learner(RunSetup.create(config, disk), buf.handle, store.handle, threading.Event(), reports)
-    finally:
-        store.close()
-        buf.close()
-    assert info.value.errno == 28  # ENOSPC, from the final checkpoint
+    assert _learn_on(disk, config).errno == 28  # ENOSPC, from the final checkpoint
     lines = [line for line in capfd.readouterr().err.splitlines() if "weights/step-" in line]
     assert len(lines) == 6 and all("not written" in line and "training goes on" in line for line in lines), lines
 
