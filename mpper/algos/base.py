@@ -185,6 +185,11 @@ class Algorithm(Generic[C]):
     # holds (MuZero's game segments store long games in pieces); a piece of T moves takes
     # T + 1 rows of the buffer
     stored_moves: Callable[[C, int], int] = lambda config, moves: moves
+    # config -> the most hidden states one search keeps per root (MuZero: num_simulations + 1),
+    # for an algorithm whose self-play network the inference server can serve
+    # (``runtime/inference.py``: ``initial_inference``/``recurrent_inference`` returning value,
+    # reward and policy logits and a hidden state); None: its workers run their network themselves
+    search_nodes: Callable[[C], int] | None = None
     description: str = ""
 
     @property
