@@ -176,6 +176,17 @@ class InferenceSlots(shm_mod.SharedObject):
         return cls(dataclasses.replace(handle, segment=segment.name), segment, owner=True)
 
     @classmethod
+    def for_run(cls, setup: RunSetup, ctx) -> "InferenceSlots":
+        """The slots of a run: one per worker, requests of ``runtime.envs_per_worker`` rows,
+        room for the hidden states of one search per slot."""
+        network, rt = setup.make_network(), setup.config.runtime
+        search_nodes = setup.algorithm.search_nodes
+        if search_nodes is None:
+            raise ValueError(f"{setup.algorithm.name}'s self-play network cannot be served by the inference process")
+        return cls.create(ctx, rt.workers, rt.envs_per_worker, network.observation_shape, network.full_support_size,
+                          network.num_actions, rt.envs_per_worker * search_nodes(setup.config))  # fmt: skip
+
+    @classmethod
     def attach(cls, handle: InferenceHandle) -> "InferenceSlots":
         return cls(handle, shm_mod.attach(handle.segment), owner=False)
 

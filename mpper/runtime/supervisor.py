@@ -187,7 +187,7 @@ class Supervisor:
         self.reports = self.ctx.Queue()
         self.rate = self._rate_limiter()
         if serves_selfplay(setup):
-            self.inference = self._inference_slots()
+            self.inference = InferenceSlots.for_run(setup, self.ctx)
         self.run_files.announce()
         self._spawn_all()
         if cfg.runtime.ray_address is not None:
@@ -195,15 +195,6 @@ class Supervisor:
 
             self.remote = RaySelfPlay(setup, self._buf, self._store)
             self.remote.start()
-
-    def _inference_slots(self) -> InferenceSlots:
-        """The inference server's slots: one per worker, a request of envs_per_worker rows."""
-        network, rt = self.setup.make_network(), self.config.runtime
-        search_nodes = self.setup.algorithm.search_nodes
-        assert search_nodes is not None  # serves_selfplay: only for an algorithm that declares it
-        return InferenceSlots.create(self.ctx, rt.workers, rt.envs_per_worker, network.observation_shape,
-                                     network.full_support_size, network.num_actions,
-                                     rt.envs_per_worker * search_nodes(self.config))  # fmt: skip
 
     def _rate_limiter(self):
         if self.config.training.samples_per_insert is None:
