@@ -136,20 +136,20 @@ class InferenceHandle:
         return 2 * self.support_width + self.num_actions
 
 
-def _arrays(handle: InferenceHandle, buf) -> dict[str, np.ndarray]:
-    """The segment's arrays, in order, over ``buf`` (or sized only, with ``buf`` None)."""
+def _layout(handle: InferenceHandle) -> tuple[list[tuple[str, tuple, Any, int]], int]:
+    """The segment's arrays as (name, shape, dtype, byte offset), each 64-byte aligned, and its size."""
     s, b = handle.slots, handle.max_batch
     specs = [("header", (_HEADER,), np.int64), ("control", (s, _CONTROL), np.int64),
              ("obs", (s, b, *handle.observation_shape), np.float32), ("tokens", (s, b), np.int64),
              ("actions", (s, b), np.int64), ("logits", (s, b, handle.logits_width), np.float32),
              ("out_tokens", (s, b), np.int64)]  # fmt: skip
-    arrays, offset = {}, 0
+    layout: list[tuple[str, tuple, Any, int]] = []
+    offset = 0
     for name, shape, dtype in specs:
+        layout.append((name, shape, dtype, offset))
         nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
-        arrays[name] = np.ndarray(shape, dtype, buffer=buf, offset=offset) if buf is not None else nbytes
-        offset += -(-nbytes // 64) * 64  # each array 64-byte aligned
-    arrays["_total"] = offset  # type: ignore[assignment]
-    return arrays
+        offset += -(-nbytes // 64) * 64
+    return layout, offset
 
 
 class InferenceSlots(shm_mod.SharedObject):
@@ -159,7 +159,8 @@ class InferenceSlots(shm_mod.SharedObject):
         self.handle = handle
         self._segment = segment
         self._owner = owner
-        arrays = _arrays(handle, segment.buf)
+        arrays = {name: np.ndarray(shape, dtype, buffer=segment.buf, offset=offset)
+                  for name, shape, dtype, offset in _layout(handle)[0]}  # fmt: skip
         self.header, self.control = arrays["header"], arrays["control"]
         self.obs, self.tokens, self.actions = arrays["obs"], arrays["tokens"], arrays["actions"]
         self.logits, self.out_tokens = arrays["logits"], arrays["out_tokens"]
@@ -171,7 +172,7 @@ class InferenceSlots(shm_mod.SharedObject):
         handle = InferenceHandle("", slots, max_batch, tuple(int(x) for x in observation_shape), support_width,
                                  num_actions, capacity, ctx.Semaphore(0),
                                  tuple(ctx.Semaphore(0) for _ in range(slots)))  # fmt: skip
-        nbytes = int(_arrays(handle, None)["_total"])  # type: ignore[arg-type]
+        nbytes = _layout(handle)[1]
         segment = shm_mod.create(nbytes, "inference", what=f"the inference slots ({slots} workers)")
         return cls(dataclasses.replace(handle, segment=segment.name), segment, owner=True)
 
@@ -207,8 +208,7 @@ class InferenceSlots(shm_mod.SharedObject):
         """Detach; the owner also unlinks the segment. Idempotent."""
         segment, self._segment = self._segment, None
         if segment is not None:
-            self.header = self.control = self.obs = self.tokens = self.actions = None  # type: ignore[assignment]
-            self.logits = self.out_tokens = None  # type: ignore[assignment]
+            self.header = self.control = self.obs = self.tokens = self.actions = self.logits = self.out_tokens = None
             shm_mod.release(segment, unlink=self._owner)
 
 

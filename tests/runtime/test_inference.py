@@ -23,7 +23,8 @@ from test_train_e2e import ROOT, assert_no_process_left, complete_lines, run_arg
 from mpper.algos.configs import load_config
 from mpper.algos.muzero.algorithm import ALGORITHM
 from mpper.algos.muzero.search import make_search
-from mpper.runtime.inference import InferenceServer, InferenceSlots, ServedNetwork
+from mpper.runtime.inference import InferenceServer, InferenceSlots, ServedNetwork, serves_selfplay
+from mpper.runtime.setup import RunSetup
 
 K, SIMS, ACTIONS, OBS = 3, 12, 2, (4,)
 
@@ -73,6 +74,21 @@ def in_threads(calls) -> tuple[list[threading.Thread], list]:
     for t in threads:
         t.start()
     return threads, results
+
+
+@pytest.mark.parametrize("config_file,overrides,cuda,served", [
+    ("cartpole.json", [], False, False),  # auto on a CPU-only machine: today's path
+    ("cartpole.json", [], True, True),  # auto with CUDA: the server
+    ("cartpole.json", ["runtime.device=cpu"], True, False),  # auto, the run kept on the CPU
+    ("cartpole.json", ["runtime.selfplay_inference=server"], False, True),
+    ("cartpole.json", ["runtime.selfplay_inference=worker"], True, False),
+    ("cartpole.json", ["runtime.lockstep=true"], True, False),  # lockstep streams run their own network
+    ("cartpole_dqn.json", [], True, False),  # DQN's workers run their own network
+])  # fmt: skip
+def test_which_runs_serve_their_selfplay_inference(tmp_path, monkeypatch, config_file, overrides, cuda, served):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    config = load_config(ROOT / "configs" / config_file, overrides, workers=2)
+    assert serves_selfplay(RunSetup.create(config, tmp_path)) is served
 
 
 @pytest.mark.parametrize("kind", ["puct", "gumbel"])
