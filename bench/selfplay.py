@@ -152,7 +152,10 @@ def main() -> int:
             print("error: --device cuda: torch.cuda.is_available() is false", file=sys.stderr)
             return 2
     sets = "".join(f" --set {o}" for o in args.overrides)
-    print(f"# Self-play throughput: `python bench/selfplay.py --config {args.config}{sets} "
+    shown = args.config.resolve()
+    shown = shown.relative_to(ROOT) if shown.is_relative_to(ROOT) else shown
+    workers = " ".join(map(str, args.workers))
+    print(f"# Self-play throughput: `python bench/selfplay.py --config {shown}{sets} --workers {workers} "
           f"--device {args.device} --seconds {args.seconds:g}` ({time.strftime('%Y-%m-%d')})\n")
     print("| workers | inference | device | agent steps/s | simulations/s |")
     print("|---|---|---|---|---|")
