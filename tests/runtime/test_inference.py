@@ -23,7 +23,14 @@ from test_train_e2e import ROOT, assert_no_process_left, complete_lines, run_arg
 from mpper.algos.configs import load_config
 from mpper.algos.muzero.algorithm import ALGORITHM
 from mpper.algos.muzero.search import make_search
-from mpper.runtime.inference import InferenceServer, InferenceSlots, ServedNetwork, serves_selfplay
+from mpper.runtime.inference import (
+    InferenceServer,
+    InferenceSlots,
+    InferenceStopped,
+    SearchInterrupted,
+    ServedNetwork,
+    serves_selfplay,
+)
 from mpper.runtime.setup import RunSetup
 
 K, SIMS, ACTIONS, OBS = 3, 12, 2, (4,)
@@ -138,6 +145,54 @@ def test_a_request_the_server_cannot_answer_is_refused_with_a_clear_error():
         assert errors and "refused" in errors[0]
         with pytest.raises(ValueError, match="1 to 3 rows"):
             client.initial_inference(torch.zeros((K + 1, *OBS)))
+    finally:
+        slots.close()
+
+
+def test_a_restarted_server_interrupts_the_search_under_way_and_serves_the_next_one():
+    network, config = network_and_config()
+    slots = make_slots(mp.get_context(), 1, network, config)
+    try:
+        first = InferenceServer(slots, network, torch.device("cpu"))
+        first.start(version=1, training_step=0)
+        client = ServedNetwork(slots, 0, Never())
+        threads, results = in_threads([lambda: client.initial_inference(torch.zeros((K, *OBS)))])
+        serve_together(first, threads)
+        tokens = results[0].hidden_state
+        second = InferenceServer(slots, network, torch.device("cpu"))  # as the restarted process does
+        assert second.start(version=1, training_step=0) == 2
+        with pytest.raises(SearchInterrupted):  # the tokens name hidden states the first server held
+            client.recurrent_inference(tokens, torch.zeros(K, dtype=torch.long))
+        obs = np.random.default_rng(2).normal(size=(K, *OBS)).astype(np.float32)
+        threads, results = in_threads([lambda: search(client, config, obs, 7)])
+        serve_together(second, threads)
+        np.testing.assert_array_equal(results[0].visit_counts, search(network, config, obs, 7).visit_counts)
+        assert first.requests == 1 and second.requests == 1 + SIMS
+    finally:
+        slots.close()
+
+
+def test_a_worker_waiting_for_an_answer_leaves_when_the_run_stops():
+    network, config = network_and_config()
+    slots = make_slots(mp.get_context(), 1, network, config)
+    try:
+        InferenceServer(slots, network, torch.device("cpu")).start(version=1, training_step=0)  # never answers
+        stop = threading.Event()
+        client = ServedNetwork(slots, 0, stop)
+        outcome: list = []
+
+        def wait():
+            try:
+                client.initial_inference(torch.zeros((1, *OBS)))
+            except InferenceStopped:
+                outcome.append("stopped")
+
+        threads, _ = in_threads([wait])
+        time.sleep(0.3)
+        assert threads[0].is_alive()  # waiting
+        stop.set()
+        threads[0].join(10)
+        assert outcome == ["stopped"]
     finally:
         slots.close()
 
