@@ -7,9 +7,11 @@ shared buffer, with no learner: the weights are a freshly initialised network's,
 published once; no samples-per-insert ratio holds the workers back. After ``--warmup``
 seconds (and the first stored episode), the moves stored during ``--seconds`` seconds
 give the agent steps/s; each move of each env is one search of ``mcts.num_simulations``
-simulations, which gives the simulations/s. Moves are counted as stored, a whole
-episode (or a game segment, ``muzero.game_segment_length``) at a time, so a window
-should hold many episodes: cap long games with ``--set env.max_episode_steps=N``.
+simulations, which gives the simulations/s. With the server, the rows its network
+calls took on average say how well the batches span the workers (at most workers x
+envs). Moves are counted as stored, a whole episode (or a game segment,
+``muzero.game_segment_length``) at a time, so a window should hold many episodes: cap
+long games with ``--set env.max_episode_steps=N``.
 
 ``--device`` is the inference process's device (``runtime.device``); the workers' own
 networks stay on the CPU, as in a run.
@@ -31,6 +33,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -91,8 +95,10 @@ def measure(config, seconds: float, warmup: float) -> dict:
             _wait(lambda: buf.counters["steps"] > 0, started + _START_TIMEOUT_S, reports, procs, "the first episode")
             _wait(lambda: False, time.monotonic() + warmup, reports, procs, None)
             t0, moves0 = time.monotonic(), buf.counters["steps"]
+            calls0 = slots.calls() if slots is not None else (0, 0)
             _wait(lambda: False, t0 + seconds, reports, procs, None)
             elapsed, moves = time.monotonic() - t0, buf.counters["steps"] - moves0
+            calls, rows = (np.subtract(slots.calls(), calls0) if slots is not None else (0, 0))
         finally:
             stop.set()
             for p in procs:
@@ -111,6 +117,8 @@ def measure(config, seconds: float, warmup: float) -> dict:
         "device": rt.device if rt.selfplay_inference == "server" else "cpu", "num_simulations": sims,
         "seconds": round(elapsed, 3), "moves": int(moves), "agent_steps_per_s": moves / elapsed,
         "simulations_per_s": moves * sims / elapsed,
+        # the inference process's network calls in the window, and the rows one took on average
+        "network_calls": int(calls), "rows_per_call": rows / calls if calls else None,
     }  # fmt: skip
 
 
@@ -157,8 +165,8 @@ def main() -> int:
     workers = " ".join(map(str, args.workers))
     print(f"# Self-play throughput: `python bench/selfplay.py --config {shown}{sets} --workers {workers} "
           f"--device {args.device} --seconds {args.seconds:g}` ({time.strftime('%Y-%m-%d')})\n")
-    print("| workers | inference | device | agent steps/s | simulations/s |")
-    print("|---|---|---|---|---|")
+    print("| workers | inference | device | agent steps/s | simulations/s | rows per network call |")
+    print("|---|---|---|---|---|---|")
     results = []
     for workers in args.workers:
         for inference in args.selfplay_inference:
@@ -166,8 +174,9 @@ def main() -> int:
             r = measure(config, args.seconds, args.warmup)
             results.append(r)
             device = args.device if inference == "server" else "cpu"
+            rows = "-" if r["rows_per_call"] is None else f"{r['rows_per_call']:.1f}"
             print(f"| {workers} | {inference} | {device} | {r['agent_steps_per_s']:,.1f} "
-                  f"| {r['simulations_per_s']:,.0f} |", flush=True)  # fmt: skip
+                  f"| {r['simulations_per_s']:,.0f} | {rows} |", flush=True)  # fmt: skip
     if args.json is not None:
         args.json.write_text(json.dumps({"command": sys.argv, "date": time.strftime("%Y-%m-%d"), "results": results},
                                         indent=1) + "\n")  # fmt: skip

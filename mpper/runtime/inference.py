@@ -12,7 +12,8 @@ recurrent inference on its device, and scatters the logits back.
 
 The segment (:class:`InferenceSlots`, created and unlinked by the supervisor)::
 
-    header      int64 (8,)               generation, server pid, weights version, training step
+    header      int64 (8,)               generation, server pid, weights version, training step,
+                                          network calls and the rows they took (counted over restarts)
     per slot s (one per worker, ``max_batch`` = runtime.envs_per_worker rows):
       control   int64 (slots, 8)          request seq, response seq, request generation,
                                           kind (initial / recurrent), rows, status
@@ -74,7 +75,7 @@ from .setup import RunSetup
 __all__ = ["InferenceHandle", "InferenceServer", "InferenceSlots", "InferenceStopped", "SearchInterrupted",
            "ServedNetwork", "ServedOutput", "ServedWeights", "run_inference", "serves_selfplay"]  # fmt: skip
 
-_GENERATION, _SERVER_PID, _VERSION, _STEP = range(4)
+_GENERATION, _SERVER_PID, _VERSION, _STEP, _CALLS, _CALL_ROWS = range(6)
 _REQ_SEQ, _RESP_SEQ, _REQ_GEN, _KIND, _ROWS, _STATUS = range(6)
 _HEADER = _CONTROL = 8  # int64 fields reserved for the header and for each slot's control row
 INITIAL, RECURRENT = 1, 2
@@ -195,6 +196,11 @@ class InferenceSlots(shm_mod.SharedObject):
     def generation(self) -> int:
         """Server starts so far (0: no server has been ready yet)."""
         return int(self.header[_GENERATION])
+
+    def calls(self) -> tuple[int, int]:
+        """(network calls, rows they took) since the slots were made: their ratio is how
+        many rows one batch spanned on average."""
+        return int(self.header[_CALLS]), int(self.header[_CALL_ROWS])
 
     def server_alive(self) -> bool:
         return self.generation > 0 and shm_mod.pid_alive(int(self.header[_SERVER_PID]))
@@ -447,6 +453,8 @@ class InferenceServer:
             start += n
         self.batches += 1
         self.largest_batch = max(self.largest_batch, sum(rows))
+        self.slots.header[_CALL_ROWS] += sum(rows)
+        self.slots.header[_CALLS] += 1
 
 
 def run_inference(setup: RunSetup, weight_handle, inference_handle: InferenceHandle, stop, reports) -> None:

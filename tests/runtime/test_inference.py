@@ -113,6 +113,7 @@ def test_searches_batched_across_workers_choose_as_the_network_in_each_worker(ki
         serve_together(server, clients)
         assert server.largest_batch == 2 * K  # the batches spanned both workers
         assert server.batches == 1 + SIMS  # one initial, then one recurrent per simulation
+        assert slots.calls() == (1 + SIMS, (1 + SIMS) * 2 * K)  # what bench/selfplay.py reads
         for mine, theirs in zip(results, local):
             np.testing.assert_array_equal(mine.visit_counts, theirs.visit_counts)
             np.testing.assert_allclose(mine.root_values, theirs.root_values, rtol=1e-5, atol=1e-6)
