@@ -408,8 +408,11 @@ class FlatWeights(torch.nn.Module):
         if flat.shape != (expected,):
             raise ValueError(f"set_flat_weights: expected a vector of {expected} values, got shape {flat.shape}")
         source = torch.from_numpy(np.ascontiguousarray(flat, dtype=np.float32))
+        tensors = list(self.state_dict().values())  # state_dict tensors share storage with the module
+        if tensors and tensors[0].device != source.device:
+            source = source.to(tensors[0].device)  # one host -> device copy, not one per tensor
         offset = 0
-        for tensor in self.state_dict().values():  # state_dict tensors share storage with the module
+        for tensor in tensors:
             n = tensor.numel()
             tensor.copy_(source[offset : offset + n].view(tensor.shape))  # copy_ casts dtype and device
             offset += n
