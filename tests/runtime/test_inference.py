@@ -23,6 +23,7 @@ from test_train_e2e import ROOT, assert_no_process_left, complete_lines, run_arg
 from mpper.algos.configs import load_config
 from mpper.algos.muzero.algorithm import ALGORITHM
 from mpper.algos.muzero.search import make_search
+from mpper.config import ConfigError
 from mpper.runtime.inference import (
     InferenceServer,
     InferenceSlots,
@@ -96,6 +97,18 @@ def test_which_runs_serve_their_selfplay_inference(tmp_path, monkeypatch, config
     monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
     config = load_config(ROOT / "configs" / config_file, overrides, workers=2)
     assert serves_selfplay(RunSetup.create(config, tmp_path)) is served
+
+
+@pytest.mark.parametrize("config_file,overrides,workers,message", [
+    ("cartpole.json", [], 0, '"server" serves local self-play worker processes (--workers >= 1, not lockstep, no '
+                             "Ray); got runtime.workers 0"),
+    ("cartpole.json", ["runtime.lockstep=true"], 2, "got lockstep"),
+    ("cartpole_dqn.json", [], 2, "is for MuZero's search; DQN's workers run their own network"),
+])  # fmt: skip
+def test_a_run_the_server_cannot_serve_is_refused_in_one_line(config_file, overrides, workers, message):
+    with pytest.raises(ConfigError, match="runtime.selfplay_inference") as refused:
+        load_config(ROOT / "configs" / config_file, [*overrides, "runtime.selfplay_inference=server"], workers=workers)
+    assert message in str(refused.value) and "\n" not in str(refused.value)
 
 
 @pytest.mark.parametrize("kind", ["puct", "gumbel"])
