@@ -1,9 +1,11 @@
 """d3rlpy 2.8's DiscreteCQL on an mpper snapshot (exported with
-``mpper.tools.d3rlpy_export``), until a greedy mean return over 10 CartPole-v1 episodes
-reaches ``--solve`` or the time limit: the peer of ``bench/offline.py``. Runs in d3rlpy's
-own venv (docs/offline.md); prints one JSON line.
+``mpper.tools.d3rlpy_export``), until a greedy mean return over 10 episodes of the env of
+mpper's ``--config`` reaches ``--solve`` or the time limit: the peer of ``bench/offline.py``.
+Image observations get the MinAtar paper's network (one 3x3 convolution of 16 channels, a
+128-unit layer), as mpper's MinAtar DQN config has; vectors d3rlpy's default MLP. Runs in
+d3rlpy's own venv (docs/offline.md); prints one JSON line.
 
-    PYTHONPATH=. <d3rlpy-venv>/bin/python bench/offline_d3rlpy.py SNAPSHOT --seed 0
+    PYTHONPATH=. <d3rlpy-venv>/bin/python bench/offline_d3rlpy.py SNAPSHOT --seed 0 --config cartpole_dqn
 """
 
 from __future__ import annotations
@@ -13,15 +15,17 @@ import json
 import time
 
 import d3rlpy
-import gymnasium as gym
 import numpy as np
 import torch
 
-from mpper.tools.d3rlpy_export import to_mdp_dataset
+from mpper.algos.configs import load_config
+from mpper.config_files import config_name_path
+from mpper.envs.spec import make_env
+from mpper.tools.d3rlpy_export import transitions
 
 
-def greedy_mean(algo, episodes: int, seed: int) -> float:
-    env = gym.make("CartPole-v1")
+def greedy_mean(algo, env_config, episodes: int, seed: int) -> float:
+    env = make_env(env_config)
     returns = []
     for k in range(episodes):
         obs, _ = env.reset(seed=seed + k)
@@ -40,6 +44,7 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("snapshot")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--config", default="cartpole_dqn", help="mpper config whose env evaluates")
     p.add_argument("--time-limit", type=float, default=600.0)
     p.add_argument("--solve", type=float, default=475.0)
     p.add_argument("--steps-per-evaluation", type=int, default=1000)
@@ -50,12 +55,29 @@ def main() -> None:
     args = p.parse_args()
     torch.set_num_threads(1)
     d3rlpy.seed(args.seed)
-    dataset = to_mdp_dataset(args.snapshot, num_actions=2)
+    env_config = load_config(config_name_path(args.config)).env
+    probe = make_env(env_config)
+    num_actions = int(probe.action_space.n)
+    image = len(probe.observation_space.shape) == 3
+    probe.close()
+    t = transitions(args.snapshot, num_actions=num_actions)
+    # d3rlpy's networks take float or uint8 observations, not MinAtar's bool planes
+    observations = t.observations.astype(np.float32) if t.observations.dtype == bool else t.observations
+    dataset = d3rlpy.dataset.MDPDataset(observations=observations, actions=t.actions, rewards=t.rewards,
+                                        terminals=t.terminals, timeouts=t.timeouts,
+                                        action_space=d3rlpy.constants.ActionSpace.DISCRETE,
+                                        action_size=num_actions)  # fmt: skip
+    encoder = (
+        d3rlpy.models.PixelEncoderFactory(filters=[[16, 3, 1]], feature_size=128)
+        if image
+        else d3rlpy.models.DefaultEncoderFactory()
+    )
     cql = d3rlpy.algos.DiscreteCQLConfig(
         alpha=args.alpha,
         learning_rate=args.lr,
         batch_size=args.batch_size,
         target_update_interval=args.target_update_interval,
+        encoder_factory=encoder,
     ).create(device="cpu:0")
     started = time.monotonic()
     evaluating = 0.0  # seconds spent in the greedy evaluations, inside the wall time
@@ -70,7 +92,7 @@ def main() -> None:
     )
     for epoch, _ in fitter:
         t0 = time.monotonic()
-        mean = greedy_mean(cql, 10, 10_000 * epoch)
+        mean = greedy_mean(cql, env_config, 10, 10_000 * epoch)
         evaluating += time.monotonic() - t0
         wall = time.monotonic() - started
         result["evaluations"].append(

