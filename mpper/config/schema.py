@@ -140,7 +140,8 @@ class RuntimeConfig:
 
     workers: int = opt(8, "[0, 4096]", "self-play processes; 0: everything in one process, in turns")
     envs_per_worker: int = opt(8, "[1, 65536]", "K environments searched together by each worker")
-    device: str = opt("auto", ("auto", "cpu", "cuda"), 'learner device: "auto" (cuda when available), "cpu", "cuda"')
+    device: str = opt("auto", ("auto", "cpu", "cuda"), 'the learner\'s and the reanalyser\'s device: "auto" (cuda '
+                      'when available), "cpu", "cuda"')
     seed: int = opt(0, f"[0, {MAX_SEED}]", "seed for numpy, torch and the envs; each process derives its own")
     evaluation_interval_s: float = opt(10.0, "> 0", "seconds between greedy evaluations")
     evaluation_interval_steps: int = opt(500, "[1, 1e15]", "lockstep runs: training steps between greedy "
