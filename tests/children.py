@@ -58,3 +58,18 @@ def write_tagged_episodes(handle, ready, stop, tag: int) -> None:
         k += 1
         ready.set()
     buf.close()
+
+
+def wait_for_inference(handle, slot: int) -> None:
+    """A self-play worker's request through inference slot ``slot``: one initial inference
+    on zeros, then waiting for the answer (the test kills this process meanwhile)."""
+    import torch
+
+    from mpper.runtime.inference import InferenceSlots, ServedNetwork
+
+    class Never:
+        def is_set(self) -> bool:
+            return False
+
+    slots = InferenceSlots.attach(handle)
+    ServedNetwork(slots, slot, Never()).initial_inference(torch.zeros((1, *handle.observation_shape)))

@@ -185,6 +185,11 @@ class Algorithm(Generic[C]):
     # holds (MuZero's game segments store long games in pieces); a piece of T moves takes
     # T + 1 rows of the buffer
     stored_moves: Callable[[C, int], int] = lambda config, moves: moves
+    # config -> the most hidden states one search keeps per root (MuZero: num_simulations + 1),
+    # for an algorithm whose self-play network the inference server can serve
+    # (``runtime/inference.py``: ``initial_inference``/``recurrent_inference`` returning value,
+    # reward and policy logits and a hidden state); None: its workers run their network themselves
+    search_nodes: Callable[[C], int] | None = None
     description: str = ""
 
     @property
@@ -403,8 +408,11 @@ class FlatWeights(torch.nn.Module):
         if flat.shape != (expected,):
             raise ValueError(f"set_flat_weights: expected a vector of {expected} values, got shape {flat.shape}")
         source = torch.from_numpy(np.ascontiguousarray(flat, dtype=np.float32))
+        tensors = list(self.state_dict().values())  # state_dict tensors share storage with the module
+        if tensors and tensors[0].device != source.device:
+            source = source.to(tensors[0].device)  # one host -> device copy, not one per tensor
         offset = 0
-        for tensor in self.state_dict().values():  # state_dict tensors share storage with the module
+        for tensor in tensors:
             n = tensor.numel()
             tensor.copy_(source[offset : offset + n].view(tensor.shape))  # copy_ casts dtype and device
             offset += n

@@ -140,7 +140,8 @@ class RuntimeConfig:
 
     workers: int = opt(8, "[0, 4096]", "self-play processes; 0: everything in one process, in turns")
     envs_per_worker: int = opt(8, "[1, 65536]", "K environments searched together by each worker")
-    device: str = opt("auto", ("auto", "cpu", "cuda"), 'learner device: "auto" (cuda when available), "cpu", "cuda"')
+    device: str = opt("auto", ("auto", "cpu", "cuda"), 'the learner\'s and the reanalyser\'s device: "auto" (cuda '
+                      'when available), "cpu", "cuda"')
     seed: int = opt(0, f"[0, {MAX_SEED}]", "seed for numpy, torch and the envs; each process derives its own")
     evaluation_interval_s: float = opt(10.0, "> 0", "seconds between greedy evaluations")
     evaluation_interval_steps: int = opt(500, "[1, 1e15]", "lockstep runs: training steps between greedy "
@@ -183,6 +184,13 @@ class RuntimeConfig:
                                               "its first greedy episode to run_dir/videos/<training step>.mp4 "
                                               "(pip install -e .[video]); null: off")
     torch_threads: int = opt(1, "[1, 1024]", "torch threads per child process")
+    selfplay_inference: str = opt("auto", ("auto", "worker", "server"), "where self-play workers run their "
+                                  'network: "worker": each in its own process, on the CPU; "server": one inference '
+                                  "process serves every worker's search, its leaves batched across the workers, on "
+                                  'the learner\'s device (runtime.device); "auto": the server when that device is '
+                                  "CUDA, else the workers. MuZero only (DQN's workers always run their own network); "
+                                  "free-running runs with --workers >= 1 (lockstep, --workers 0 and Ray actors run "
+                                  "their own)")
     selfplay_niceness: int = opt(0, "[0, 19]", "local self-play workers raise their niceness by this much, so "
                                  "that where processes outnumber cores the learner, the reanalyser and the "
                                  "evaluator get the CPU first (samples_per_insert still paces self-play); 0: off")
@@ -234,6 +242,16 @@ def _ray_needs_workers(config: Config) -> str | None:
     return None
 
 
+def _server_needs_workers(config: Config) -> str | None:
+    rt = config.runtime
+    if rt.selfplay_inference != "server":
+        return None
+    if rt.workers == 0 or rt.lockstep or rt.ray_address is not None:
+        how = "runtime.workers 0" if rt.workers == 0 else "lockstep" if rt.lockstep else "Ray actors"
+        return f'"server" serves local self-play worker processes (--workers >= 1, not lockstep, no Ray); got {how}'
+    return None
+
+
 def _budget_allows_learning(config: Config) -> str | None:
     budget, start = config.training.env_steps, config.training.min_buffer_steps
     if budget is not None and budget < start:
@@ -253,6 +271,8 @@ def _at_most(a: str, b: str) -> Rule:
 # The shared rules, in the order they are checked (before the algorithm's own).
 RULES: tuple[Rule, ...] = (
     Rule(("runtime.ray_address", "runtime.workers"), _ray_needs_workers),
+    Rule(("runtime.selfplay_inference", "runtime.workers", "runtime.lockstep", "runtime.ray_address"),
+         _server_needs_workers),
     Rule(("training.env_steps", "training.min_buffer_steps"), _budget_allows_learning),
     *(_at_most(a, b) for a, op, b in CROSS_RULES if op == "<="),
 )

@@ -26,6 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from ..replay.buffer import ReplayBuffer
+from .inference import InferenceHandle, InferenceSlots, InferenceStopped, SearchInterrupted, ServedWeights
 from .procs import child_process
 from .rate import RateLimiter
 from .roles import BufferSink, Evaluation, LatestWeights, Learner, SelfPlay, labelled_envs
@@ -38,9 +39,11 @@ _POLL_S = 0.1  # how long one sleep on the stop event lasts while the buffer fil
 
 
 def run_selfplay(setup: RunSetup, worker_id: int, buffer_handle, weight_handle, stop, reports, seed: int,
-                 rate: RateLimiter | None = None) -> None:  # fmt: skip
+                 rate: RateLimiter | None = None, inference_handle: InferenceHandle | None = None) -> None:  # fmt: skip
     """Self-play worker ``worker-<worker_id>``: play, store whole episodes (or the pieces
-    of a game the algorithm stores as it goes), report the games that end."""
+    of a game the algorithm stores as it goes), report the games that end. With
+    ``inference_handle``, its search's network is the inference server's (slot
+    ``worker_id``; ``runtime/inference.py``) rather than a copy of its own."""
     name = f"worker-{worker_id}"
     config = setup.config
     with child_process(name, config, reports, stop, buffer_handle, weight_handle) as (buf, store):
@@ -48,13 +51,23 @@ def run_selfplay(setup: RunSetup, worker_id: int, buffer_handle, weight_handle, 
             os.nice(config.runtime.selfplay_niceness)
         torch.manual_seed(seed)
         envs = labelled_envs(config, name, config.runtime.envs_per_worker)
-        weights = LatestWeights(setup, store)
-        if not weights.wait_first(stop):
-            return
-        selfplay = SelfPlay(setup, name, envs, weights, seed, worker_id)
-        sink = BufferSink(buf, rate, stop, lambda source, report: reports.put(("episode", source, report)))
-        while not stop.is_set():
-            selfplay.turn(sink)
+        slots = InferenceSlots.attach(inference_handle) if inference_handle is not None else None
+        try:
+            weights = LatestWeights(setup, store) if slots is None else ServedWeights(slots, worker_id, stop)
+            if not weights.wait_first(stop):
+                return
+            selfplay = SelfPlay(setup, name, envs, weights, seed, worker_id)
+            sink = BufferSink(buf, rate, stop, lambda source, report: reports.put(("episode", source, report)))
+            while not stop.is_set():
+                try:
+                    selfplay.turn(sink)
+                except SearchInterrupted:  # the server restarted mid-search: no env stepped, play the move again
+                    continue
+                except InferenceStopped:
+                    return
+        finally:
+            if slots is not None:
+                slots.close()
 
 
 def run_learner(setup: RunSetup, buffer_handle, weight_handle, stop, reports, rate: RateLimiter | None = None) -> None:

@@ -7,6 +7,7 @@ everything on success, on error and on Ctrl-C / SIGTERM:
 
     main ──creates──> ReplayBuffer (shm) + WeightStore (shm) + StopSignal + report queue
       ├─ run_selfplay  x N   play K envs with batched MCTS, add episodes
+      ├─ run_inference       (runtime.selfplay_inference: "server") the workers' network, batched
       ├─ run_learner         sample, train, update priorities, publish weights, checkpoint
       ├─ run_reanalyser      refresh stored values with the latest weights
       └─ run_evaluator       greedy episodes with the latest weights -> mean return
@@ -37,6 +38,7 @@ from .. import shm
 from ..checkpoint import CheckpointError, load_checkpoint
 from ..replay.buffer import ReplayBuffer
 from .children import run_evaluator, run_learner, run_reanalyser, run_selfplay
+from .inference import InferenceSlots, run_inference, serves_selfplay
 from .procs import ForcedStop, StopRequests, StopSignal, forkserver_pid, process_context
 from .progress import ProgressFigures, ProgressLine
 from .rate import RateLimiter
@@ -100,6 +102,7 @@ class Supervisor:
         self.children: dict[str, Child] = {}
         self.buffer: ReplayBuffer | None = None
         self.store: WeightStore | None = None
+        self.inference: InferenceSlots | None = None  # the workers' inference slots, when a server serves them
         self.run_files = Run(config, run_dir, setup.offline.steps if setup.offline is not None else 0)
         self.error: str | None = None
         self.finished_reason = ""
@@ -183,6 +186,8 @@ class Supervisor:
         self.stop = StopSignal(self.ctx)
         self.reports = self.ctx.Queue()
         self.rate = self._rate_limiter()
+        if serves_selfplay(setup):
+            self.inference = InferenceSlots.for_run(setup, self.ctx)
         self.run_files.announce()
         self._spawn_all()
         if cfg.runtime.ray_address is not None:
@@ -204,10 +209,15 @@ class Supervisor:
         shared = {"setup": setup, "stop": self.stop, "reports": self.reports}
         handles = {"buffer_handle": self._buf.handle, "weight_handle": self._store.handle}
         self._add(Child("learner", run_learner, {**shared, **handles, "rate": self.rate}, essential=True))
+        served = {}
+        if self.inference is not None:  # restarted like a worker when it dies; its workers wait for it
+            served = {"inference_handle": self.inference.handle}
+            self._add(Child("inference", run_inference, {**shared, "weight_handle": self._store.handle, **served}))
         # Ray actors play instead of local workers; an offline run plays not at all
         for i in range(cfg.runtime.workers if cfg.runtime.ray_address is None and setup.selfplay else 0):
-            self._add(Child(f"worker-{i}", run_selfplay, {**shared, **handles, "worker_id": i,
-                                                          "seed": self.run_files.seeds.worker(i), "rate": self.rate}))  # fmt: skip
+            seed = self.run_files.seeds.worker(i)
+            self._add(Child(f"worker-{i}", run_selfplay, {**shared, **handles, "worker_id": i, "seed": seed,
+                                                          "rate": self.rate, **served}))  # fmt: skip
         if setup.algorithm.make_reanalyser is not None and setup.algorithm.reanalyses(cfg):
             self._add(Child("reanalyser", run_reanalyser, {**shared, **handles}))
         self._add(Child("evaluator", run_evaluator, {**shared, "weight_handle": self._store.handle}))
@@ -507,7 +517,7 @@ class Supervisor:
             self.run_files.finish()
         except Exception:
             pass
-        for obj in (self.buffer, self.store):
+        for obj in (self.buffer, self.store, self.inference):
             if obj is not None:
                 obj.close()
         if hasattr(self, "reports"):

@@ -61,4 +61,11 @@ def _cql_needs_td(config: DQNRunConfig) -> str | None:
     return None
 
 
-CONFIG = AlgorithmConfig(DQNRunConfig, rules=(Rule(("dqn.cql_alpha", "dqn.objective"), _cql_needs_td),))
+def _workers_run_their_network(config: DQNRunConfig) -> str | None:
+    if config.runtime.selfplay_inference == "server":
+        return 'is for MuZero\'s search; DQN\'s workers run their own network: use "auto" or "worker"'
+    return None
+
+
+CONFIG = AlgorithmConfig(DQNRunConfig, rules=(Rule(("dqn.cql_alpha", "dqn.objective"), _cql_needs_td),
+                                              Rule(("runtime.selfplay_inference",), _workers_run_their_network)))

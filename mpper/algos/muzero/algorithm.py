@@ -82,5 +82,6 @@ ALGORITHM = Algorithm[MuZeroRunConfig](
     player_bytes=search_tree_bytes,
     play_against=evaluate_against_opponents,
     stored_moves=lambda config, moves: min(moves, config.muzero.game_segment_length or moves),
+    search_nodes=lambda config: config.mcts.num_simulations + 1,
     description="MuZero: learned model, batched MCTS, reanalyse",
 )

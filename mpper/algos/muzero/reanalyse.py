@@ -91,10 +91,13 @@ class Reanalyser:
             for images, as for ``max_positions``).
         two_player: whether the env's players alternate (the search's sign rule); None:
             asked of one env made from ``config.env`` (only when searching).
+        device: where the network runs its passes and searches; None: the learner's
+            (``runtime.device``: "auto" is CUDA where torch sees it, else the CPU).
     """
 
     def __init__(self, config: MuZeroRunConfig, buf: ReplayBuffer, store: WeightSource, max_positions: int = 4096,
-                 max_search_positions: int = 256, two_player: bool | None = None) -> None:  # fmt: skip
+                 max_search_positions: int = 256, two_player: bool | None = None,
+                 device: str | torch.device | None = None) -> None:  # fmt: skip
         if "reanalysed_value" not in buf.fields:
             raise KeyError("reanalyse needs a buffer whose schema has a 'reanalysed_value' field")
         self.search_fraction = float(config.reanalyse.search_fraction)
@@ -113,7 +116,10 @@ class Reanalyser:
         self.positions_per_pass = max(1, min(int(max_positions), INPUT_BYTES_PER_PASS // row_bytes))
         self.roots_per_search = max(1, min(int(max_search_positions), INPUT_BYTES_PER_PASS // row_bytes))
         self.num_actions = int(buf.fields["child_visits"].shape[1])
-        self.network = make_network(config.network, obs_shape, self.num_actions, self.num_stacked)
+        if device is None:
+            device = "cuda" if config.runtime.device != "cpu" and torch.cuda.is_available() else "cpu"
+        self.device = torch.device(device)
+        self.network = make_network(config.network, obs_shape, self.num_actions, self.num_stacked).to(self.device)
         self.network.eval()
         self._flat = np.empty(self.network.num_flat_weights(), np.float32)
         if store.handle.num_weights != self._flat.shape[0]:
@@ -175,8 +181,8 @@ class Reanalyser:
         concatenated: float32 (sum(counts),)."""
         out = []
         for stacked in self._stacked_passes(episodes, counts, self.positions_per_pass):
-            logits = self.network.initial_inference(torch.from_numpy(stacked)).value_logits
-            out.append(support_to_scalar(logits, self.support_size).numpy())
+            logits = self.network.initial_inference(torch.from_numpy(stacked).to(self.device)).value_logits
+            out.append(support_to_scalar(logits, self.support_size).cpu().numpy())
         return np.concatenate(out).astype(np.float32, copy=False)
 
     def search_positions(self, episodes: list[dict], counts: list[int]):

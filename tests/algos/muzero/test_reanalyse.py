@@ -389,3 +389,55 @@ def test_stored_policies_obey_shape_values_and_the_generation_rule():
         assert np.isnan(buf.fields["reanalysed_policy"][newest.start + 4]).all()  # row T: no move
     finally:
         buf.close()
+
+
+def _reanalysed_rows(config, device, episodes, net):
+    """Every row's reanalysed value and policy after a full pass of a Reanalyser on ``device``."""
+    buf = ReplayBuffer.create(muzero_schema(OBS, ACTIONS_FULL), capacity=256, alpha=0.6)
+    store = WeightStore.create(net.num_flat_weights())
+    try:
+        for ep in episodes:
+            buf.add_episode(ep)
+        store.publish(net.get_flat_weights(), training_step=1)
+        r = Reanalyser(config, buf, store, two_player=False, device=device)
+        assert next(r.network.parameters()).device.type == torch.device(device).type
+        r.refresh_weights()
+        while r.episodes < len(episodes):
+            r.step()
+        n = buf.fields["reanalysed_value"].shape[0]
+        return buf.fields["reanalysed_value"][:n].copy(), buf.fields["reanalysed_policy"][:n].copy()
+    finally:
+        store.close()
+        buf.close()
+
+
+def test_the_reanalysers_device_follows_runtime_device():
+    """runtime.device "cpu": the CPU; "auto": CUDA where torch sees it, else the CPU."""
+    config = search_config("puct")
+    torch.manual_seed(4)
+    net = make_network(config.network, OBS, ACTIONS_FULL, STACK).eval()
+    buf = ReplayBuffer.create(muzero_schema(OBS, ACTIONS_FULL), capacity=64, alpha=0.6)
+    store = WeightStore.create(net.num_flat_weights())
+    try:
+        for device, expected in (("cpu", "cpu"), ("auto", "cuda" if torch.cuda.is_available() else "cpu")):
+            c = dataclasses.replace(config, runtime=dataclasses.replace(config.runtime, device=device))
+            assert Reanalyser(c, buf, store, two_player=False).device.type == expected
+    finally:
+        store.close()
+        buf.close()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: the reanalyser on the GPU")
+@pytest.mark.parametrize("kind", ["puct", "gumbel"])
+def test_a_reanalyser_on_cuda_stores_what_one_on_the_cpu_does(kind):
+    """The same weights and episodes, searched on the GPU and on the CPU: the same values and
+    policy targets, within float32 noise of the two devices' kernels."""
+    config = search_config(kind)
+    torch.manual_seed(4)
+    net = make_network(config.network, OBS, ACTIONS_FULL, STACK).eval()
+    rng = np.random.default_rng(5)
+    episodes = [masked_episode(rng, T, False) for T in (5, 1, 9)]
+    cpu_values, cpu_policies = _reanalysed_rows(config, "cpu", episodes, net)
+    gpu_values, gpu_policies = _reanalysed_rows(config, "cuda", episodes, net)
+    np.testing.assert_allclose(gpu_values, cpu_values, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(gpu_policies, cpu_policies, rtol=1e-3, atol=1e-4)
