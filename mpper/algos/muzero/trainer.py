@@ -10,7 +10,9 @@ size (value and reward are distributions over 2S+1 bins).
 
 from __future__ import annotations
 
+import contextlib
 import math
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -20,7 +22,7 @@ from ..base import Trainer
 from .config import MuZeroRunConfig
 from .networks import MuZeroNetwork, scalar_to_support, scale_gradient, support_to_scalar
 
-__all__ = ["MuZeroTrainer", "consistency_loss", "cross_entropy"]
+__all__ = ["Losses", "MuZeroTrainer", "consistency_loss", "cross_entropy"]
 
 
 def cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -54,6 +56,33 @@ def consistency_loss(network, hidden_states: torch.Tensor, next_observation: tor
     return -(prediction * target).sum(-1).view(b, k)
 
 
+class Losses(NamedTuple):
+    """One update's forward half on the device: the loss to minimise (0-d), the per-sample
+    component losses (B,) before the importance weights, those weights (B,), and the new
+    raw priorities, (B,) or (B * (K+1),) with ``muzero.priority_update`` "unrolled"."""
+
+    loss: torch.Tensor
+    value_loss: torch.Tensor
+    reward_loss: torch.Tensor
+    policy_loss: torch.Tensor
+    consistency: torch.Tensor
+    weights: torch.Tensor
+    priorities: torch.Tensor
+
+    def readout(self, grad_norm: torch.Tensor) -> torch.Tensor:
+        """What the host reads of one update, one float32 vector on the device: total,
+        value, reward, policy losses, the gradient norm, the consistency loss, then the
+        priorities. The reported component losses are IS-weighted batch means like the
+        total, so total = value_loss_weight * value + reward + policy
+        + consistency_loss_weight * consistency holds exactly."""
+        w = self.weights
+        stats = torch.stack([
+            self.loss.detach(), (self.value_loss * w).mean(), (self.reward_loss * w).mean(),
+            (self.policy_loss * w).mean(), grad_norm.to(self.loss.dtype), (self.consistency * w).mean(),
+        ])  # fmt: skip
+        return torch.cat([stats.detach(), self.priorities.to(stats.dtype)])
+
+
 class MuZeroTrainer(Trainer[MuZeroRunConfig]):
     """``train_step(batch)`` is one update on a batch sampled with ``MuZeroTargets``; it
     returns the metrics and the new raw priorities of the sampled positions (the buffer
@@ -61,6 +90,93 @@ class MuZeroTrainer(Trainer[MuZeroRunConfig]):
     """
 
     network: MuZeroNetwork
+
+    # ---- the losses --------------------------------------------------------------------
+    def _autocast(self, dtype: torch.dtype | None):
+        """Autocast to ``dtype`` on the trainer's device; nothing at all (not even a
+        disabled autocast's bookkeeping) for None, the eager float32 step."""
+        return contextlib.nullcontext() if dtype is None else torch.autocast(self.device.type, dtype=dtype)
+
+    def losses(self, d: dict[str, torch.Tensor], autocast: torch.dtype | None = None,
+               channels_last: bool = False) -> Losses:  # fmt: skip
+        """The forward half of one update on the device tensors ``d`` (the arrays of
+        ``train_step``'s batch, importance weights as ``d["weights"]``): the unroll, the
+        losses and the new raw priorities, with no host synchronisation (the captured
+        step runs the same code). ``autocast``: the network runs under autocast to that
+        dtype (bfloat16), its logits are cast back to float32 before the supports and the
+        cross-entropies. ``channels_last``: the observations are laid out NHWC for the
+        convolutions."""
+        m = self.config.muzero
+        net = self.network
+        support = net.support_size
+        observation = d["observation"].float()  # (B, *obs)
+        if channels_last:
+            observation = observation.contiguous(memory_format=torch.channels_last)
+        actions = d["actions"]  # (B, K+1) int64
+        gradient_scale = d["gradient_scale"]  # (B, K+1)
+        weights = d["weights"]  # (B,)
+        target_policy = d["target_policy"]  # (B, K+1, A)
+        batch_size, k1 = actions.shape
+        # scalars (B, K+1) -> two-hot supports (B, K+1, 2S+1)
+        target_value = scalar_to_support(d["target_value"].reshape(-1), support).view(batch_size, k1, -1)
+        target_reward = scalar_to_support(d["target_reward"].reshape(-1), support).view(batch_size, k1, -1)
+
+        # The unroll: step 0 from the real observation, steps 1..K through the dynamics
+        # on the actions actually taken, the hidden state passed between dynamics steps
+        # through scale_gradient(h, 0.5) as in the pseudocode's update_weights (so the
+        # gradient of a loss k steps deep reaches the representation scaled by 0.5^(k-1);
+        # muzero-general hooks the hidden state a step returns, which also halves the
+        # gradient of that step's own predictions into the dynamics).
+        with self._autocast(autocast):
+            unrolled = net.unroll(observation, actions[:, 1:], 0.5)
+        value_logits, reward_logits, policy_logits = unrolled.value_logits, unrolled.reward_logits, unrolled.policy_logits
+        if autocast is not None:  # supports, softmaxes and losses in float32
+            value_logits, reward_logits, policy_logits = value_logits.float(), reward_logits.float(), policy_logits.float()
+        # Steps past the cut of a truncated episode (a time limit, a game segment) have
+        # nothing recorded to learn from: masked out (MuZeroTargets).
+        target_mask, policy_mask = d["target_mask"], d["policy_mask"]  # (B, K+1)
+        value_ce = cross_entropy(value_logits, target_value) * target_mask  # (B, K+1)
+        policy_ce = cross_entropy(policy_logits, target_policy) * policy_mask  # (B, K+1)
+        # No reward loss at step 0: nothing was received before the root (muzero-general
+        # skips it as well).
+        reward_ce = cross_entropy(reward_logits, target_reward[:, 1:]) * target_mask[:, 1:]  # (B, K)
+        # Each unrolled step's gradient is divided by the number of unrolled steps
+        # (muzero-general registers grad / gradient_scale hooks on these losses);
+        # scale_gradient does the same and leaves the reported loss values alone.
+        per_step = 1.0 / gradient_scale[:, 1:]  # (B, K)
+        value_loss = value_ce[:, 0] + scale_gradient(value_ce[:, 1:], per_step).sum(1)  # (B,)
+        policy_loss = policy_ce[:, 0] + scale_gradient(policy_ce[:, 1:], per_step).sum(1)
+        reward_loss = scale_gradient(reward_ce, per_step).sum(1)
+
+        # Per-sample loss (B,), weighted by the importance weights that correct the
+        # prioritized sampling's bias, then the mean over the batch.
+        per_sample = value_loss * m.value_loss_weight + reward_loss + policy_loss
+        if m.consistency_loss_weight > 0:
+            # Steps past the episode's end (mask 0) have no real observation to match.
+            mask = d["next_observation_mask"]  # (B, K)
+            next_observation = d["next_observation"].float()
+            with self._autocast(autocast):
+                negative_cosine = consistency_loss(net, unrolled.hidden_states[:, 1:], next_observation)
+            if autocast is not None:
+                negative_cosine = negative_cosine.float()
+            consistency = scale_gradient(negative_cosine * mask, per_step).sum(1)  # (B,)
+            per_sample = per_sample + consistency * m.consistency_loss_weight
+        else:
+            consistency = torch.zeros_like(value_loss)
+        loss = (per_sample * weights).mean()
+
+        # New raw priorities |v - z|: of the sampled positions (B,), or of every unrolled
+        # position (B, K+1) with muzero.priority_update "unrolled" (the buffer writes
+        # column k to the position k moves later in the same episode, where there is one).
+        with torch.no_grad():
+            if m.priority_update == "unrolled":
+                logits = value_logits.detach()
+                predicted = support_to_scalar(logits.reshape(-1, logits.shape[-1]), support).view(batch_size, k1)
+                priorities = (predicted - d["target_value"]).abs().reshape(-1)
+            else:
+                root_value = support_to_scalar(value_logits[:, 0].detach(), support)
+                priorities = (root_value - d["target_value"][:, 0]).abs()
+        return Losses(loss, value_loss, reward_loss, policy_loss, consistency, weights, priorities)
 
     # ---- one update ---------------------------------------------------------------------
     def train_step(self, batch: Batch) -> tuple[dict[str, float], np.ndarray]:
@@ -78,95 +194,38 @@ class MuZeroTrainer(Trainer[MuZeroRunConfig]):
         gradient norm is not finite: the weights, the optimizer state and the step
         counter are then unchanged, and no priority comes back.
         """
-        m = self.config.muzero
-        net = self.network
-        support = net.support_size
         lr = self.learning_rate()
         for group in self.optimizer.param_groups:
             group["lr"] = lr
 
         d = self._to_device({**batch.data, "weights": batch.weights})
-        observation = d["observation"].float()  # (B, *obs)
-        actions = d["actions"]  # (B, K+1) int64
-        gradient_scale = d["gradient_scale"]  # (B, K+1)
-        weights = d["weights"]  # (B,)
-        target_policy = d["target_policy"]  # (B, K+1, A)
-        batch_size, k1 = actions.shape
-        # scalars (B, K+1) -> two-hot supports (B, K+1, 2S+1)
-        target_value = scalar_to_support(d["target_value"].reshape(-1), support).view(batch_size, k1, -1)
-        target_reward = scalar_to_support(d["target_reward"].reshape(-1), support).view(batch_size, k1, -1)
-
-        # The unroll: step 0 from the real observation, steps 1..K through the dynamics
-        # on the actions actually taken, the hidden state passed between dynamics steps
-        # through scale_gradient(h, 0.5) as in the pseudocode's update_weights (so the
-        # gradient of a loss k steps deep reaches the representation scaled by 0.5^(k-1);
-        # muzero-general hooks the hidden state a step returns, which also halves the
-        # gradient of that step's own predictions into the dynamics).
-        unrolled = net.unroll(observation, actions[:, 1:], 0.5)
-        # Steps past the cut of a truncated episode (a time limit, a game segment) have
-        # nothing recorded to learn from: masked out (MuZeroTargets).
-        target_mask, policy_mask = d["target_mask"], d["policy_mask"]  # (B, K+1)
-        value_ce = cross_entropy(unrolled.value_logits, target_value) * target_mask  # (B, K+1)
-        policy_ce = cross_entropy(unrolled.policy_logits, target_policy) * policy_mask  # (B, K+1)
-        # No reward loss at step 0: nothing was received before the root (muzero-general
-        # skips it as well).
-        reward_ce = cross_entropy(unrolled.reward_logits, target_reward[:, 1:]) * target_mask[:, 1:]  # (B, K)
-        # Each unrolled step's gradient is divided by the number of unrolled steps
-        # (muzero-general registers grad / gradient_scale hooks on these losses);
-        # scale_gradient does the same and leaves the reported loss values alone.
-        per_step = 1.0 / gradient_scale[:, 1:]  # (B, K)
-        value_loss = value_ce[:, 0] + scale_gradient(value_ce[:, 1:], per_step).sum(1)  # (B,)
-        policy_loss = policy_ce[:, 0] + scale_gradient(policy_ce[:, 1:], per_step).sum(1)
-        reward_loss = scale_gradient(reward_ce, per_step).sum(1)
-
-        # Per-sample loss (B,), weighted by the importance weights that correct the
-        # prioritized sampling's bias, then the mean over the batch.
-        per_sample = value_loss * m.value_loss_weight + reward_loss + policy_loss
-        if m.consistency_loss_weight > 0:
-            # Steps past the episode's end (mask 0) have no real observation to match.
-            mask = d["next_observation_mask"]  # (B, K)
-            negative_cosine = consistency_loss(net, unrolled.hidden_states[:, 1:], d["next_observation"].float())
-            consistency = scale_gradient(negative_cosine * mask, per_step).sum(1)  # (B,)
-            per_sample = per_sample + consistency * m.consistency_loss_weight
-        else:
-            consistency = torch.zeros_like(value_loss)
-        loss = (per_sample * weights).mean()
-
-        grad_norm = self.backward(loss)  # the norm before clipping to training.grad_clip
-
-        # New raw priorities |v - z|: of the sampled positions (B,), or of every unrolled
-        # position (B, K+1) with muzero.priority_update "unrolled" (the buffer writes
-        # column k to the position k moves later in the same episode, where there is one).
+        losses = self.losses(d)
+        grad_norm = self.backward(losses.loss)  # the norm before clipping to training.grad_clip
         with torch.no_grad():
-            if m.priority_update == "unrolled":
-                logits = unrolled.value_logits.detach()
-                predicted = support_to_scalar(logits.reshape(-1, logits.shape[-1]), support).view(batch_size, k1)
-                priorities = (predicted - d["target_value"]).abs().reshape(-1)
-            else:
-                root_value = support_to_scalar(unrolled.value_logits[:, 0].detach(), support)
-                priorities = (root_value - d["target_value"][:, 0]).abs()
-            # The reported component losses are IS-weighted batch means like the total, so
-            # total = value_loss_weight * value + reward + policy
-            #         + consistency_loss_weight * consistency holds exactly.
-            stats = torch.stack([
-                loss.detach(), (value_loss * weights).mean(), (reward_loss * weights).mean(),
-                (policy_loss * weights).mean(), grad_norm.to(loss.dtype), (consistency * weights).mean(),
-            ])  # fmt: skip
+            values = losses.readout(grad_norm)
             # One device -> host transfer (one CUDA synchronisation) per step.
-            host = torch.cat([stats, priorities.to(stats.dtype)]).to("cpu", torch.float64).numpy()
-        total, value, reward, policy, norm, consistency_mean = (float(x) for x in host[:6])
-        priorities = host[6:].copy()
-        if m.priority_update == "unrolled":
-            priorities = priorities.reshape(batch_size, k1)
-        if not all(math.isfinite(x) for x in (total, value, reward, policy, consistency_mean)):
-            raise FloatingPointError(f"non-finite loss at training step {self.training_step}")
-        if not math.isfinite(norm):
-            raise FloatingPointError(f"non-finite gradient norm at training step {self.training_step}")
-        if not np.isfinite(priorities).all():  # pragma: no cover - finite logits give finite values
-            raise FloatingPointError(f"non-finite priorities at training step {self.training_step}")
-
+            host = values.to("cpu", torch.float64).numpy()
+        metrics, priorities = self.read_update(host, lr, self.training_step + 1, d["actions"].shape)
         self.optimizer.step()
         self.training_step += 1
+        return metrics, priorities
+
+    def read_update(self, host: np.ndarray, lr: float, step: int, actions_shape) -> tuple[dict[str, float], np.ndarray]:
+        """``Losses.readout`` as the host got it (float64) -> (metrics, raw priorities: (B,),
+        or (B, K+1) with ``muzero.priority_update`` "unrolled"), for the update that makes
+        ``step`` completed updates, with learning rate ``lr``; ``actions_shape`` is the
+        batch's (B, K+1). Raises FloatingPointError on a non-finite loss, gradient norm or
+        priority, naming the step (``step - 1`` completed updates before it)."""
+        total, value, reward, policy, norm, consistency_mean = (float(x) for x in host[:6])
+        priorities = host[6:].copy()
+        if self.config.muzero.priority_update == "unrolled":
+            priorities = priorities.reshape(actions_shape)
+        if not all(math.isfinite(x) for x in (total, value, reward, policy, consistency_mean)):
+            raise FloatingPointError(f"non-finite loss at training step {step - 1}")
+        if not math.isfinite(norm):
+            raise FloatingPointError(f"non-finite gradient norm at training step {step - 1}")
+        if not np.isfinite(priorities).all():  # pragma: no cover - finite logits give finite values
+            raise FloatingPointError(f"non-finite priorities at training step {step - 1}")
         metrics = {
             "total_loss": total,
             "value_loss": value,
@@ -174,8 +233,8 @@ class MuZeroTrainer(Trainer[MuZeroRunConfig]):
             "policy_loss": policy,
             "grad_norm": norm,
             "lr": lr,
-            "training_step": self.training_step,
+            "training_step": step,
         }
-        if m.consistency_loss_weight > 0:
+        if self.config.muzero.consistency_loss_weight > 0:
             metrics["consistency_loss"] = consistency_mean
         return metrics, priorities
