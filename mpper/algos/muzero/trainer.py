@@ -18,9 +18,10 @@ import numpy as np
 import torch
 
 from ...replay.buffer import Batch
-from ..base import Trainer
+from ..base import Finished, Trainer
 from .config import MuZeroRunConfig
 from .networks import MuZeroNetwork, scalar_to_support, scale_gradient, support_to_scalar
+from .static_step import StaticStep, static_mode
 
 __all__ = ["Losses", "MuZeroTrainer", "consistency_loss", "cross_entropy"]
 
@@ -90,6 +91,46 @@ class MuZeroTrainer(Trainer[MuZeroRunConfig]):
     """
 
     network: MuZeroNetwork
+
+    def __init__(self, config: MuZeroRunConfig, network, device: torch.device) -> None:
+        super().__init__(config, network, device)
+        t = self.train_config
+        mode = static_mode(t.capture, self.device)
+        # training.capture: the static-shape step (static_step.py) on persistent tensors,
+        # captured or compiled on CUDA; None: the eager step below
+        self.static: StaticStep | None = None
+        if mode is not None:
+            self.static = StaticStep(self, mode, t.precision)
+            self.optimizer = self.static.make_optimizer(list(self.network.parameters()))
+            self._fused = True
+        elif t.precision != "fp32":
+            raise ValueError(f'training.precision: "{t.precision}" needs the static step, training.capture is "{t.capture}"')
+
+    # ---- the step as the learner runs it -------------------------------------------------
+    def submit(self, batch: Batch) -> list[Finished]:
+        """``Trainer.submit``: with the static step the results come one call late."""
+        if self.static is None:
+            return super().submit(batch)
+        return self.static.submit(batch)
+
+    def drain(self) -> list[Finished]:
+        return [] if self.static is None else self.static.drain()
+
+    def _group_overrides(self) -> dict:
+        return super()._group_overrides() if self.static is None else self.static.group_overrides()
+
+    def state_dict(self) -> dict:
+        state = super().state_dict()
+        # the static step's device-tensor learning rate is saved as the number it holds
+        for group in state["optimizer"]["param_groups"]:
+            if torch.is_tensor(group.get("lr")):
+                group["lr"] = float(group["lr"])
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        if self.static is not None:
+            self.static.reset()  # the optimizer's state tensors are new: capture again
 
     # ---- the losses --------------------------------------------------------------------
     def _autocast(self, dtype: torch.dtype | None):
@@ -194,6 +235,9 @@ class MuZeroTrainer(Trainer[MuZeroRunConfig]):
         gradient norm is not finite: the weights, the optimizer state and the step
         counter are then unchanged, and no priority comes back.
         """
+        if self.static is not None:  # the static step, its result waited for
+            finished = self.static.submit(batch) + self.static.drain()
+            return finished[-1].metrics, finished[-1].priorities
         lr = self.learning_rate()
         for group in self.optimizer.param_groups:
             group["lr"] = lr
