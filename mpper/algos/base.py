@@ -366,8 +366,12 @@ class Trainer(Generic[C]):
         return []
 
     def _group_overrides(self) -> dict:
-        """What a loaded optimizer state's param groups take from this run, not from the file."""
-        return {"fused": self._fused or None}
+        """What a loaded optimizer state's param groups take from this run, not from the file
+        (a checkpoint of a captured step on a GPU holds a capturable Adam)."""
+        overrides: dict = {"fused": self._fused or None}
+        if isinstance(self.optimizer, torch.optim.Adam):
+            overrides["capturable"] = False
+        return overrides
 
     def adopt_weights(self, flat: np.ndarray) -> None:
         """Start from published weights (the supervisor's first ones, a flat float32

@@ -29,16 +29,14 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import Any, cast
 
 import numpy as np
 import torch
 
 from ...replay.buffer import Batch
 from ..base import Finished
-
-if TYPE_CHECKING:
-    from .trainer import MuZeroTrainer
 
 __all__ = ["STATIC_MODES", "StaticStep", "static_mode"]
 
@@ -128,12 +126,13 @@ class _Inputs:
 
 
 class StaticStep:
-    """The static-shape step of one :class:`MuZeroTrainer` (see the module docstring):
+    """The static-shape step of one ``MuZeroTrainer`` (see the module docstring):
     ``submit(batch)`` starts an update and returns the updates that finished since (the
     previous one); ``drain()`` waits for the last one. ``capture_seconds``: the one-off
     cost of the capture (warm-up included) or of the first compiled step, once paid."""
 
-    def __init__(self, trainer: MuZeroTrainer, mode: str, precision: str) -> None:
+    def __init__(self, trainer: Any, mode: str, precision: str) -> None:
+        # trainer: the MuZeroTrainer that owns this step (its losses, backward, optimizer)
         if mode not in STATIC_MODES:
             raise ValueError(f"unknown static step mode {mode!r}")
         self.trainer, self.mode = trainer, mode
@@ -145,7 +144,7 @@ class StaticStep:
         # conv nets on CUDA: NHWC weights and inputs (tensor cores' layout)
         self.channels_last = self.cuda and any(isinstance(m, torch.nn.Conv2d) for m in trainer.network.modules())
         if self.channels_last:
-            trainer.network.to(memory_format=torch.channels_last)
+            cast(Any, trainer.network).to(memory_format=torch.channels_last)
         self.lr = torch.tensor(trainer.train_config.lr_init, dtype=torch.float32, device=self.device) if self.cuda \
             else None  # fmt: skip
         self.diverged = torch.zeros((), dtype=torch.float32, device=self.device)  # sticky: 1 after a bad update
@@ -153,7 +152,7 @@ class StaticStep:
         self.out: torch.Tensor | None = None  # the readout and the flag, on the device
         self.host_out: list[torch.Tensor] = []
         self.graph: torch.cuda.CUDAGraph | None = None
-        self.compiled = None
+        self.compiled: Callable[[dict[str, torch.Tensor]], Any] | None = None
         self.pending: _Pending | None = None
         self.capture_seconds: float | None = None
         self.steps = 0
@@ -197,7 +196,7 @@ class StaticStep:
             readout = losses.readout(grad_norm)
             bad = (~torch.isfinite(readout).all()).to(self.diverged.dtype)
             torch.maximum(self.diverged, bad, out=self.diverged)
-        trainer.optimizer.found_inf = self.diverged  # type: ignore[attr-defined]  # the fused kernel skips on 1
+        trainer.optimizer.found_inf = self.diverged  # the fused kernel skips the update where it is 1
         trainer.optimizer.step()
         with torch.no_grad():
             self.out[:-1].copy_(readout)
