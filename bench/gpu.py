@@ -52,24 +52,24 @@ CONFIGS = ROOT / "configs"
 # ---- setup -----------------------------------------------------------------------------------
 
 
-def install_wheels(wheels: Path = ROOT / ".whl") -> str:
-    """Install ``wheels/*.whl`` into SITE and put it on the path (this process and its
-    children); returns what was done, one line."""
+def install_wheels(wheels: Path = ROOT / ".whl", site: Path = SITE) -> str:
+    """Install ``wheels/*.whl`` into ``site`` and put it first on this process's path
+    (``child_env`` puts it on the children's); returns what was done, one line."""
     files = sorted(wheels.glob("*.whl")) if wheels.is_dir() else []
     if not files:
         return f"no wheels in {wheels}"
     proc = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--target",
-                           str(SITE), *map(str, files)], capture_output=True, text=True)  # fmt: skip
+                           str(site), *map(str, files)], capture_output=True, text=True)  # fmt: skip
     if proc.returncode != 0:
-        return f"pip install of {len(files)} wheels failed: {proc.stderr.strip().splitlines()[-1:]}"
-    if str(SITE) not in sys.path:
-        sys.path.insert(0, str(SITE))
-    return f"installed {len(files)} wheels from {wheels} into {SITE}"
+        return f"pip install of {len(files)} wheels failed: {(proc.stderr.strip().splitlines() or [''])[-1]}"
+    if str(site) not in sys.path:
+        sys.path.insert(0, str(site))
+    return f"installed {len(files)} wheels from {wheels} into {site}"
 
 
-def child_env() -> dict:
-    """The environment of a subprocess: this repository and SITE first on PYTHONPATH."""
-    parts = [str(ROOT), *([str(SITE)] if SITE.is_dir() else []), os.environ.get("PYTHONPATH", "")]
+def child_env(site: Path = SITE) -> dict:
+    """The environment of a subprocess: this repository and ``site`` first on PYTHONPATH."""
+    parts = [str(ROOT), *([str(site)] if site.is_dir() else []), os.environ.get("PYTHONPATH", "")]
     return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in parts if p)}
 
 

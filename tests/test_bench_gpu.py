@@ -4,8 +4,10 @@ wheel install, and ``--quick`` end to end on the CPU (the GPU check's smoke test
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -40,8 +42,29 @@ def test_selfplay_figures_are_found_by_their_names():
 
 
 def test_no_wheel_folder_installs_nothing_and_the_children_see_the_repository(tmp_path):
-    assert gpu.install_wheels(tmp_path / "absent") == f"no wheels in {tmp_path / 'absent'}"
-    assert gpu.child_env()["PYTHONPATH"].split(":")[0] == str(ROOT)
+    assert gpu.install_wheels(tmp_path / "absent", tmp_path / "site") == f"no wheels in {tmp_path / 'absent'}"
+    assert gpu.child_env(tmp_path / "site")["PYTHONPATH"].split(os.pathsep)[0] == str(ROOT)
+
+
+def test_wheels_are_installed_offline_and_put_on_the_path(tmp_path, monkeypatch):
+    """A wheel in the folder (built here: one module) is installed without the index and
+    imports, here and in a child process."""
+    wheels, site = tmp_path / ".whl", tmp_path / "site"
+    wheels.mkdir()
+    name = "mpper_probe_wheel"
+    dist = f"{name}-1.0.dist-info"
+    files = {f"{name}.py": "VALUE = 42\n", f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n",
+             f"{dist}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    with zipfile.ZipFile(wheels / f"{name}-1.0-py3-none-any.whl", "w") as whl:
+        for path, text in files.items():
+            whl.writestr(path, text)
+        whl.writestr(f"{dist}/RECORD", "".join(f"{path},,\n" for path in files) + f"{dist}/RECORD,,\n")
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    assert gpu.install_wheels(wheels, site) == f"installed 1 wheels from {wheels} into {site}"
+    assert sys.path[0] == str(site) and (site / f"{name}.py").is_file()
+    proc = subprocess.run([sys.executable, "-c", f"import {name}; print({name}.VALUE)"], capture_output=True,
+                          text=True, timeout=60, env=gpu.child_env(site))  # fmt: skip
+    assert proc.stdout.strip() == "42", proc.stderr
 
 
 def test_the_markdown_has_a_row_per_measurement_and_a_dash_for_none():
