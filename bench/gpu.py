@@ -2,19 +2,21 @@
 Pong run with every process running; one table on stdout, ``gpu.json`` and ``gpu.md`` in
 ``--out`` (both rewritten after every row, so a run cut short keeps what it measured).
 
-Sections, in order (each row is skipped, with the reason, once ``--budget-s`` would be
-overrun by it):
+Sections, in this order by default (each row is skipped, with the reason, once
+``--budget-s`` would be overrun by it):
 
 1. learner: training steps/s of the real learner process (``bench/learner.py``'s
    ``measure``) on a buffer filled by the config's own player, at ``--batch-size``, for
    each ``training.capture`` / ``training.precision`` on CUDA and for CartPole on the CPU;
    the one-off capture (or compile) time, timed in this process on one batch; the GPU's
    busy share while the row ran.
-2. self-play: agent steps/s and simulations/s per config from ``bench/selfplay.py``
-   (inference in each worker, or in one server process), when that file exists.
-3. run: ``run.py --config configs/atari_pong.json --workers 12 --device cuda --time-limit T``;
+2. run: ``run.py --config configs/atari_pong.json --workers 12 --device cuda --time-limit T``;
    training steps/s, env steps/s, the learner's data-wait share (from the run's
    ``metrics.jsonl``) and the GPU's busy share.
+3. self-play: agent steps/s and simulations/s per config from ``bench/selfplay.py``
+   (inference in each worker, or in one server process), when that file exists.
+4. compile: the learner rows with ``training.capture: "compile"`` (the largest one-off
+   cost, so last).
 
 The GPU's busy share is the fraction of time a kernel was running, sampled about twice a
 second (NVML through ``pynvml`` when installed, else ``nvidia-smi --query-gpu``).
@@ -174,21 +176,27 @@ def markdown(data: dict) -> str:
     for r in data.get("learner", []):
         samples = r["steps_per_s"] * r["batch"] if r.get("steps_per_s") is not None else None
         wait = show(r.get("wait_fraction"), "{:.1%}")
-        lines.append(f"| {r['config']} | {r['batch']} | {r['device']} | {r['capture']} | {r['precision']} | "
-                     f"{show(r.get('steps_per_s'))} | {show(samples, '{:,.0f}')} | {wait} | "
-                     f"{show(r.get('capture_s'), '{:.2f}')} | {show(r.get('gpu_busy'))} | {r.get('note', '')} |")
+        lines.append(
+            f"| {r['config']} | {r['batch']} | {r['device']} | {r['capture']} | {r['precision']} | "
+            f"{show(r.get('steps_per_s'))} | {show(samples, '{:,.0f}')} | {wait} | "
+            f"{show(r.get('capture_s'), '{:.2f}')} | {show(r.get('gpu_busy'))} | {r.get('note', '')} |"
+        )
     lines += ["", "## Self-play", "", "| config | workers | inference | device | agent steps/s | simulations/s | "
               "GPU busy % | note |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in data.get("selfplay", []):
-        lines.append(f"| {r.get('config', '-')} | {r.get('workers', '-')} | {r.get('inference', '-')} | "
-                     f"{r.get('device', '-')} | {show(r.get('agent_steps_per_s'))} | "
-                     f"{show(r.get('simulations_per_s'))} | {show(r.get('gpu_busy'))} | {r.get('note', '')} |")
+        lines.append(
+            f"| {r.get('config', '-')} | {r.get('workers', '-')} | {r.get('inference', '-')} | "
+            f"{r.get('device', '-')} | {show(r.get('agent_steps_per_s'))} | "
+            f"{show(r.get('simulations_per_s'))} | {show(r.get('gpu_busy'))} | {r.get('note', '')} |"
+        )
     lines += ["", "## A run with every process", "", "| command | training steps/s | env steps/s | "
               "learner waiting for data | GPU busy % | note |", "|---|---|---|---|---|---|"]  # fmt: skip
     for r in data.get("run", []):
-        lines.append(f"| `{r.get('command', '-')}` | {show(r.get('training_steps_per_s'))} | "
-                     f"{show(r.get('env_steps_per_s'))} | {show(r.get('wait_fraction'), '{:.1%}')} | "
-                     f"{show(r.get('gpu_busy'))} | {r.get('note', '')} |")
+        lines.append(
+            f"| `{r.get('command', '-')}` | {show(r.get('training_steps_per_s'))} | "
+            f"{show(r.get('env_steps_per_s'))} | {show(r.get('wait_fraction'), '{:.1%}')} | "
+            f"{show(r.get('gpu_busy'))} | {r.get('note', '')} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -221,27 +229,46 @@ def capture_seconds(config, buf) -> float | None:
 def learner_rows(quick: bool, batch: int, cartpole_batch: int) -> list[tuple[str, int, str, str, str]]:
     """(config, batch, device, capture, precision), the most telling first."""
     if quick:
-        return [("cartpole", cartpole_batch, "cpu", "off", "fp32"), ("cartpole", cartpole_batch, "cpu", "static", "fp32")]
+        return [
+            ("cartpole", cartpole_batch, "cpu", "off", "fp32"),
+            ("cartpole", cartpole_batch, "cpu", "static", "fp32"),
+        ]
     rows = []
     for name in ("atari_pong", "minatar_breakout"):
         rows += [(name, batch, "cuda", "off", "fp32"), (name, batch, "cuda", "cuda_graph", "fp32"),
                  (name, batch, "cuda", "cuda_graph", "bf16")]  # fmt: skip
-    rows += [("cartpole", cartpole_batch, "cuda", "off", "fp32"), ("cartpole", cartpole_batch, "cuda", "cuda_graph", "fp32"),
-             ("cartpole", cartpole_batch, "cpu", "off", "fp32")]  # fmt: skip
-    rows += [("minatar_breakout", batch, "cuda", "compile", "fp32"), ("cartpole", cartpole_batch, "cuda", "compile", "fp32"),
-             ("atari_pong", batch, "cuda", "compile", "fp32")]  # fmt: skip
-    return rows
+    # CartPole: what --device auto picks on a GPU machine against the CPU
+    return rows + [
+        ("cartpole", cartpole_batch, "cuda", "cuda_graph", "fp32"),
+        ("cartpole", cartpole_batch, "cpu", "off", "fp32"),
+    ]
+
+
+def compile_rows(quick: bool, batch: int, cartpole_batch: int) -> list[tuple[str, int, str, str, str]]:
+    """The torch.compile rows, last: their one-off cost is the largest."""
+    if quick:
+        return []
+    return [("minatar_breakout", batch, "cuda", "compile", "fp32"), ("cartpole", cartpole_batch, "cuda", "compile", "fp32"),
+            ("atari_pong", batch, "cuda", "compile", "fp32")]  # fmt: skip
 
 
 def learner_section(report: Report, sampler: GpuSampler, args) -> None:
+    learner_rows_section(report, sampler, args, learner_rows(args.quick, args.batch_size, args.cartpole_batch))
+
+
+def compile_section(report: Report, sampler: GpuSampler, args) -> None:
+    learner_rows_section(report, sampler, args, compile_rows(args.quick, args.batch_size, args.cartpole_batch))
+
+
+def learner_rows_section(report: Report, sampler: GpuSampler, args, rows) -> None:
     sys.path.insert(0, str(ROOT / "bench"))
     import learner as learner_bench  # bench/learner.py: the learner process and its buffers
 
     buffers: dict = {}
     try:
-        for name, batch, device, capture, precision in learner_rows(args.quick, args.batch_size, args.cartpole_batch):
+        for name, batch, device, capture, precision in rows:
             row = {"config": name, "batch": batch, "device": device, "capture": capture, "precision": precision}
-            estimate = args.learner_seconds + (60 if capture == "compile" else 25)
+            estimate = args.learner_seconds + (150 if capture == "compile" else 25)
             if not report.fits(estimate + (0 if name in buffers else 40)):
                 report.add("learner", {**row, "note": f"skipped: the budget of {args.budget_s:g} s"})
                 continue
@@ -400,12 +427,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget-s", type=float, default=450.0, help="rows that would end past this are skipped")
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--cartpole-batch", type=int, default=256)
-    ap.add_argument("--learner-seconds", type=float, default=6.0)
+    ap.add_argument("--learner-seconds", type=float, default=5.0)
     ap.add_argument("--fill-moves", type=int, default=600, help="moves played into each image config's buffer")
     ap.add_argument("--workers", type=int, default=12, help="self-play workers (self-play section and the run)")
-    ap.add_argument("--selfplay-seconds", type=float, default=8.0)
-    ap.add_argument("--run-seconds", type=float, default=90.0, help="the run's --time-limit")
-    ap.add_argument("--sections", default="learner,selfplay,run", help="comma-separated, in this order")
+    ap.add_argument("--selfplay-seconds", type=float, default=6.0)
+    ap.add_argument("--run-seconds", type=float, default=75.0, help="the run's --time-limit")
+    ap.add_argument("--sections", default="learner,run,selfplay,compile", help="comma-separated, in this order")
     args = ap.parse_args(argv)
     if args.quick:
         args.learner_seconds, args.selfplay_seconds = min(args.learner_seconds, 2.0), min(args.selfplay_seconds, 3.0)
@@ -423,11 +450,16 @@ def main(argv: list[str] | None = None) -> int:
     sampler = GpuSampler()
     report.data["gpu_sampler"] = sampler.source
     report.save()
-    sections = {"learner": learner_section, "selfplay": selfplay_section, "run": run_section}
+    sections = {
+        "learner": learner_section,
+        "run": run_section,
+        "selfplay": selfplay_section,
+        "compile": compile_section,
+    }
     try:
         for name in args.sections.split(","):
             if name not in sections:
-                print(f"error: --sections: unknown section {name!r} (learner, selfplay, run)", file=sys.stderr)
+                print(f"error: --sections: unknown section {name!r} ({', '.join(sections)})", file=sys.stderr)
                 return 2
             print(f"# {name} ({report.elapsed():.0f} s in)", flush=True)
             sections[name](report, sampler, args)

@@ -53,8 +53,11 @@ def test_wheels_are_installed_offline_and_put_on_the_path(tmp_path, monkeypatch)
     wheels.mkdir()
     name = "mpper_probe_wheel"
     dist = f"{name}-1.0.dist-info"
-    files = {f"{name}.py": "VALUE = 42\n", f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n",
-             f"{dist}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    files = {
+        f"{name}.py": "VALUE = 42\n",
+        f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n",
+        f"{dist}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
     with zipfile.ZipFile(wheels / f"{name}-1.0-py3-none-any.whl", "w") as whl:
         for path, text in files.items():
             whl.writestr(path, text)

@@ -170,8 +170,9 @@ def test_a_non_finite_update_in_the_graph_changes_nothing(exact_float32):  # noq
     state are those before it, and training goes on."""
     _, static = trainers("minatar_breakout.json", "adam", "cuda_graph")
     good = batches_of("minatar_breakout.json")
-    bad = dataclasses.replace(good[1], data={**good[1].data,
-                                             "target_value": np.full_like(good[1].data["target_value"], np.inf)})
+    bad = dataclasses.replace(
+        good[1], data={**good[1].data, "target_value": np.full_like(good[1].data["target_value"], np.inf)}
+    )
     static.train_step(good[0])
     params = [p.detach().clone() for p in static.network.parameters()]
     state = [{k: v.clone() for k, v in static.optimizer.state[p].items()} for p in static.network.parameters()]

@@ -215,6 +215,9 @@ class StaticStep:
             def forward(tensors: dict[str, torch.Tensor]):
                 return trainer.losses(tensors, self.autocast, self.channels_last)
 
+            # the inputs' addresses never change: no copy into the graphs' own inputs per step
+            for tensor in self.inputs.tensors.values():
+                torch._dynamo.mark_static_address(tensor)
             self.compiled = torch.compile(forward, mode="reduce-overhead", dynamic=False)
 
     def _capture(self) -> None:
@@ -282,7 +285,8 @@ class StaticStep:
             started = time.perf_counter()
             self._body()
             if first and self.mode == "compile":
-                torch.cuda.synchronize(self.device)
+                if self.cuda:
+                    torch.cuda.synchronize(self.device)
                 self.capture_seconds = time.perf_counter() - started
         trainer.training_step += 1
         self.steps += 1

@@ -104,7 +104,9 @@ class MuZeroTrainer(Trainer[MuZeroRunConfig]):
             self.optimizer = self.static.make_optimizer(list(self.network.parameters()))
             self._fused = True
         elif t.precision != "fp32":
-            raise ValueError(f'training.precision: "{t.precision}" needs the static step, training.capture is "{t.capture}"')
+            raise ValueError(
+                f'training.precision: "{t.precision}" needs the static step, training.capture is "{t.capture}"'
+            )
 
     # ---- the step as the learner runs it -------------------------------------------------
     def submit(self, batch: Batch) -> list[Finished]:
@@ -170,9 +172,17 @@ class MuZeroTrainer(Trainer[MuZeroRunConfig]):
         # gradient of that step's own predictions into the dynamics).
         with self._autocast(autocast):
             unrolled = net.unroll(observation, actions[:, 1:], 0.5)
-        value_logits, reward_logits, policy_logits = unrolled.value_logits, unrolled.reward_logits, unrolled.policy_logits
+        value_logits, reward_logits, policy_logits = (
+            unrolled.value_logits,
+            unrolled.reward_logits,
+            unrolled.policy_logits,
+        )
         if autocast is not None:  # supports, softmaxes and losses in float32
-            value_logits, reward_logits, policy_logits = value_logits.float(), reward_logits.float(), policy_logits.float()
+            value_logits, reward_logits, policy_logits = (
+                value_logits.float(),
+                reward_logits.float(),
+                policy_logits.float(),
+            )
         # Steps past the cut of a truncated episode (a time limit, a game segment) have
         # nothing recorded to learn from: masked out (MuZeroTargets).
         target_mask, policy_mask = d["target_mask"], d["policy_mask"]  # (B, K+1)
