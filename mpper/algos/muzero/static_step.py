@@ -28,6 +28,7 @@ update before it), two of each in turn, then device -> the step's persistent inp
 from __future__ import annotations
 
 import dataclasses
+import sys
 import time
 from collections.abc import Callable
 from typing import Any, cast
@@ -131,11 +132,12 @@ class StaticStep:
     previous one); ``drain()`` waits for the last one. ``capture_seconds``: the one-off
     cost of the capture (warm-up included) or of the first compiled step, once paid."""
 
-    def __init__(self, trainer: Any, mode: str, precision: str) -> None:
-        # trainer: the MuZeroTrainer that owns this step (its losses, backward, optimizer)
+    def __init__(self, trainer: Any, mode: str, precision: str, fall_back: bool = False) -> None:
+        # trainer: the MuZeroTrainer that owns this step (its losses, backward, optimizer);
+        # fall_back: a capture that fails goes on uncaptured (training.capture "auto")
         if mode not in STATIC_MODES:
             raise ValueError(f"unknown static step mode {mode!r}")
-        self.trainer, self.mode = trainer, mode
+        self.trainer, self.mode, self.fall_back = trainer, mode, fall_back
         self.device = trainer.device
         self.cuda = self.device.type == "cuda"
         self.autocast = torch.bfloat16 if precision == "bf16" else None
@@ -232,10 +234,24 @@ class StaticStep:
                        for p in params if p in trainer.optimizer.state}  # fmt: skip
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):
-            for _ in range(WARMUP_STEPS):
-                self._body()
-        torch.cuda.current_stream(self.device).wait_stream(side)
+        try:
+            with torch.cuda.stream(side):
+                for _ in range(WARMUP_STEPS):
+                    self._body()
+        finally:
+            torch.cuda.current_stream(self.device).wait_stream(side)
+            self._put_back(params, saved_tensors, saved_state)
+        trainer.optimizer.zero_grad(set_to_none=True)  # the graph's backward allocates the gradients
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            self._body()
+        torch.cuda.synchronize(self.device)
+        self.graph = graph
+        self.capture_seconds = time.perf_counter() - started
+
+    def _put_back(self, params: list, saved_tensors: list[torch.Tensor], saved_state: dict) -> None:
+        """The weights, buffers and optimizer state as they were before the warm-up."""
+        trainer = self.trainer
         with torch.no_grad():
             for tensor, saved in zip([*params, *trainer.network.buffers()], saved_tensors, strict=True):
                 tensor.copy_(saved)
@@ -248,13 +264,20 @@ class StaticStep:
                     # moments and step; SGD's momentum, whose first update is then the gradient)
                     value.copy_(before) if before is not None else value.zero_()
             self.diverged.zero_()
-        trainer.optimizer.zero_grad(set_to_none=True)  # the graph's backward allocates the gradients
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            self._body()
-        torch.cuda.synchronize(self.device)
-        self.graph = graph
-        self.capture_seconds = time.perf_counter() - started
+
+    def _capture_or_fall_back(self) -> None:
+        """Capture; where that fails and the mode came from ``training.capture: "auto"``,
+        say so in one line on stderr and go on with the same step uncaptured ("static")."""
+        try:
+            self._capture()
+        except Exception as exc:
+            if not self.fall_back:
+                raise
+            reason = (str(exc).strip().splitlines() or [""])[0]
+            print(f"mpper: learner: the training step could not be captured as a CUDA graph "
+                  f"({type(exc).__name__}: {reason}); it runs uncaptured, as with training.capture "
+                  '"static"', file=sys.stderr, flush=True)  # fmt: skip
+            self.mode, self.graph = "static", None
 
     def submit(self, batch: Batch) -> list[Finished]:
         """Start the next update on ``batch``; returns the previous update, finished (none
@@ -276,9 +299,9 @@ class StaticStep:
             self._first_batch(arrays)
         assert self.inputs is not None and self.out is not None
         self.inputs.load(arrays)
+        if self.mode == "cuda_graph" and self.graph is None:
+            self._capture_or_fall_back()
         if self.mode == "cuda_graph":
-            if self.graph is None:
-                self._capture()
             assert self.graph is not None
             self.graph.replay()
         else:

@@ -100,7 +100,7 @@ class MuZeroTrainer(Trainer[MuZeroRunConfig]):
         # captured or compiled on CUDA; None: the eager step below
         self.static: StaticStep | None = None
         if mode is not None:
-            self.static = StaticStep(self, mode, t.precision)
+            self.static = StaticStep(self, mode, t.precision, fall_back=t.capture == "auto")
             self.optimizer = self.static.make_optimizer(list(self.network.parameters()))
             self._fused = True
         elif t.precision != "fp32":

@@ -270,3 +270,34 @@ def test_dqn_refuses_a_static_step(sets, expected):
     with pytest.raises(ConfigError) as caught:
         load_config("configs/cartpole_dqn.json", sets, check_env=False)
     assert expected in str(caught.value) and "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("fall_back", [True, False])
+def test_a_capture_that_fails_goes_on_uncaptured_only_when_auto_chose_it(case, fall_back, monkeypatch, capsys):
+    """``training.capture: "auto"`` on CUDA chose the CUDA graph: a capture that fails
+    (here: made to) says so in one line and the same step runs uncaptured, with the
+    eager step's results. Asked for by name, the failure is the learner's error."""
+    name, buf = case
+    eager = make_trainer(config_of(name, "training.capture=off"), name)
+    static = make_trainer(config_of(name, "training.capture=static"), name)
+    assert static.static is not None
+    static.static.mode, static.static.fall_back = "cuda_graph", fall_back
+
+    def capture_fails():
+        raise RuntimeError("operation not permitted when stream is capturing\nmore detail")
+
+    monkeypatch.setattr(static.static, "_capture", capture_fails)
+    data = batches(eager.config, buf, name, 2)
+    if not fall_back:
+        with pytest.raises(RuntimeError, match="operation not permitted"):
+            static.submit(data[0])
+        return
+    for batch in data:
+        (m1, p1), (m2, p2) = eager.train_step(batch), static.train_step(batch)
+        assert m2["total_loss"] == pytest.approx(m1["total_loss"], rel=1e-6)
+        np.testing.assert_allclose(p2, p1, rtol=1e-5, atol=1e-7)
+    assert static.static.mode == "static"
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line == ("mpper: learner: the training step could not be captured as a CUDA graph (RuntimeError: "
+                    "operation not permitted when stream is capturing); it runs uncaptured, as with "
+                    'training.capture "static"')  # fmt: skip
