@@ -215,8 +215,8 @@ def capture_seconds(config, buf) -> float | None:
     torch.manual_seed(0)
     trainer = algorithm.make_trainer(config, algorithm.make_network(config, spec.observation_shape, spec.num_actions),
                                      torch.device(config.runtime.device))  # fmt: skip
-    batch = buf.sample(config.training.batch_size, 1.0, algorithm.make_targets(config, spec.num_actions),
-                       np.random.default_rng(0))  # fmt: skip
+    targets = trainer.learner_targets(algorithm.make_targets(config, spec.num_actions))  # as the learner samples
+    batch = buf.sample(config.training.batch_size, 1.0, targets, np.random.default_rng(0))
     trainer.train_step(batch)
     static = getattr(trainer, "static", None)
     seconds = None if static is None else static.capture_seconds

@@ -365,6 +365,11 @@ class Trainer(Generic[C]):
         """Wait for every update started and return those :meth:`submit` has not returned."""
         return []
 
+    def learner_targets(self, targets):
+        """The target builder the learner samples with, given the algorithm's
+        (``make_targets``): a trainer may want its batches in another form."""
+        return targets
+
     def _group_overrides(self) -> dict:
         """What a loaded optimizer state's param groups take from this run, not from the file
         (a checkpoint of a captured step on a GPU holds a capturable Adam)."""

@@ -216,7 +216,7 @@ class Learner:
         self.trainer = setup.algorithm.make_trainer(config, setup.make_network(), self.device)
         if setup.resume_checkpoint is not None:
             self.trainer.load_state_dict(load_checkpoint(setup.resume_checkpoint))
-        self.targets = setup.algorithm.make_targets(config, setup.spec.num_actions)
+        self.targets = self.trainer.learner_targets(setup.algorithm.make_targets(config, setup.spec.num_actions))
         self.rng = np.random.default_rng([config.runtime.seed, 0x1EA2])  # the learner's own sampling stream
         self.metrics: dict[str, float] = {}  # the latest step's losses, lr and beta (none before the first)
         self.priorities_applied = self.priorities_dropped = 0

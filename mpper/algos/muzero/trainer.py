@@ -11,6 +11,7 @@ size (value and reward are distributions over 2S+1 bins).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 from typing import NamedTuple
 
@@ -22,8 +23,9 @@ from ..base import Finished, Trainer
 from .config import MuZeroRunConfig
 from .networks import MuZeroNetwork, scalar_to_support, scale_gradient, support_to_scalar
 from .static_step import StaticStep, static_mode
+from .targets import MuZeroTargets
 
-__all__ = ["Losses", "MuZeroTrainer", "consistency_loss", "cross_entropy"]
+__all__ = ["Losses", "MuZeroTrainer", "consistency_loss", "cross_entropy", "stack_frames"]
 
 
 def cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -55,6 +57,35 @@ def consistency_loss(network, hidden_states: torch.Tensor, next_observation: tor
     prediction = torch.nn.functional.normalize(prediction, dim=-1, eps=1e-5)
     target = torch.nn.functional.normalize(target, dim=-1, eps=1e-5)
     return -(prediction * target).sum(-1).view(b, k)
+
+
+def stack_frames(d: dict[str, torch.Tensor], num_stacked: int, num_actions: int) -> torch.Tensor:
+    """``MuZeroTargets(stack_on_device=True)``'s rows -> the stacked observations that
+    ``stacked_observations`` makes on the host, (B, 1 + K', C + n (C + 1), ...) float32:
+    column 0 of position t, column k of o_{t + frame_ahead[:, k - 1]}. Static shapes and
+    no host synchronisation (the captured step runs it).
+
+    ``d``: frames (B, W, C, ...) with W = n + 1 + K' (rows t - n .. t + K', clamped into
+    the episode), frame_actions (B, W), frame_position (B,) and frame_ahead (B, K')."""
+    frames, actions = d["frames"], d["frame_actions"]
+    batch, window = frames.shape[:2]
+    n = num_stacked
+    centers = torch.cat([d["frame_ahead"].new_zeros(batch, 1), d["frame_ahead"]], 1)  # (B, M): rows after t
+    back = torch.arange(n + 1, device=frames.device)  # s = 0 (the row itself) .. n
+    index = n + centers[:, :, None] - back  # (B, M, n + 1): the window column of row c - s
+    valid = (d["frame_position"][:, None, None] + centers[:, :, None] - back) >= 0  # row c - s is in the episode
+    rows = torch.arange(batch, device=frames.device)[:, None, None]
+    observed = frames[rows, index].float()  # (B, M, n + 1, C, ...)
+    rest = (1,) * (observed.dim() - 3)
+    observed = observed * valid.view(*valid.shape, *rest)
+    if n == 0:
+        return observed[:, :, 0]
+    # the action taken at row c - s is on row c - s + 1 (in the window wherever c - s is valid)
+    took = actions[rows, (index + 1).clamp(max=window - 1)].float() / num_actions * valid  # (B, M, n + 1)
+    plane_shape = (*observed.shape[:3], 1, *observed.shape[4:])
+    planes = took.view(*took.shape, *rest).expand(plane_shape)
+    past = torch.cat([observed[:, :, 1:], planes[:, :, 1:]], 3)  # (B, M, n, C + 1, ...)
+    return torch.cat([observed[:, :, 0], past.flatten(2, 3)], 2)
 
 
 class Losses(NamedTuple):
@@ -118,6 +149,14 @@ class MuZeroTrainer(Trainer[MuZeroRunConfig]):
     def drain(self) -> list[Finished]:
         return [] if self.static is None else self.static.drain()
 
+    def learner_targets(self, targets):
+        """With the static step, stacked observations are built on the device from the rows
+        they are made of (``MuZeroTargets.stack_on_device``: each row once, in its stored
+        dtype, instead of ``stacked_observations + 1`` float32 copies per observation)."""
+        if self.static is not None and isinstance(targets, MuZeroTargets) and targets.stacked_observations > 0:
+            return dataclasses.replace(targets, stack_on_device=True)
+        return targets
+
     def _group_overrides(self) -> dict:
         return super()._group_overrides() if self.static is None else self.static.group_overrides()
 
@@ -152,7 +191,12 @@ class MuZeroTrainer(Trainer[MuZeroRunConfig]):
         m = self.config.muzero
         net = self.network
         support = net.support_size
-        observation = d["observation"].float()  # (B, *obs)
+        if "frames" in d:  # the rows of the stacked observations (MuZeroTargets.stack_on_device)
+            stacked = stack_frames(d, m.stacked_observations, net.num_actions)  # (B, 1 + K', *obs)
+            observation, next_observation = stacked[:, 0], stacked[:, 1:]
+        else:
+            observation = d["observation"].float()  # (B, *obs)
+            next_observation = d["next_observation"].float() if m.consistency_loss_weight > 0 else None
         if channels_last:
             observation = observation.contiguous(memory_format=torch.channels_last)
         actions = d["actions"]  # (B, K+1) int64
@@ -205,7 +249,7 @@ class MuZeroTrainer(Trainer[MuZeroRunConfig]):
         if m.consistency_loss_weight > 0:
             # Steps past the episode's end (mask 0) have no real observation to match.
             mask = d["next_observation_mask"]  # (B, K)
-            next_observation = d["next_observation"].float()
+            assert next_observation is not None
             with self._autocast(autocast):
                 negative_cosine = consistency_loss(net, unrolled.hidden_states[:, 1:], next_observation)
             if autocast is not None:

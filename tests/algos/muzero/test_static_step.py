@@ -301,3 +301,79 @@ def test_a_capture_that_fails_goes_on_uncaptured_only_when_auto_chose_it(case, f
     assert line == ("mpper: learner: the training step could not be captured as a CUDA graph (RuntimeError: "
                     "operation not permitted when stream is capturing); it runs uncaptured, as with "
                     'training.capture "static"')  # fmt: skip
+
+
+def stacked_buffer(shape, actions: int, episodes: int = 16) -> ReplayBuffer:
+    """uint8 image episodes of 3-20 moves (shorter than the stack plus the unroll, some)."""
+    buf = ReplayBuffer.create(muzero_schema(shape, actions, observation_dtype="uint8"), capacity=1024, alpha=0.6)
+    rng = np.random.default_rng(7)
+    for i in range(episodes):
+        episode = make_episode(rng, int(rng.integers(3, 20)), shape, actions)
+        episode["observation"] = rng.integers(0, 256, episode["observation"].shape).astype(np.uint8)
+        buf.add_episode(episode, terminated=i % 3 != 1)
+    return buf
+
+
+@pytest.mark.parametrize("stacked,next_observations", [(3, True), (3, False), (0, True)])
+def test_observations_stacked_on_the_device_are_the_hosts(stacked, next_observations):
+    """``MuZeroTargets(stack_on_device=True)`` hands the rows (uint8, each once) and
+    ``stack_frames`` stacks them: the same observation and next_observation, bit for bit,
+    as the host's float32 stacking, at episode starts (fewer past rows than the stack)
+    and ends (unroll steps past the last row); every other target the same."""
+    from mpper.algos.muzero.targets import MuZeroTargets
+    from mpper.algos.muzero.trainer import stack_frames
+
+    shape, actions = (2, 5, 6), 3
+    buf = stacked_buffer(shape, actions)
+    try:
+        host = MuZeroTargets(4, 5, 0.99, actions, stacked, next_observations)
+        device = dataclasses.replace(host, stack_on_device=True)
+        a = buf.sample(64, 0.5, host, np.random.default_rng(11))
+        b = buf.sample(64, 0.5, device, np.random.default_rng(11))
+    finally:
+        buf.close()
+    np.testing.assert_array_equal(a.indices, b.indices)
+    assert b.data["frames"].dtype == np.uint8 and "observation" not in b.data
+    stacked_obs = stack_frames({k: torch.from_numpy(v) for k, v in b.data.items()}, stacked, actions).numpy()
+    np.testing.assert_array_equal(stacked_obs[:, 0], a.data["observation"])
+    if next_observations:
+        np.testing.assert_array_equal(stacked_obs[:, 1:], a.data["next_observation"])
+    else:
+        assert stacked_obs.shape[1] == 1
+    assert (a.data["observation"][:, :2] != 0).any()  # real frames, not an empty check
+    for key in a.data.keys() - {"observation", "next_observation"}:
+        np.testing.assert_array_equal(b.data[key], a.data[key], err_msg=key)
+
+
+def test_the_static_step_on_device_stacked_frames_is_todays_step(tmp_path):
+    """A convolutional config with stacked observations and the consistency loss: the
+    static trainer's learner targets hand it rows, which it stacks itself; its updates
+    are the eager step's on the host-stacked batches."""
+    shape, actions = (2, 10, 10), 3
+    sets = [*SMALL_CONV, "muzero.stacked_observations=2", "runtime.device=cpu", "training.batch_size=16",
+            "training.min_buffer_steps=16"]  # fmt: skip
+    eager_config = load_config("configs/minatar_breakout.json", [*sets, "training.capture=off"], check_env=False)
+    static_config = load_config("configs/minatar_breakout.json", [*sets, "training.capture=static"], check_env=False)
+    algorithm = algorithm_of(eager_config)
+    trainers = []
+    for config in (eager_config, static_config):
+        torch.manual_seed(0)
+        network = algorithm.make_network(config, shape, actions)
+        trainers.append(algorithm.make_trainer(config, network, torch.device("cpu")))
+    eager, static = trainers
+    host_targets = eager.learner_targets(algorithm.make_targets(eager_config, actions))
+    device_targets = static.learner_targets(algorithm.make_targets(static_config, actions))
+    assert not host_targets.stack_on_device and device_targets.stack_on_device
+    buf = stacked_buffer(shape, actions)
+    try:
+        for step in range(3):
+            a = buf.sample(16, 0.5, host_targets, np.random.default_rng(step))
+            b = buf.sample(16, 0.5, device_targets, np.random.default_rng(step))
+            (m1, p1), (m2, p2) = eager.train_step(a), static.train_step(b)
+            assert m2["total_loss"] == pytest.approx(m1["total_loss"], rel=1e-5)
+            assert m2["consistency_loss"] == pytest.approx(m1["consistency_loss"], rel=1e-5, abs=1e-7)
+            np.testing.assert_allclose(p2, p1, rtol=1e-5, atol=1e-7)
+    finally:
+        buf.close()
+    for x, y in zip(weights(eager), weights(static), strict=True):
+        torch.testing.assert_close(y, x, rtol=1e-5, atol=1e-6)
