@@ -42,8 +42,10 @@ def config_of(name: str, optimizer: str, **training):
         lr_decay_rate=0.5, lr_decay_steps=2, grad_clip=5.0, **training))  # fmt: skip
 
 
-def batches_of(name: str) -> list:
-    """20 batches of 32 from moves played in the config's env (made once per config)."""
+def batches_of(name: str, stacked_on_device: bool = False) -> list:
+    """20 batches of 32 from moves played in the config's env (made once per config);
+    ``stacked_on_device``: the same positions as the static step's learner samples them
+    (the rows of stacked observations, ``MuZeroTargets.stack_on_device``)."""
     if CONFIGS[name] is not None:
         pytest.importorskip(CONFIGS[name])
     if name not in _BATCHES:
@@ -51,10 +53,16 @@ def batches_of(name: str) -> list:
         algorithm, spec = algorithm_of(config), env_spec(config.env)
         with played_buffer(config, 400) as buf:
             targets = algorithm.make_targets(config, spec.num_actions)
-            rng = np.random.default_rng(5)
-            drawn = [buf.sample(32, 0.6, targets, rng) for _ in range(STEPS)]
-            _BATCHES[name] = [dataclasses.replace(b, data={k: np.array(v) for k, v in b.data.items()}) for b in drawn]
-    return _BATCHES[name]
+            on_device = dataclasses.replace(targets, stack_on_device=config.muzero.stacked_observations > 0)
+            drawn = {
+                False: [buf.sample(32, 0.6, targets, np.random.default_rng(100 + i)) for i in range(STEPS)],
+                True: [buf.sample(32, 0.6, on_device, np.random.default_rng(100 + i)) for i in range(STEPS)],
+            }
+            _BATCHES[name] = {
+                key: [dataclasses.replace(b, data={k: np.array(v) for k, v in b.data.items()}) for b in batches]
+                for key, batches in drawn.items()
+            }
+    return _BATCHES[name][stacked_on_device]
 
 
 def trainers(name: str, optimizer: str, capture: str, precision: str = "fp32"):
@@ -77,14 +85,14 @@ def gradients(trainer) -> list[torch.Tensor]:
 
 def compare(name, eager, static, rtol, atol, pipelined=True):
     """Run the 20 updates on both; the static trainer through ``submit`` (results one call
-    late) when ``pipelined``, else ``train_step``; compare step by step."""
-    data = batches_of(name)
+    late) when ``pipelined``, else ``train_step``, on the batches as its learner samples
+    them (Pong: the rows of stacked observations); compare step by step."""
     expected, eager_grads = [], []
-    for batch in data:
+    for batch in batches_of(name):
         expected.append(eager.train_step(batch))
         eager_grads.append(gradients(eager))
     finished, static_grads = [], []
-    for batch in data:
+    for batch in batches_of(name, stacked_on_device=pipelined):
         if pipelined:
             finished += static.submit(batch)
         else:
@@ -141,9 +149,8 @@ def test_the_bf16_step_stays_near_the_fp32_step(name):
     same way (the change of the weights within 25 % of float32's, in norm)."""
     eager, static = trainers(name, "adam", "cuda_graph", precision="bf16")
     start = [t.detach().float().clone() for t in eager.network.state_dict().values()]
-    data = batches_of(name)
-    expected = [eager.train_step(b) for b in data]
-    finished = [f for b in data for f in static.submit(b)] + static.drain()
+    expected = [eager.train_step(b) for b in batches_of(name)]
+    finished = [f for b in batches_of(name, stacked_on_device=True) for f in static.submit(b)] + static.drain()
     for step, ((metrics, priorities), done) in enumerate(zip(expected, finished, strict=True)):
         assert done.metrics["total_loss"] == pytest.approx(metrics["total_loss"], rel=0.05), step
         assert np.abs(done.priorities - priorities).mean() <= 0.05 * max(1.0, np.abs(priorities).mean()), step
