@@ -44,6 +44,7 @@ import subprocess
 import sys
 import threading
 import time
+import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -62,11 +63,20 @@ def install_wheels(wheels: Path = ROOT / ".whl", site: Path = SITE) -> str:
         return f"no wheels in {wheels}"
     proc = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--target",
                            str(site), *map(str, files)], capture_output=True, text=True)  # fmt: skip
+    how = f"installed {len(files)} wheels from {wheels} into {site}"
     if proc.returncode != 0:
-        return f"pip install of {len(files)} wheels failed: {(proc.stderr.strip().splitlines() or [''])[-1]}"
+        # no pip (or it refused): a wheel is a zip of what goes on the path, so unpack it there
+        reason = (proc.stderr.strip().splitlines() or [""])[-1]
+        try:
+            for file in files:
+                with zipfile.ZipFile(file) as whl:
+                    whl.extractall(site)
+        except (OSError, zipfile.BadZipFile) as exc:
+            return f"pip install of {len(files)} wheels failed ({reason}), and unpacking them too ({exc})"
+        how = f"unpacked {len(files)} wheels from {wheels} into {site} (pip: {reason})"
     if str(site) not in sys.path:
         sys.path.insert(0, str(site))
-    return f"installed {len(files)} wheels from {wheels} into {site}"
+    return how
 
 
 def child_env(site: Path = SITE) -> dict:

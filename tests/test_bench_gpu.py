@@ -68,6 +68,13 @@ def test_wheels_are_installed_offline_and_put_on_the_path(tmp_path, monkeypatch)
     proc = subprocess.run([sys.executable, "-c", f"import {name}; print({name}.VALUE)"], capture_output=True,
                           text=True, timeout=60, env=gpu.child_env(site))  # fmt: skip
     assert proc.stdout.strip() == "42", proc.stderr
+    # a Python without pip: the wheels are unpacked onto the path instead
+    other = tmp_path / "other"
+    monkeypatch.setattr(gpu.sys, "executable", str(tmp_path / "python-without-pip"))
+    (tmp_path / "python-without-pip").write_text("#!/bin/sh\necho 'No module named pip' >&2\nexit 1\n")
+    (tmp_path / "python-without-pip").chmod(0o755)
+    assert gpu.install_wheels(wheels, other).startswith(f"unpacked 1 wheels from {wheels} into {other} (pip: No module")
+    assert (other / f"{name}.py").read_text() == "VALUE = 42\n" and sys.path[0] == str(other)
 
 
 def test_the_markdown_has_a_row_per_measurement_and_a_dash_for_none():
