@@ -191,6 +191,7 @@ class MuZeroTrainer(Trainer[MuZeroRunConfig]):
         m = self.config.muzero
         net = self.network
         support = net.support_size
+        next_observation: torch.Tensor | None  # (B, K, *obs): the consistency loss's
         if "frames" in d:  # the rows of the stacked observations (MuZeroTargets.stack_on_device)
             stacked = stack_frames(d, m.stacked_observations, net.num_actions)  # (B, 1 + K', *obs)
             observation, next_observation = stacked[:, 0], stacked[:, 1:]
