@@ -157,6 +157,8 @@ def ops_per_step(config, buf: ReplayBuffer, steps: int = 10) -> float:
     from torch.profiler import ProfilerActivity, profile
 
     torch.set_num_threads(1)
+    # the eager step's operators (a captured or compiled step launches one graph)
+    config = dataclasses.replace(config, training=dataclasses.replace(config.training, capture="off", precision="fp32"))
     algorithm, spec = algorithm_of(config), env_spec(config.env)
     trainer = algorithm.make_trainer(config, algorithm.make_network(config, spec.observation_shape, spec.num_actions),
                                      torch.device("cpu"))  # fmt: skip

@@ -39,7 +39,7 @@ from ..envs.spec import EnvSpec
 from ..replay.buffer import Batch, ReplayBuffer
 from ..replay.positions import Positions
 
-__all__ = ["Algorithm", "EpisodeRows", "FlatWeights", "Player", "Trainer", "WeightSource", "as_stored"]
+__all__ = ["Algorithm", "EpisodeRows", "Finished", "FlatWeights", "Player", "Trainer", "WeightSource", "as_stored"]
 
 # An algorithm's config class (``mpper/algos/<name>/config.py``: a Config with its own
 # sections as typed fields); its functions take that class, the runtime passes a Config.
@@ -145,6 +145,16 @@ class WeightSource(Protocol):
     handle: Any  # what a child attaches (WeightStoreHandle): ``num_weights``, the length of the flat vector
 
     def read_into(self, out: np.ndarray) -> tuple[int, int]: ...
+
+
+@dataclass
+class Finished:
+    """An update whose results reached the host: its batch, its metrics and the new raw
+    priorities of the batch's positions (what :meth:`Trainer.submit` returns)."""
+
+    batch: Batch
+    metrics: dict[str, float]
+    priorities: np.ndarray
 
 
 @dataclass(frozen=True)
@@ -348,6 +358,31 @@ class Trainer(Generic[C]):
         sampled positions (each algorithm's trainer defines it)."""
         raise NotImplementedError
 
+    def submit(self, batch: Batch) -> list[Finished]:
+        """Start one update on ``batch``; returns the updates whose results reached the host
+        since the last call, oldest first. Here the update is ``train_step``, done at once;
+        a trainer that runs ahead of the host (MuZero's static step on a GPU) returns an
+        update one call late, and :meth:`drain` gives the last one."""
+        metrics, priorities = self.train_step(batch)
+        return [Finished(batch, metrics, priorities)]
+
+    def drain(self) -> list[Finished]:
+        """Wait for every update started and return those :meth:`submit` has not returned."""
+        return []
+
+    def learner_targets(self, targets):
+        """The target builder the learner samples with, given the algorithm's
+        (``make_targets``): a trainer may want its batches in another form."""
+        return targets
+
+    def _group_overrides(self) -> dict:
+        """What a loaded optimizer state's param groups take from this run, not from the file
+        (a checkpoint of a captured step on a GPU holds a capturable Adam)."""
+        overrides: dict = {"fused": self._fused or None}
+        if isinstance(self.optimizer, torch.optim.Adam):
+            overrides["capturable"] = False
+        return overrides
+
     def adopt_weights(self, flat: np.ndarray) -> None:
         """Start from published weights (the supervisor's first ones, a flat float32
         vector): the trained network takes them; a subclass copies them wherever else
@@ -366,7 +401,7 @@ class Trainer(Generic[C]):
         # fusing, or on another device); set before loading, so that load_state_dict puts
         # Adam's step counters where a fused step wants them (on the params' device).
         optimizer_state = dict(state["optimizer"])
-        optimizer_state["param_groups"] = [{**g, "fused": self._fused or None} for g in optimizer_state["param_groups"]]
+        optimizer_state["param_groups"] = [{**g, **self._group_overrides()} for g in optimizer_state["param_groups"]]
         self.optimizer.load_state_dict(optimizer_state)  # moves the state to the params' device
         # torch checks the groups' sizes, not the moments' shapes: a mismatch would fail at
         # the first step, deep in the kernel

@@ -132,6 +132,15 @@ class TrainingConfig:
     min_buffer_steps: int = opt(500, "[1, 1e15]", "env steps stored (since the run began) before learning starts")
     ema_decay: float | None = opt(None, "(0, 1)", "act, evaluate and checkpoint with an exponential moving average "
                                    "of the trained weights, this decay per training step; null: the weights as trained")
+    capture: str = opt("auto", ("auto", "off", "static", "cuda_graph", "compile"), "MuZero's training step on "
+                       'a GPU (docs/gpu.md): "cuda_graph" captures the whole step once and replays it as a CUDA graph, '
+                       '"compile" runs it through torch.compile(mode="reduce-overhead"), "static" runs the same '
+                       "static-shape step eagerly; these three read the losses and priorities back one step late, "
+                       'without a synchronisation per step; "off": the plain eager step; "auto": "cuda_graph" on '
+                       'CUDA, "off" on the CPU. DQN: "auto" or "off"')
+    precision: str = opt("fp32", ("fp32", "bf16"), '"bf16": MuZero\'s network runs under bfloat16 autocast on CUDA '
+                         "(the value and reward supports and the losses stay float32); needs a captured or static "
+                         'step (training.capture not "off") and a CUDA device')
 
 
 @dataclass
@@ -268,8 +277,26 @@ def _at_most(a: str, b: str) -> Rule:
     return Rule((a, b), check, doc=f"{a} <= {b}")
 
 
+def _capture_needs_cuda(config: Config) -> str | None:
+    capture, device = config.training.capture, config.runtime.device
+    if capture in ("cuda_graph", "compile") and device == "cpu":
+        return f'"{capture}" runs on CUDA: needs runtime.device "cuda" or "auto", got "cpu" ("static" runs on the CPU)'
+    return None
+
+
+def _bf16_needs_cuda_and_a_static_step(config: Config) -> str | None:
+    t = config.training
+    if t.precision == "bf16" and config.runtime.device == "cpu":
+        return 'bfloat16 autocast runs on CUDA: needs runtime.device "cuda" or "auto", got "cpu"'
+    if t.precision == "bf16" and t.capture == "off":
+        return 'needs the static-shape step: training.capture "auto", "static", "cuda_graph" or "compile", got "off"'
+    return None
+
+
 # The shared rules, in the order they are checked (before the algorithm's own).
 RULES: tuple[Rule, ...] = (
+    Rule(("training.capture", "runtime.device"), _capture_needs_cuda),
+    Rule(("training.precision", "training.capture", "runtime.device"), _bf16_needs_cuda_and_a_static_step),
     Rule(("runtime.ray_address", "runtime.workers"), _ray_needs_workers),
     Rule(("runtime.selfplay_inference", "runtime.workers", "runtime.lockstep", "runtime.ray_address"),
          _server_needs_workers),

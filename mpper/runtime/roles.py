@@ -216,7 +216,7 @@ class Learner:
         self.trainer = setup.algorithm.make_trainer(config, setup.make_network(), self.device)
         if setup.resume_checkpoint is not None:
             self.trainer.load_state_dict(load_checkpoint(setup.resume_checkpoint))
-        self.targets = setup.algorithm.make_targets(config, setup.spec.num_actions)
+        self.targets = self.trainer.learner_targets(setup.algorithm.make_targets(config, setup.spec.num_actions))
         self.rng = np.random.default_rng([config.runtime.seed, 0x1EA2])  # the learner's own sampling stream
         self.metrics: dict[str, float] = {}  # the latest step's losses, lr and beta (none before the first)
         self.priorities_applied = self.priorities_dropped = 0
@@ -239,22 +239,20 @@ class Learner:
                                self.rng)  # fmt: skip
 
     def step(self, batch) -> dict[str, float]:
-        """One update on ``batch``; returns its metrics. A diverged step (FloatingPointError,
-        raised before anything changed) writes the last finite weights to the checkpoint
-        and re-raises."""
-        beta = beta_schedule(self.config, self.training_step)
+        """One update on ``batch``; returns the metrics of the latest update whose results
+        reached the host (with MuZero's static step on a GPU, the update before this one:
+        its priorities are written back one call late). A diverged update
+        (FloatingPointError: the weights are those before it) writes the checkpoint and
+        re-raises."""
         if self.trainer.lr_drop_step is None and self.store.return_reached_at is not None:
             self.trainer.drop_learning_rate()  # an evaluation reached training.lr_drop_return
         try:
-            metrics, priorities = self.trainer.train_step(batch)
+            finished = self.trainer.submit(batch)
         except FloatingPointError:
             self.checkpoint()
             raise
         self.trainer.update_average()
-        applied, dropped = self.buf.update_priorities(batch.indices, batch.generations, priorities)
-        self.priorities_applied += applied
-        self.priorities_dropped += dropped
-        self.metrics = {**metrics, "beta": beta}
+        self._apply(finished)
         if self.training_step % self.config.training.publish_interval == 0:
             self.publish()
         history = self.config.runtime.weights_history_interval_steps
@@ -267,6 +265,22 @@ class Learner:
                       file=sys.stderr, flush=True)  # fmt: skip
         return self.metrics
 
+    def _apply(self, finished) -> None:
+        """Write the priorities of finished updates back (unless their slots were
+        rewritten since they were sampled) and keep the latest one's metrics, with the
+        importance-sampling exponent its batch was drawn with."""
+        for update in finished:
+            applied, dropped = self.buf.update_priorities(update.batch.indices, update.batch.generations,
+                                                          update.priorities)  # fmt: skip
+            self.priorities_applied += applied
+            self.priorities_dropped += dropped
+            before = int(update.metrics["training_step"]) - 1  # updates completed before this one
+            self.metrics = {**update.metrics, "beta": beta_schedule(self.config, before)}
+
+    def drain(self) -> None:
+        """Wait for the updates still on the device and write their priorities back."""
+        self._apply(self.trainer.drain())
+
     def publish(self) -> None:
         """The weights everyone acts with, to the weight store (once per training step)."""
         if self.published_at != self.training_step:
@@ -275,7 +289,16 @@ class Learner:
 
     def checkpoint(self) -> None:
         """``checkpoint.pt``: the trainer's state, the config, the weight version, the time
-        (an atomic write: cut midway, the previous checkpoint stays whole)."""
+        (an atomic write: cut midway, the previous checkpoint stays whole), after the
+        updates still on the device finished (a diverged one: written, then re-raised)."""
+        try:
+            self.drain()
+        except FloatingPointError:
+            self._write_checkpoint()
+            raise
+        self._write_checkpoint()
+
+    def _write_checkpoint(self) -> None:
         extra = {"config": config_to_dict(self.config), "weights_version": self.store.version, "time": time.time()}
         save_checkpoint(self.setup.run_dir.checkpoint, self.trainer, extra)
 

@@ -70,17 +70,18 @@ def played_buffer(config, moves: int):
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("name", CONFIGS)
 def test_updates_on_cuda_match_the_cpu(name, exact_float32):
-    """Three updates of the config's own trainer (SGD with momentum, so that a weight moves
+    """Three updates of the config's own trainer, eager (SGD with momentum, so that a weight moves
     by the learning rate times its gradient and the comparison is about the gradients,
     not Adam's division by their size) on the same batches: from the same weights and
     momentum, the losses, the priorities written back and the weights after each step
     agree. Each step starts the GPU trainer from the CPU trainer's state, since float32
-    sums in another order grow apart over steps of a deep network."""
+    sums in another order grow apart over steps of a deep network. (The captured step
+    against the eager one: test_cuda_graph.py.)"""
     if name.startswith("minatar"):
         pytest.importorskip("minatar")
     config = load_config(ROOT / "configs" / name, check_env=False)
     config = dataclasses.replace(config, training=dataclasses.replace(
-        config.training, batch_size=32, optimizer="sgd", momentum=0.9, lr_init=0.01, grad_clip=None))
+        config.training, batch_size=32, optimizer="sgd", momentum=0.9, lr_init=0.01, grad_clip=None, capture="off"))
     algorithm, spec = algorithm_of(config), env_spec(config.env)
     with played_buffer(config, 600) as buf:
         targets = algorithm.make_targets(config, spec.num_actions)

@@ -67,5 +67,19 @@ def _workers_run_their_network(config: DQNRunConfig) -> str | None:
     return None
 
 
-CONFIG = AlgorithmConfig(DQNRunConfig, rules=(Rule(("dqn.cql_alpha", "dqn.objective"), _cql_needs_td),
-                                              Rule(("runtime.selfplay_inference",), _workers_run_their_network)))
+def _dqn_step_is_eager(config: DQNRunConfig) -> str | None:
+    capture = config.training.capture
+    return None if capture in ("auto", "off") else f'DQN trains with the eager step: expected "auto" or "off", got "{capture}"'
+
+
+def _dqn_trains_in_fp32(config: DQNRunConfig) -> str | None:
+    precision = config.training.precision
+    return None if precision == "fp32" else f'DQN trains in float32: expected "fp32", got "{precision}"'
+
+
+CONFIG = AlgorithmConfig(DQNRunConfig, rules=(
+    Rule(("dqn.cql_alpha", "dqn.objective"), _cql_needs_td),
+    Rule(("runtime.selfplay_inference",), _workers_run_their_network),
+    Rule(("training.capture",), _dqn_step_is_eager),
+    Rule(("training.precision",), _dqn_trains_in_fp32),
+))  # fmt: skip

@@ -217,6 +217,9 @@ class MuZeroTargets:
     num_actions: int
     stacked_observations: int = 0
     next_observations: bool = False
+    # The observations as the rows they are stacked from, for a learner that stacks them
+    # on its device (``MuZeroTrainer.stack_frames``): see ``_add_frames``.
+    stack_on_device: bool = False
 
     def __post_init__(self):
         if self.num_unroll_steps < 0 or self.td_steps < 1 or self.num_actions < 1:
@@ -249,12 +252,42 @@ class MuZeroTargets:
             out["target_value"], out["target_reward"], out["target_policy"], out["actions"],
             out["gradient_scale"], out["target_mask"], out["policy_mask"],
         )  # fmt: skip
+        if self.stack_on_device:
+            self._add_frames(out, fields, slots, pos, np.asarray(moves))
+            return out
         out["observation"] = stacked_observations(
             fields["observation"], fields["action"], slots, pos, self.stacked_observations, self.num_actions
         )
         if self.next_observations:
             self._add_next_observations(out, fields, slots, pos, np.asarray(moves))
         return out
+
+    def _add_frames(self, out, fields, slots, pos, moves) -> None:
+        """Instead of the stacked observations (float32, ``stacked_observations + 1`` rows
+        each, ``K + 1`` of them with the consistency loss), the rows they are made of, in
+        the stored dtype, each once: with n = stacked_observations and K' = K with
+        ``next_observations`` (else 0), the window of rows t - n .. t + K' of each sampled
+        position t, clamped into its episode (rows 0 .. T):
+
+        frames (B, n + 1 + K', *obs) stored dtype, frame_actions (B, n + 1 + K') int64 (the
+        action column of those rows: a_{r-1} on row r), frame_position (B,) int64 (t) and
+        frame_ahead (B, K') int64 (min(k, T - t) for k = 1..K', the row of o_{t+k} past the
+        end being T), and with ``next_observations`` next_observation_mask (B, K) as
+        ``_add_next_observations`` gives it. ``MuZeroTrainer.stack_frames`` makes the same
+        observation and next_observation of them."""
+        n = self.stacked_observations
+        k = self.num_unroll_steps if self.next_observations else 0
+        offsets = np.arange(-n, k + 1)
+        # an episode's rows are contiguous in the ring: row r of the episode is slot - pos + r
+        ahead_rows = np.clip(offsets[None, :], -pos[:, None], (moves - pos)[:, None])  # (B, W)
+        rows = slots[:, None] + ahead_rows
+        out["frames"] = fields["observation"][rows]
+        out["frame_actions"] = fields["action"][rows].astype(np.int64, copy=False)
+        out["frame_position"] = pos.astype(np.int64)
+        steps = np.arange(1, k + 1)
+        out["frame_ahead"] = (np.minimum(pos[:, None] + steps[None, :], moves[:, None]) - pos[:, None]).astype(np.int64)
+        if self.next_observations:
+            out["next_observation_mask"] = (pos[:, None] + steps[None, :] <= moves[:, None]).astype(np.float32)
 
     def _add_next_observations(self, out, fields, slots, pos, moves) -> None:
         """``o_{t+k}`` for k = 1..K (an episode's rows are contiguous in the ring, so the
