@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import json
 import os
 import shutil
@@ -55,9 +56,12 @@ CONFIGS = ROOT / "configs"
 # ---- setup -----------------------------------------------------------------------------------
 
 
-def install_wheels(wheels: Path = ROOT / ".whl", site: Path = SITE) -> str:
+def install_wheels(wheels: Path = ROOT / ".whl", site: Path = SITE, unless_importable: str | None = "gymnasium") -> str:
     """Install ``wheels/*.whl`` into ``site`` and put it first on this process's path
-    (``child_env`` puts it on the children's); returns what was done, one line."""
+    (``child_env`` puts it on the children's), unless ``unless_importable`` imports here
+    already (a machine with its own packages keeps them); returns what was done, one line."""
+    if unless_importable is not None and importlib.util.find_spec(unless_importable) is not None:
+        return f"{unless_importable} is installed: no wheels installed"
     files = sorted(wheels.glob("*.whl")) if wheels.is_dir() else []
     if not files:
         return f"no wheels in {wheels}"
@@ -80,8 +84,9 @@ def install_wheels(wheels: Path = ROOT / ".whl", site: Path = SITE) -> str:
 
 
 def child_env(site: Path = SITE) -> dict:
-    """The environment of a subprocess: this repository and ``site`` first on PYTHONPATH."""
-    parts = [str(ROOT), *([str(site)] if site.is_dir() else []), os.environ.get("PYTHONPATH", "")]
+    """The environment of a subprocess: this repository first on PYTHONPATH, then ``site``
+    where :func:`install_wheels` put it on this process's path."""
+    parts = [str(ROOT), *([str(site)] if str(site) in sys.path else []), os.environ.get("PYTHONPATH", "")]
     return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in parts if p)}
 
 
@@ -344,7 +349,7 @@ def selfplay_section(report: Report, sampler: GpuSampler, args) -> None:
                 result = json.loads(out.read_text())
                 row.update(selfplay_figures(result))
                 row["raw"] = result
-        except (subprocess.TimeoutExpired, OSError, ValueError) as exc:
+        except (subprocess.TimeoutExpired, OSError, ValueError, KeyError) as exc:
             row["note"] = f"failed: {type(exc).__name__}: {exc}"
         if device == "cuda":
             row["gpu_busy"] = sampler.mean(t0, time.monotonic())
@@ -353,19 +358,10 @@ def selfplay_section(report: Report, sampler: GpuSampler, args) -> None:
 
 
 def selfplay_figures(result: dict) -> dict:
-    """Agent steps/s and simulations/s out of bench/selfplay.py's JSON (keys that name them,
-    at the top level or one level down)."""
-    found: dict = {}
-    for scope in [result, *[v for v in result.values() if isinstance(v, dict)]]:
-        for key, value in scope.items():
-            if not isinstance(value, int | float):
-                continue
-            k = key.lower()
-            if "agent_steps_per_s" not in found and "agent" in k and "step" in k and "per_s" in k:
-                found["agent_steps_per_s"] = value
-            if "simulations_per_s" not in found and "simulation" in k and "per_s" in k:
-                found["simulations_per_s"] = value
-    return found
+    """Agent steps/s, simulations/s and rows per network call of the one row of
+    bench/selfplay.py's JSON (``{"results": [{...}]}``)."""
+    (row,) = result["results"]
+    return {k: row[k] for k in ("agent_steps_per_s", "simulations_per_s", "rows_per_call")}
 
 
 # ---- 3. a run with every process ---------------------------------------------------------------

@@ -32,7 +32,9 @@ Writes ``OUT/offline.json`` and ``OUT/offline.md``. The benchmarks:
     python bench/offline.py --env minatar-breakout --behaviour-run runs/breakout-dqn \\
         --out runs/bench-offline-breakout --seeds 3 --time-limit 600 --d3rlpy-python <d3rlpy-venv>/bin/python
 
-A smoke of a few minutes: ``--steps 3000 --seeds 1 --time-limit 60``.
+A smoke of a few minutes: ``--steps 3000 --seeds 1 --time-limit 60``. ``--learners`` runs a
+subset (``muzero,cql,d3rlpy``); ``--eval-interval-s`` sets mpper's evaluation cadence (the
+MinAtar configs evaluate every 60 s, which would bound a time to the target from below).
 """
 
 from __future__ import annotations
@@ -143,6 +145,20 @@ def solve_time(run_dir: Path, target: float) -> dict:
     return {"solved": False, **(best or {})}
 
 
+def d3rlpy_run(args, data: Path, env: dict, target: float, seed: int) -> dict:
+    """bench/offline_d3rlpy.py on ``data`` in d3rlpy's venv: its time to the target, evaluation taken out."""
+    proc = run([args.d3rlpy_python, "-W", "ignore", "bench/offline_d3rlpy.py", str(data), "--seed", str(seed),
+                "--config", env["dqn"], "--solve", str(target), "--time-limit", str(args.time_limit),
+                "--alpha", str(args.cql_alpha), "--steps-per-evaluation", str(args.d3rlpy_eval_steps),
+                *env["d3rlpy"]], args.time_limit + 600)  # fmt: skip
+    if proc.returncode != 0:
+        raise SystemExit(f"d3rlpy failed:\n{proc.stderr[-3000:]}")
+    d3 = json.loads(proc.stdout.strip().splitlines()[-1])
+    return {"name": f"d3rlpy 2.8 DiscreteCQL (alpha {args.cql_alpha:g})", "seed": seed, "solved": d3["solved"],
+            "wall_s": d3.get("training_s"), "with_evaluations_s": d3.get("wall_s"), "steps": d3.get("steps"),
+            "best_mean_return": max(e["mean_return"] for e in d3["evaluations"])}  # fmt: skip
+
+
 def summary(results: dict, seeds: int) -> list[str]:
     """Per learner: seeds at the target, median time, median ratio to d3rlpy's time (same seed)."""
     d3 = {r["seed"]: r for r in results["runs"] if r["name"].startswith("d3rlpy")}
@@ -175,9 +191,13 @@ def main() -> None:
     p.add_argument("--cql-alpha", type=float, default=1.0)
     p.add_argument("--d3rlpy-eval-steps", type=int, default=250)
     p.add_argument(
-        "--d3rlpy-python", required=True, help="the Python of a virtualenv with d3rlpy 2.8 (docs/offline.md)"
+        "--eval-interval-s", type=float, help="mpper's runtime.evaluation_interval_s (default: the config's)"
     )
+    p.add_argument("--learners", default="muzero,cql,d3rlpy", help="which of muzero, cql, d3rlpy run")
+    p.add_argument("--d3rlpy-python", help="the Python of a virtualenv with d3rlpy 2.8 (docs/offline.md)")
     args = p.parse_args()
+    if "d3rlpy" in args.learners.split(",") and args.d3rlpy_python is None:
+        p.error("--d3rlpy-python is needed to run d3rlpy (or leave it out of --learners)")
     args.out.mkdir(parents=True, exist_ok=True)
     env = ENVS[args.env]
     data, behaviour = cartpole_data(args) if args.env == "cartpole" else snapshot_data(args)
@@ -185,28 +205,24 @@ def main() -> None:
     results: dict = {"env": args.env, "behaviour": behaviour, "target": target, "runs": []}
     common = ["--offline", str(data), "--device", "cpu", "--workers", str(args.workers), "--time-limit",
               str(args.time_limit), "--max-train-steps", str(10**9), "--set", f"runtime.solve_return={target}"]  # fmt: skip
+    if args.eval_interval_s is not None:
+        common += ["--set", f"runtime.evaluation_interval_s={args.eval_interval_s}"]
+    learners = set(args.learners.split(","))
     for seed in range(args.seeds):
-        for name, config, extra in (
-            ("mpper MuZero (offline, reanalyse)", env["muzero"], []),
-            (f"mpper CQL (alpha {args.cql_alpha:g})", env["dqn"], ["--set", f"dqn.cql_alpha={args.cql_alpha}"]),
+        for learner, name, config, extra in (
+            ("muzero", "mpper MuZero (offline, reanalyse)", env["muzero"], []),
+            ("cql", f"mpper CQL (alpha {args.cql_alpha:g})", env["dqn"], ["--set", f"dqn.cql_alpha={args.cql_alpha}"]),
         ):
+            if learner not in learners:
+                continue
             run_dir = args.out / f"{config}-seed{seed}"
             started = time.monotonic()
             mpper(["--config", config, "--seed", str(seed), "--run-dir", str(run_dir), *common, *extra],
                   args.time_limit + 600)  # fmt: skip
             results["runs"].append({"name": name, "seed": seed, "process_s": round(time.monotonic() - started, 1),
                                     **solve_time(run_dir, target)})  # fmt: skip
-        proc = run([args.d3rlpy_python, "-W", "ignore", "bench/offline_d3rlpy.py", str(data), "--seed", str(seed),
-                    "--config", env["dqn"], "--solve", str(target), "--time-limit", str(args.time_limit),
-                    "--alpha", str(args.cql_alpha), "--steps-per-evaluation", str(args.d3rlpy_eval_steps),
-                    *env["d3rlpy"]], args.time_limit + 600)  # fmt: skip
-        if proc.returncode != 0:
-            raise SystemExit(f"d3rlpy failed:\n{proc.stderr[-3000:]}")
-        d3 = json.loads(proc.stdout.strip().splitlines()[-1])
-        results["runs"].append({"name": f"d3rlpy 2.8 DiscreteCQL (alpha {args.cql_alpha:g})", "seed": seed,
-                                "solved": d3["solved"], "wall_s": d3.get("training_s"),
-                                "with_evaluations_s": d3.get("wall_s"), "steps": d3.get("steps"),
-                                "best_mean_return": max(e["mean_return"] for e in d3["evaluations"])})  # fmt: skip
+        if "d3rlpy" in learners:
+            results["runs"].append(d3rlpy_run(args, data, env, target, seed))
         (args.out / "offline.json").write_text(json.dumps(results, indent=1))
     lines = [
         f"Behaviour: {behaviour['described']}. Target: greedy mean return >= {target:g} over 10 episodes.",

@@ -35,14 +35,19 @@ def test_run_figures_come_from_the_records_once_learning_started(tmp_path):
     assert "1 records" in gpu.run_figures(path)["note"]
 
 
-def test_selfplay_figures_are_found_by_their_names():
-    result = {"config": "x", "agent_steps_per_s": 1500.5, "totals": {"simulations_per_s": 24008.0}, "workers": 12}
-    assert gpu.selfplay_figures(result) == {"agent_steps_per_s": 1500.5, "simulations_per_s": 24008.0}
-    assert gpu.selfplay_figures({"seconds": 3}) == {}
+def test_selfplay_figures_are_read_from_bench_selfplays_json():
+    result = {"command": [], "results": [{"workers": 12, "agent_steps_per_s": 1500.5, "simulations_per_s": 24008.0,
+                                          "rows_per_call": 31.5, "moves": 9000}]}  # fmt: skip
+    expected = {"agent_steps_per_s": 1500.5, "simulations_per_s": 24008.0, "rows_per_call": 31.5}
+    assert gpu.selfplay_figures(result) == expected
+    with pytest.raises(KeyError):
+        gpu.selfplay_figures({"results": [{"seconds": 3}]})
 
 
 def test_no_wheel_folder_installs_nothing_and_the_children_see_the_repository(tmp_path):
-    assert gpu.install_wheels(tmp_path / "absent", tmp_path / "site") == f"no wheels in {tmp_path / 'absent'}"
+    assert gpu.install_wheels(tmp_path / "absent", tmp_path / "site", None) == f"no wheels in {tmp_path / 'absent'}"
+    # where the packages are there already (here: gymnasium), the wheels are left alone
+    assert gpu.install_wheels(tmp_path / "absent", tmp_path / "site") == "gymnasium is installed: no wheels installed"
     assert gpu.child_env(tmp_path / "site")["PYTHONPATH"].split(os.pathsep)[0] == str(ROOT)
 
 
@@ -63,7 +68,7 @@ def test_wheels_are_installed_offline_and_put_on_the_path(tmp_path, monkeypatch)
             whl.writestr(path, text)
         whl.writestr(f"{dist}/RECORD", "".join(f"{path},,\n" for path in files) + f"{dist}/RECORD,,\n")
     monkeypatch.setattr(sys, "path", list(sys.path))
-    assert gpu.install_wheels(wheels, site) == f"installed 1 wheels from {wheels} into {site}"
+    assert gpu.install_wheels(wheels, site, None) == f"installed 1 wheels from {wheels} into {site}"
     assert sys.path[0] == str(site) and (site / f"{name}.py").is_file()
     proc = subprocess.run([sys.executable, "-c", f"import {name}; print({name}.VALUE)"], capture_output=True,
                           text=True, timeout=60, env=gpu.child_env(site))  # fmt: skip
@@ -73,7 +78,9 @@ def test_wheels_are_installed_offline_and_put_on_the_path(tmp_path, monkeypatch)
     monkeypatch.setattr(gpu.sys, "executable", str(tmp_path / "python-without-pip"))
     (tmp_path / "python-without-pip").write_text("#!/bin/sh\necho 'No module named pip' >&2\nexit 1\n")
     (tmp_path / "python-without-pip").chmod(0o755)
-    assert gpu.install_wheels(wheels, other).startswith(f"unpacked 1 wheels from {wheels} into {other} (pip: No module")
+    assert gpu.install_wheels(wheels, other, None).startswith(
+        f"unpacked 1 wheels from {wheels} into {other} (pip: No module"
+    )
     assert (other / f"{name}.py").read_text() == "VALUE = 42\n" and sys.path[0] == str(other)
 
 

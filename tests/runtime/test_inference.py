@@ -32,6 +32,7 @@ from mpper.runtime.inference import (
     ServedNetwork,
     serves_selfplay,
 )
+from mpper.runtime.procs import process_context
 from mpper.runtime.setup import RunSetup
 
 K, SIMS, ACTIONS, OBS = 3, 12, 2, (4,)
@@ -215,7 +216,7 @@ def test_a_worker_waiting_for_an_answer_leaves_when_the_run_stops():
 @pytest.mark.timeout(120)
 def test_a_worker_killed_mid_request_leaves_the_server_serving_the_others_and_its_slot_reusable():
     network, config = network_and_config()
-    ctx = mp.get_context("forkserver")
+    ctx = process_context()  # the run's context: a forkserver started here has mpper's preload, as in a run
     slots = make_slots(ctx, 2, network, config)
     try:
         server = InferenceServer(slots, network, torch.device("cpu"))
