@@ -325,7 +325,7 @@ def selfplay_section(report: Report, sampler: GpuSampler, args) -> None:
         print("self-play: not run: bench/selfplay.py is absent", flush=True)
         return
     if args.quick:
-        rows = [("cartpole", 1, "worker", "cpu")]
+        rows = [("cartpole", 1, "worker", "cpu"), ("cartpole", 1, "server", "cpu")]
     else:
         rows = [(name, args.workers, inference, "cuda") for name in ("atari_pong", "minatar_breakout")
                 for inference in ("worker", "server")]  # fmt: skip
@@ -337,7 +337,7 @@ def selfplay_section(report: Report, sampler: GpuSampler, args) -> None:
         out = report.out / f"selfplay_{name}_{inference}.json"
         command = [sys.executable, str(script), "--config", str(CONFIGS / f"{name}.json"), "--workers", str(workers),
                    "--selfplay-inference", inference, "--device", device, "--seconds", f"{args.selfplay_seconds:g}",
-                   "--json", str(out)]  # fmt: skip
+                   "--json", str(out), *(["--warmup", "0"] if args.quick else [])]  # fmt: skip
         t0 = time.monotonic()
         try:
             proc = subprocess.run(command, cwd=ROOT, env=child_env(), capture_output=True, text=True,
@@ -441,8 +441,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sections", default="learner,run,selfplay,compile", help="comma-separated, in this order")
     args = ap.parse_args(argv)
     if args.quick:
-        args.learner_seconds, args.selfplay_seconds = min(args.learner_seconds, 2.0), min(args.selfplay_seconds, 3.0)
-        args.run_seconds, args.cartpole_batch, args.workers = min(args.run_seconds, 12.0), 64, 1
+        args.learner_seconds, args.selfplay_seconds = min(args.learner_seconds, 1.0), min(args.selfplay_seconds, 1.5)
+        args.run_seconds, args.cartpole_batch, args.workers = min(args.run_seconds, 8.0), 64, 1
     report = Report(args.out, time.monotonic(), args.budget_s)
     report.data.update(args=" " + " ".join(sys.argv[1:] if argv is None else argv), date=time.strftime("%Y-%m-%d"),
                        wheels=install_wheels(), cpus=os.cpu_count())  # fmt: skip

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from mpper import ReplayBuffer
 from mpper import shm as mpper_shm
@@ -132,6 +133,17 @@ def make_episode(rng: np.random.Generator, T: int, obs_shape=(4,), num_actions: 
         "root_value": root_value,
         "child_visits": visits,
     }
+
+
+@pytest.fixture
+def one_torch_thread():
+    """torch at one intra-op thread for the test, put back after it: tiny networks on a
+    shared 2-core machine only thrash with a second thread (and run_learner sets the thread
+    count of the calling process)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture

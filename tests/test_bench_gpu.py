@@ -96,8 +96,8 @@ def test_the_markdown_has_a_row_per_measurement_and_a_dash_for_none():
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_quick_runs_every_section_on_the_cpu(tmp_path):
-    """``bench/gpu.py --quick``: the CartPole learner eager and static on the CPU, the
-    self-play section (or its one line when bench/selfplay.py is absent), and a short run
+    """``bench/gpu.py --quick``: the CartPole learner eager and static on the CPU, self-play
+    through bench/selfplay.py with the network in the worker and served, and a short run
     with every process, into gpu.json and gpu.md."""
     out = tmp_path / "gpu"
     proc = subprocess.run([sys.executable, "bench/gpu.py", "--quick", "--out", str(out)], cwd=ROOT,
@@ -109,11 +109,13 @@ def test_quick_runs_every_section_on_the_cpu(tmp_path):
     for row in learner.values():
         assert row["config"] == "cartpole" and "note" not in row, row
         assert row["steps_per_s"] > 0 and 0 <= row["wait_fraction"] <= 1
-    (selfplay, *_) = data["selfplay"]
-    if (ROOT / "bench" / "selfplay.py").is_file():
-        assert selfplay.get("agent_steps_per_s", 0) > 0, selfplay
-    else:
-        assert selfplay == {"note": "not run: bench/selfplay.py is absent"}
+    worker, served = data["selfplay"]
+    assert (worker["inference"], served["inference"]) == ("worker", "server")
+    for row in (worker, served):
+        assert "note" not in row and row["agent_steps_per_s"] > 0, row
+        assert row["simulations_per_s"] == pytest.approx(25 * row["agent_steps_per_s"])  # cartpole: 25 simulations
+    # one worker of 8 envs: the server's calls hold at most its 8 rows; the worker's own has none to count
+    assert worker["rows_per_call"] is None and 1 <= served["rows_per_call"] <= 8
     (run,) = data["run"]
     assert run["command"].startswith("python run.py --config configs/cartpole.json --workers 1 --device cpu")
     assert run["training_steps_per_s"] > 0 and run["env_steps_per_s"] > 0 and 0 <= run["wait_fraction"] <= 1, run

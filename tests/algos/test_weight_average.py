@@ -17,15 +17,8 @@ from mpper.config import ConfigError
 from mpper.runtime.children import run_learner
 from mpper.runtime.setup import RunSetup
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("one_torch_thread")]
 
-
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def state_of(net: torch.nn.Module) -> dict[str, torch.Tensor]:

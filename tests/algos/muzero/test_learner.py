@@ -35,7 +35,7 @@ from mpper.runtime.roles import beta_schedule
 from mpper.runtime.setup import RunSetup
 from mpper.runtime.weights import WeightStore
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("one_torch_thread")]
 
 OBS, ACTIONS, K = (4,), 2, 3
 
@@ -75,15 +75,6 @@ def fill(buf: ReplayBuffer, episodes: int = 12, seed: int = 0) -> None:
     for i in range(episodes):
         buf.add_episode(make_episode(rng, int(rng.integers(5, 30)), OBS, ACTIONS), terminated=i % 3 != 1)
 
-
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    # Tiny networks on a shared 2-core machine: a second intra-op thread only thrashes
-    # (and run_learner sets the thread count of the calling process; put it back).
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture

@@ -28,7 +28,7 @@ from mpper.runtime.roles import Learner
 from mpper.runtime.setup import RunSetup
 from mpper.runtime.weights import WeightStore
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("one_torch_thread")]
 
 # A small convolutional MuZero: MinAtar Breakout's config (residual network, consistency
 # loss with BatchNorm1d projection heads) at a tenth of its width.
@@ -39,13 +39,6 @@ CASES = {
     "small_conv": ("configs/minatar_breakout.json", SMALL_CONV, (4, 10, 10), 3),
 }
 
-
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def config_of(case: str, *overrides: str):
