@@ -21,12 +21,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import make_episode
-from test_learner import (
-    ACTIONS,
-    OBS,
-    _one_torch_thread,  # noqa: F401 (autouse: one torch thread here too)
-    small_config,
-)
+from test_learner import ACTIONS, OBS, small_config
 
 from mpper import ReplayBuffer
 from mpper.algos.configs import load_config
@@ -35,7 +30,7 @@ from mpper.algos.muzero.targets import MuZeroTargets, muzero_schema
 from mpper.algos.muzero.trainer import MuZeroTrainer, consistency_loss
 from mpper.config import ConfigError
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("one_torch_thread")]
 
 K = 3
 PROJECTION = 16
