@@ -112,6 +112,9 @@ class TrainingConfig:
     env_steps: int | None = opt(None, "[1, 1e15]", "env (agent) steps stored, over the run's life as training_steps: "
                                 "the run stops cleanly once the buffer has counted this many (SB3's "
                                 "total_timesteps); null: no limit")
+    after_env_steps: str = opt("stop", ("stop", "train"), "what env_steps ends: \"stop\": the whole run; \"train\": "
+                               "self-play only, and the learner goes on until training_steps (the Atari 100k "
+                               "protocol: 100k agent steps, then the remaining updates)")
     batch_size: int = opt(128, "[1, 65536]", "positions per training batch")
     optimizer: str = opt("adam", ("adam", "sgd"), '"adam" or "sgd"')
     momentum: float = opt(0.9, "[0, 1]", "sgd only")
@@ -128,6 +131,9 @@ class TrainingConfig:
     publish_interval: int = opt(10, "[1, 1e15]", "publish the weights to self-play, the evaluator and the reanalyser "
                                  "every N training steps (checkpoint.pt: runtime.checkpoint_interval_s)")
     samples_per_insert: float | None = opt(None, "> 0", "training samples per stored step; null: off")
+    replay_ratio: float | None = opt(None, "> 0", "learner updates per stored env step (EfficientZero's and SPR's "
+                                     "replay ratio): the same pacing as samples_per_insert = replay_ratio * batch_size; "
+                                     "set this or samples_per_insert, not both; null: off")
     samples_per_insert_tolerance: float = opt(0.2, ">= 0", "relative slack before a side waits")
     min_buffer_steps: int = opt(500, "[1, 1e15]", "env steps stored (since the run began) before learning starts")
     ema_decay: float | None = opt(None, "(0, 1)", "act, evaluate and checkpoint with an exponential moving average "
@@ -141,6 +147,14 @@ class TrainingConfig:
     precision: str = opt("fp32", ("fp32", "bf16"), '"bf16": MuZero\'s network runs under bfloat16 autocast on CUDA '
                          "(the value and reward supports and the losses stay float32); needs a captured or static "
                          'step (training.capture not "off") and a CUDA device')
+
+    @property
+    def paced_samples_per_insert(self) -> float | None:
+        """The samples-per-insert ratio the rate limiter keeps: ``samples_per_insert``, or
+        ``replay_ratio * batch_size`` (the same pacing in updates per env step); None: off."""
+        if self.replay_ratio is not None:
+            return self.replay_ratio * self.batch_size
+        return self.samples_per_insert
 
 
 @dataclass
@@ -164,6 +178,10 @@ class RuntimeConfig:
                               "turns of learning")
     evaluation_episodes: int = opt(10, "[1, 1000000]", "greedy episodes whose mean return is reported; two-player envs: "
                                     "games against each opponent of the env, half as first player, half as second")
+    final_evaluation_episodes: int | None = opt(None, "[1, 1000000]", "one-player envs: once the run has ended on "
+                                                "its own (a budget, the time limit, a solve), play this many greedy "
+                                                "episodes with its final weights: the run's result, in "
+                                                "final_evaluation.json, metrics.jsonl and its last line; null: off")
     solve_return: float | None = opt(None, None, "stop when the mean greedy return reaches this (two-player envs: "
                                       "the mean score against the last, strongest opponent, win +1 / draw 0 / "
                                       "loss -1); null: never")
@@ -269,6 +287,20 @@ def _budget_allows_learning(config: Config) -> str | None:
     return None
 
 
+def _one_pacing(config: Config) -> str | None:
+    t = config.training
+    if t.replay_ratio is not None and t.samples_per_insert is not None:
+        return (f"and training.samples_per_insert say the same pacing two ways (replay_ratio * batch_size = "
+                f"samples_per_insert); set one, got {t.replay_ratio:g} and {t.samples_per_insert:g}")
+    return None
+
+
+def _train_on_needs_a_budget(config: Config) -> str | None:
+    if config.training.after_env_steps == "train" and config.training.env_steps is None:
+        return '"train" needs training.env_steps, the budget after which self-play ends; got null'
+    return None
+
+
 def _at_most(a: str, b: str) -> Rule:
     def check(config: Config) -> str | None:
         va, vb = value_at(config, a), value_at(config, b)
@@ -301,6 +333,8 @@ RULES: tuple[Rule, ...] = (
     Rule(("runtime.selfplay_inference", "runtime.workers", "runtime.lockstep", "runtime.ray_address"),
          _server_needs_workers),
     Rule(("training.env_steps", "training.min_buffer_steps"), _budget_allows_learning),
+    Rule(("training.replay_ratio", "training.samples_per_insert"), _one_pacing),
+    Rule(("training.after_env_steps", "training.env_steps"), _train_on_needs_a_budget),
     *(_at_most(a, b) for a, op, b in CROSS_RULES if op == "<="),
 )
 

@@ -1,7 +1,8 @@
 """The process mains the supervisor starts: each one schedules one role of
 ``runtime/roles.py`` in its own process, until the run's stop signal.
 
-    run_selfplay   SelfPlay.turn into a BufferSink, as fast as the ratio allows
+    run_selfplay   SelfPlay.turn into a BufferSink, as fast as the ratio allows, until the
+                   stop signal or the end of self-play (run.selfplay_over)
     run_learner    wait for min_buffer_steps, then Learner.sample/step (the next batch
                    drawn in a thread while this one trains), checkpoints, metrics reports
     run_reanalyser the algorithm's reanalyser, one batch per published weight version
@@ -13,7 +14,7 @@ store (the supervisor owns both segments; a child attaches and closes), ``stop``
 :class:`~mpper.runtime.procs.StopSignal`, or any event: ``is_set()``, ``wait(timeout)``),
 ``reports`` (a queue to the supervisor: ``("episode" | "metrics" | "reanalyse" | "eval" |
 "error", name, payload)``) and, for self-play and the learner, the run's
-:class:`~mpper.runtime.rate.RateLimiter` (None without ``training.samples_per_insert``).
+:class:`~mpper.runtime.rate.RateLimiter` (None without ``training.samples_per_insert`` or ``training.replay_ratio``).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from .inference import InferenceHandle, InferenceSlots, InferenceStopped, Search
 from .procs import child_process
 from .rate import RateLimiter
 from .roles import BufferSink, Evaluation, LatestWeights, Learner, SelfPlay, labelled_envs
+from .run import selfplay_over
 from .setup import RunSetup
 
 __all__ = ["run_evaluator", "run_learner", "run_reanalyser", "run_selfplay"]
@@ -58,7 +60,8 @@ def run_selfplay(setup: RunSetup, worker_id: int, buffer_handle, weight_handle, 
                 return
             selfplay = SelfPlay(setup, name, envs, weights, seed, worker_id)
             sink = BufferSink(buf, rate, stop, lambda source, report: reports.put(("episode", source, report)))
-            while not stop.is_set():
+            # training.after_env_steps "train": self-play ends at the env-step budget; the learner goes on
+            while not stop.is_set() and not selfplay_over(config.training, buf.counters["steps"]):
                 try:
                     selfplay.turn(sink)
                 except SearchInterrupted:  # the server restarted mid-search: no env stepped, play the move again

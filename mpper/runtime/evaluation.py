@@ -50,12 +50,14 @@ def play_greedy(config: Config, envs: list, network, seed: int, stop=None, on_ep
 
 
 def evaluate(config: Config, network, seed: int, stop=None, envs: list | None = None,
-             must_reach: float | None = None) -> dict | None:  # fmt: skip
+             must_reach: float | None = None, episodes: int | None = None) -> dict | None:  # fmt: skip
     """One evaluation with ``network``; None if ``stop`` was set first.
 
     One-player env: ``runtime.evaluation_episodes`` greedy episodes (MuZero: search
     without noise, most visited action; DQN: argmax Q), one per env of ``envs`` (made
     from ``config.env`` when None): ``{"mean_return": mean, "returns": [...]}``.
+    ``episodes``: that many instead, one per env, and no solve confirmation (the final
+    evaluation).
 
     With ``must_reach`` (a mean return) and ``runtime.max_episode_return``, play stops as
     soon as the mean can no longer reach ``must_reach`` (every unfinished episode counted
@@ -73,12 +75,13 @@ def evaluate(config: Config, network, seed: int, stop=None, envs: list | None = 
     the mean score (win +1, draw 0, loss -1) against the last, strongest one, and
     ``opponents`` holds wins / draws / losses per opponent and side.
     """
+    count = config.runtime.evaluation_episodes if episodes is None else episodes
     if envs is None:
-        envs = [make_env(config.env) for _ in range(config.runtime.evaluation_episodes)]
+        envs = [make_env(config.env) for _ in range(count)]
     algorithm = algorithm_of(config)
     if algorithm.play_against is not None and is_two_player(envs[0]):
         opponents = evaluation_opponents(envs[0], seed)
-        return algorithm.play_against(config, network, opponents, config.runtime.evaluation_episodes, seed, stop=stop)
+        return algorithm.play_against(config, network, opponents, count, seed, stop=stop)
     count = len(envs)
     returns = greedy_returns(config, envs, network, seed, count, stop, must_reach)
     if returns is None:
@@ -89,7 +92,7 @@ def evaluate(config: Config, network, seed: int, stop=None, envs: list | None = 
         bound = best_possible_mean(sum(returns), len(returns), count, most)
         return {"stopped_early": True, "mean_return_at_most": bound, "returns": returns}
     solve, confirm = config.runtime.solve_return, config.runtime.solve_confirm_episodes
-    if solve is None or confirm == 0 or np.mean(returns) < solve:
+    if solve is None or confirm == 0 or episodes is not None or np.mean(returns) < solve:
         return {"mean_return": float(np.mean(returns)), "returns": returns}
     more = greedy_returns(config, envs, network, seed + len(returns), confirm, stop)
     if more is None:

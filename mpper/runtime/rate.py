@@ -24,6 +24,11 @@ the relative form keeps the same meaning at any buffer size.
 ``samples_per_insert=None`` turns the ratio off: inserts never wait and sampling waits
 only for ``min_size`` (Reverb's ``MinSize`` limiter).
 
+``insert_budget``: the inserts that will ever come (``training.env_steps`` when
+``training.after_env_steps`` is "train": self-play ends there, the learner goes on). Once
+``I`` reaches it, nothing the learner could wait for is coming, so sampling no longer
+waits for the ratio.
+
 Waiting blocks on a semaphore per side, a doorbell (no busy polling): after each
 insert or sample the caller rings both with :meth:`RateLimiter.notify`, and a waiter
 wakes to re-check the counters. Every wait also wakes up every ``poll_s`` seconds
@@ -61,11 +66,11 @@ _NO_WAIT = Wait(False, 0.0)
 
 
 def can_sample(inserted: float, sampled: float, samples_per_insert: float | None, tolerance: float,
-               min_size: int, batch_size: int) -> bool:  # fmt: skip
+               min_size: int, batch_size: int, insert_budget: int | None = None) -> bool:  # fmt: skip
     """Whether the learner may take its next batch (the limiter's rule, without waiting)."""
     if inserted < min_size:
         return False
-    if samples_per_insert is None:
+    if samples_per_insert is None or (insert_budget is not None and inserted >= insert_budget):
         return True
     return sampled + batch_size <= samples_per_insert * inserted * (1.0 + tolerance)
 
@@ -90,10 +95,12 @@ class RateLimiter:
             doorbells with; None: no doorbells, a wait polls every ``poll_s`` (for a
             process that multiprocessing did not start, such as a Ray actor).
         poll_s: longest sleep between two checks of the counters and of ``stop``.
+        insert_budget: the inserts that will ever come; once reached, sampling no longer
+            waits for the ratio. None: no end.
     """
 
     def __init__(self, samples_per_insert: float | None, tolerance: float, min_size: int, batch_size: int,
-                 ctx, poll_s: float = 0.1) -> None:  # fmt: skip
+                 ctx, poll_s: float = 0.1, insert_budget: int | None = None) -> None:  # fmt: skip
         if samples_per_insert is not None and not samples_per_insert > 0:
             raise ValueError(f"samples_per_insert must be > 0 or None, got {samples_per_insert}")
         if not tolerance >= 0:
@@ -109,6 +116,7 @@ class RateLimiter:
         self.min_size = int(min_size)
         self.batch_size = int(batch_size)
         self.poll_s = float(poll_s)
+        self.insert_budget = None if insert_budget is None else int(insert_budget)
         # one doorbell per side; a few pending rings at most (see notify). Without a
         # context (a process multiprocessing did not start, which could share no doorbell
         # with the others), a wait only polls.
@@ -117,10 +125,12 @@ class RateLimiter:
 
     @classmethod
     def from_config(cls, training, ctx, poll_s: float = 0.1) -> RateLimiter:
-        """From a :class:`~mpper.config.TrainingConfig` (``samples_per_insert``,
-        ``samples_per_insert_tolerance``, ``min_buffer_steps``, ``batch_size``)."""
-        return cls(training.samples_per_insert, training.samples_per_insert_tolerance,
-                   training.min_buffer_steps, training.batch_size, ctx, poll_s)  # fmt: skip
+        """From a :class:`~mpper.config.TrainingConfig` (``samples_per_insert`` or
+        ``replay_ratio``, ``samples_per_insert_tolerance``, ``min_buffer_steps``,
+        ``batch_size``; ``env_steps`` as the insert budget when ``after_env_steps`` is "train")."""
+        budget = training.env_steps if training.after_env_steps == "train" else None
+        return cls(training.paced_samples_per_insert, training.samples_per_insert_tolerance,
+                   training.min_buffer_steps, training.batch_size, ctx, poll_s, budget)  # fmt: skip
 
     @property
     def enabled(self) -> bool:
@@ -130,7 +140,8 @@ class RateLimiter:
     # ---- decisions (pure) --------------------------------------------------------------
     def can_sample(self, inserted: float, sampled: float) -> bool:
         """Whether the learner may take the next batch now."""
-        return can_sample(inserted, sampled, self.samples_per_insert, self.tolerance, self.min_size, self.batch_size)
+        return can_sample(inserted, sampled, self.samples_per_insert, self.tolerance, self.min_size, self.batch_size,
+                          self.insert_budget)  # fmt: skip
 
     def can_insert(self, inserted: float, sampled: float) -> bool:
         """Whether a writer may store its next episode now."""
@@ -193,4 +204,4 @@ class RateLimiter:
 
     def __repr__(self) -> str:
         return (f"RateLimiter(samples_per_insert={self.samples_per_insert}, tolerance={self.tolerance}, "
-                f"min_size={self.min_size}, batch_size={self.batch_size})")  # fmt: skip
+                f"min_size={self.min_size}, batch_size={self.batch_size}, insert_budget={self.insert_budget})")  # fmt: skip

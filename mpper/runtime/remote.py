@@ -147,7 +147,7 @@ class EpisodeIngest:
     def __init__(self, buffer_handle: BufferHandle, training) -> None:
         self.buffer = ReplayBuffer.attach(buffer_handle)
         rate = None
-        if training.samples_per_insert is not None:
+        if training.paced_samples_per_insert is not None:
             # No doorbells (the learner's cannot be shared with a process multiprocessing did
             # not start): a waiting add re-checks the shared counters every 10 ms.
             rate = RateLimiter.from_config(training, None, poll_s=0.01)

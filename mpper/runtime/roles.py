@@ -16,7 +16,7 @@ the roles take turns in one process, self-play optionally in worker processes) a
   ``training.publish_interval`` steps; :meth:`Learner.checkpoint` writes ``checkpoint.pt``.
   It owns the run's first weights: fresh ones from ``runtime.seed``, or the checkpoint's.
 - :class:`Evaluation`: one greedy evaluation round, ``best.pt`` when it is the best so
-  far, and the periodic video.
+  far, the periodic video, and the final evaluation of a run that ended on its own.
 """
 
 from __future__ import annotations
@@ -333,6 +333,23 @@ class Evaluation:
             self.store.mark_return_reached(training_step)
         return {"training_step": training_step, **evaluation, "best_mean_return": self.best.best,
                 "weights_version": weights_version}  # fmt: skip
+
+    def final(self, network, training_step: int, env_steps: int, stop=None) -> dict | None:
+        """The final evaluation: ``runtime.final_evaluation_episodes`` greedy episodes of
+        ``network`` (the run's last weights), one env each, from ``Seeds.final_evaluation``;
+        ``{"training_step", "env_steps", "episodes", "mean_return", "returns", ...}``, or
+        None if ``stop`` was set first."""
+        count = self.config.runtime.final_evaluation_episodes
+        assert count is not None
+        envs = labelled_envs(self.config, "final-evaluation", count)
+        try:
+            evaluation = evaluate(self.config, network, self.setup.seeds.final_evaluation(), stop, envs, episodes=count)
+        finally:
+            for env in envs:
+                env.close()
+        if evaluation is None:
+            return None
+        return {"training_step": training_step, "env_steps": env_steps, "episodes": count, **evaluation}
 
     def film(self, network, training_step: int, stop=None) -> None:
         """The periodic video of the round just played (its first episode, same seed)."""

@@ -16,8 +16,12 @@ in-process scheduler (``--workers 0``).
   evaluation so far (:class:`BestCheckpoint`).
 - Stop rules (:meth:`Run.stop_reason`): ``runtime.time_limit_s``, ``training.env_steps``
   (the buffer's env-step counter), ``runtime.max_episodes``, ``runtime.solve_return``; the
-  training-step budget is the learner's. :meth:`Run.budgets` lists the ones with a (done,
-  total) for the progress line's time left.
+  training-step budget is the learner's. With ``training.after_env_steps`` "train", the
+  env-step budget ends self-play only (:func:`selfplay_over`) and the learner's budget ends
+  the run. :meth:`Run.budgets` lists the ones with a (done, total) for the progress line's
+  time left.
+- ``final_evaluation.json`` (with ``runtime.final_evaluation_episodes``): the greedy
+  episodes of the final weights, once the run ended on its own (:meth:`Run.final_evaluated`).
 - Seeds (:class:`Seeds`): which stream each worker, restart and evaluation round uses.
 """
 
@@ -45,8 +49,8 @@ from .offline import fill_buffer, write_record
 from .progress import Budget, startup_line
 from .setup import Seeds
 
-__all__ = ["BestCheckpoint", "Run", "Seeds", "best_weights_text", "create_buffer", "end_text", "solved_text",
-           "start_buffer"]  # fmt: skip
+__all__ = ["BestCheckpoint", "Run", "Seeds", "best_weights_text", "create_buffer", "end_text", "final_text",
+           "selfplay_over", "solved_text", "start_buffer"]  # fmt: skip
 
 
 def create_buffer(cfg: Config, spec, mp_context=None) -> ReplayBuffer:
@@ -255,6 +259,12 @@ class Run:
                 print(f"mpper: episodes.jsonl not written in {self.run_dir} ({exc.strerror or exc}); the run goes on",
                       file=sys.stderr)  # fmt: skip
 
+    def final_evaluated(self, evaluation: dict) -> None:
+        """The final evaluation (:meth:`~mpper.runtime.roles.Evaluation.final`): the latest
+        evaluation of the records from now on, and ``final_evaluation.json``."""
+        self.evaluation = evaluation
+        write_json_atomic(self.run_dir / "final_evaluation.json", evaluation, indent=2)
+
     def snapshot(self, buffer: ReplayBuffer) -> None:
         """The buffer's snapshot at ``run_dir/buffer`` (atomic: the previous one stays
         whole until the new one is)."""
@@ -291,7 +301,7 @@ class Run:
         if rt.time_limit_s is not None and self.elapsed() >= rt.time_limit_s:
             return f"time limit of {rt.time_limit_s:g} s reached"
         budget = self.config.training.env_steps
-        if budget is not None and env_steps >= budget:
+        if budget is not None and env_steps >= budget and self.config.training.after_env_steps == "stop":
             return f"env-step budget reached: {env_steps} env steps stored (training.env_steps {budget})"
         if rt.max_episodes is not None and self.games >= rt.max_episodes:
             return f"{self.games} self-play episodes played (max_episodes)"
@@ -301,10 +311,30 @@ class Run:
         return None
 
 
-def end_text(reason: str, run_dir: Path) -> str:
-    """The run's last line: why it stopped, its directory, and its best weights (``best.pt``,
-    what ``--evaluate`` and ``mpper.load`` judge the run by) with the evaluation they scored."""
-    return f"mpper: {reason}; run directory {run_dir}; {best_weights_text(Path(run_dir) / 'best.pt')}"
+def selfplay_over(training, env_steps: int) -> bool:
+    """Whether self-play has ended while the learner goes on: ``training.after_env_steps``
+    is "train" and ``env_steps`` (stored so far) reached ``training.env_steps``. Every
+    scheduler asks this before it plays; the rate limiter stops pacing the learner there."""
+    budget = training.env_steps
+    return training.after_env_steps == "train" and budget is not None and env_steps >= budget
+
+
+def end_text(reason: str, run_dir: Path, final: dict | None = None) -> str:
+    """The run's last line: why it stopped, its directory, its final evaluation (``final``,
+    with ``runtime.final_evaluation_episodes``) and its best weights (``best.pt``, what
+    ``--evaluate`` and ``mpper.load`` judge the run by) with the evaluation they scored."""
+    result = f"{final_text(final)}; " if final is not None else ""
+    return f"mpper: {reason}; run directory {run_dir}; {result}{best_weights_text(Path(run_dir) / 'best.pt')}"
+
+
+def final_text(final: dict) -> str:
+    """``final evaluation: mean greedy return 20.5 over 32 episodes (training step 100000,
+    100004 env steps)``; for a two-player env, the mean score against its strongest opponent."""
+    if "against" in final:
+        what = f"mean score {final['mean_return']:+.2f} against {final['against']}"
+    else:
+        what = f"mean greedy return {final['mean_return']:g} over {final['episodes']} episodes"
+    return f"final evaluation: {what} (training step {final['training_step']}, {final['env_steps']} env steps)"
 
 
 def best_weights_text(path: Path) -> str:

@@ -25,7 +25,7 @@ __all__ = ["RunSetup", "Seeds"]
 @dataclass(frozen=True)
 class Seeds:
     """The seed of every random stream of a run, from ``runtime.seed``: self-play stream
-    (worker) ``i`` after ``restarts`` restarts, and evaluation round ``k``. Distinct for
+    (worker) ``i`` after ``restarts`` restarts, evaluation round ``k``, and the final evaluation. Distinct for
     every stream, restart and round (the strides are primes larger than any count of them)."""
 
     base: int
@@ -35,6 +35,11 @@ class Seeds:
 
     def evaluation(self, round_: int) -> int:
         return self.base + 999_983 + 10_000 * round_
+
+    def final_evaluation(self) -> int:
+        """The final evaluation's episodes: ``seed + i`` for episode ``i``, below every
+        evaluation round's (rounds are 10,000 apart, from 999,983 up)."""
+        return self.base + 499_979
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,8 @@ from .inference import InferenceSlots, run_inference, serves_selfplay
 from .procs import ForcedStop, StopRequests, StopSignal, forkserver_pid, process_context
 from .progress import ProgressFigures, ProgressLine
 from .rate import RateLimiter
-from .run import Run, end_text, start_buffer
+from .roles import Evaluation, LatestWeights
+from .run import Run, end_text, selfplay_over, start_buffer
 from .setup import RunSetup
 from .turns import train_in_turns
 from .weights import WeightStore
@@ -116,6 +117,9 @@ class Supervisor:
         self.forkserver_lost = False
         self.remote: Any = None  # with runtime.ray_address: the self-play actors (remote.RaySelfPlay)
         self.snapshot_lost: str | None = None  # why the final snapshot was not written
+        self.ended_on_its_own = False  # a budget, the time limit or a solve ended it (not an error or a signal)
+        self.selfplay_ended = False  # training.after_env_steps "train": the env-step budget ended self-play
+        self.final: dict | None = None  # the final evaluation (runtime.final_evaluation_episodes)
 
     @property
     def _buf(self) -> ReplayBuffer:
@@ -135,6 +139,7 @@ class Supervisor:
             try:
                 self._start()
                 code = self._supervise()
+                self.ended_on_its_own = code == 0
             except KeyboardInterrupt:  # raised at a loop turn (StopRequests.check), never mid-call
                 self.finished_reason = "interrupted (Ctrl-C)"
                 code = 130
@@ -157,7 +162,7 @@ class Supervisor:
             code = code or 130
         if self.error:
             print(f"mpper: run stopped: {self.error}", file=sys.stderr)
-        print(end_text(self.finished_reason or "stopped", self.run_dir))
+        print(end_text(self.finished_reason or "stopped", self.run_dir, self.final))
         return code
 
     def _missing_final_checkpoint(self) -> str | None:
@@ -197,7 +202,7 @@ class Supervisor:
             self.remote.start()
 
     def _rate_limiter(self):
-        if self.config.training.samples_per_insert is None:
+        if self.config.training.paced_samples_per_insert is None:
             return None
         # Remote episodes are written by a process that cannot ring the learner's doorbell;
         # a learner waiting for them re-checks the counters every 10 ms rather than 100.
@@ -262,6 +267,8 @@ class Supervisor:
                         self.run_files.snapshot(self._buf)
                     except Exception as exc:  # disk full...: training goes on, the previous snapshot stays
                         print(f"mpper: {_snapshot_failed(self.setup.run_dir.buffer, exc)}", file=sys.stderr)
+                if not self.selfplay_ended and selfplay_over(self.config.training, self._buf.counters["steps"]):
+                    self._end_selfplay(progress)
                 reason = self.run_files.stop_reason(self._buf.counters["steps"])
                 if reason is not None:
                     self.finished_reason = reason
@@ -269,6 +276,17 @@ class Supervisor:
         finally:
             self._write_metrics()
             progress.finish(self._figures())
+
+    def _end_selfplay(self, progress: ProgressLine) -> None:
+        """The env-step budget reached with ``training.after_env_steps`` "train": the
+        workers stop on their own (:func:`~mpper.runtime.run.selfplay_over`), Ray actors
+        are stopped here, and the learner trains on."""
+        self.selfplay_ended = True
+        self._stop_remote(_JOIN_TIMEOUT_S)
+        progress.clear()
+        t = self.config.training
+        print(f"mpper: self-play ended at {self._buf.counters['steps']} env steps (training.env_steps {t.env_steps}); "
+              f"the learner trains on to {t.training_steps} steps", file=sys.stderr, flush=True)  # fmt: skip
 
     def _drain_reports(self) -> None:
         deadline = time.monotonic() + 0.2
@@ -349,8 +367,8 @@ class Supervisor:
                     return 0
                 self.error = self.error or f"{child.name} died ({_describe_exit(code)})"
                 return 1
-            if code == 0 and self.stop.is_set():
-                continue
+            if code == 0 and (self.stop.is_set() or selfplay_over(self.config.training, self._buf.counters["steps"])):
+                continue  # stopped, or a worker whose self-play ended with the env-step budget
             print(f"mpper: {child.name} died ({_describe_exit(code)})", file=sys.stderr)
             if child.restarts >= self.config.runtime.max_worker_restarts:
                 self._drain_reports()  # its last traceback may still be in the queue
@@ -456,7 +474,21 @@ class Supervisor:
                 self.snapshot_lost = _snapshot_failed(self.setup.run_dir.buffer, exc)
                 print(f"mpper: final {self.snapshot_lost}", file=sys.stderr)
         self.signals.check()  # a forcing Ctrl-C that came between the two
+        if self.ended_on_its_own and self.config.runtime.final_evaluation_episodes and self.store is not None:
+            with self.signals.obeying():  # its own envs and a copy of the weights: a Ctrl-C may cut it
+                self._final_evaluation()
         self._write_metrics(event="end")
+
+    def _final_evaluation(self) -> None:
+        """The final weights' greedy episodes, played here once every child has stopped."""
+        weights = LatestWeights(self.setup, self._store)
+        weights.refresh()
+        steps = self._buf.counters["steps"]
+        final = Evaluation(self.setup, self._store).final(weights.network, weights.training_step, steps)
+        if final is not None:
+            self.final = final
+            self.run_files.final_evaluated(final)
+            self._write_metrics(event="final_evaluation")
 
     def _quit_at_once(self) -> None:
         """After the Ctrl-C that forces: kill every child still running, write nothing."""

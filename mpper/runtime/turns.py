@@ -40,7 +40,7 @@ from .procs import ForcedStop, StopRequests, StopSignal, child_process, process_
 from .progress import ProgressFigures, ProgressLine
 from .rate import RateLimiter
 from .roles import BufferSink, Evaluation, LatestWeights, Learner, SelfPlay, StoredEpisode, labelled_envs
-from .run import Run, end_text, start_buffer
+from .run import Run, end_text, selfplay_over, start_buffer
 from .setup import RunSetup
 from .weights import WeightStore
 
@@ -195,10 +195,11 @@ def train_in_turns(setup: RunSetup) -> int:
     torch.set_num_threads(max(1, config.runtime.torch_threads))
     try:
         with StopRequests() as signals:
-            code, reason = _Turns(setup, run, signals).train()
+            turns = _Turns(setup, run, signals)
+            code, reason = turns.train()
     finally:
         run.finish()
-    print(end_text(reason, setup.run_dir.root))
+    print(end_text(reason, setup.run_dir.root, turns.final))
     return code
 
 
@@ -210,6 +211,7 @@ class _Turns:
         self.store: WeightStore | None = None
         self.hosts: _StreamHosts | None = None
         self.stop: StopSignal | None = None
+        self.final: dict | None = None  # the final evaluation (runtime.final_evaluation_episodes)
 
     def train(self) -> tuple[int, str]:
         code, reason = 0, ""
@@ -269,11 +271,17 @@ class _Turns:
                                "priority_updates_dropped": learner.priorities_dropped}  # fmt: skip
             run.record(event, buf, learner_figures, reanalysed, store.version, {"self-play": weights.version})
 
-        code, reason = 0, ""
+        code, reason, playing = 0, "", True
         try:
             while not learner.done:
                 self.signals.check()  # a Ctrl-C or SIGTERM stops the run here, never inside a buffer write
-                for ended in play(self.schedule.moves):
+                # training.after_env_steps "train": past the env-step budget only the learner's turns remain
+                if playing and selfplay_over(t, buf.counters["steps"]):
+                    playing = False
+                    status.clear()
+                    print(f"mpper: self-play ended at {buf.counters['steps']} env steps (training.env_steps "
+                          f"{t.env_steps}); the learner trains on to {t.training_steps} steps", file=sys.stderr)
+                for ended in play(self.schedule.moves) if playing else ():
                     for episode in ended:
                         sink(episode)
                 quota = self.schedule.streams * self.schedule.moves  # steps per round without a ratio
@@ -287,7 +295,7 @@ class _Turns:
                     if reanalyser is not None and learner.published_at == learner.training_step:
                         reanalyser.refresh_weights()
                         reanalyser.step()
-                    if not rate.enabled:
+                    if not rate.enabled or selfplay_over(t, c["steps"]):  # unpaced: a round's worth of steps
                         quota -= 1
                 if self._evaluation_due(learner.training_step, last_eval_step, last_eval_time):
                     last_eval_time, last_eval_step = time.monotonic(), learner.training_step
@@ -327,6 +335,13 @@ class _Turns:
                                             self._write("buffer snapshot", lambda: run.snapshot(buf))) if why]
                     if lost:
                         code, reason = code or 1, f"{reason}, but {'; '.join(lost)}"
+                    if code == 0 and cfg.runtime.final_evaluation_episodes:  # the run ended on its own
+                        weights.refresh()
+                        final = evaluation.final(weights.network, weights.training_step, buf.counters["steps"])
+                        if final is not None:
+                            self.final = final
+                            run.final_evaluated(final)
+                            record("final_evaluation")
                 record("end")
             except ForcedStop:
                 pass

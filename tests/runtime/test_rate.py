@@ -66,6 +66,31 @@ def test_off_waits_only_for_min_size():
     assert lim.wait_to_insert(10**9, 0) == Wait(False, 0.0)
 
 
+def test_past_the_insert_budget_sampling_no_longer_waits_for_the_ratio():
+    """With an insert budget (self-play ends there), below it the ratio holds exactly as
+    without one; from it on, sampling waits for nothing but min_size."""
+    plain, budgeted = RateLimiter(2.0, 0.5, 10, 4, CTX), RateLimiter(2.0, 0.5, 10, 4, CTX, insert_budget=60)
+    for inserted in range(0, 120, 3):
+        for sampled in range(0, 2000, 11):
+            expected = plain.can_sample(inserted, sampled) or inserted >= 60
+            assert budgeted.can_sample(inserted, sampled) is expected, (inserted, sampled)
+            assert budgeted.can_insert(inserted, sampled) is plain.can_insert(inserted, sampled)
+    assert budgeted.wait_to_sample(60, 10**9, timeout=0.05) == Wait(False, 0.0)
+    assert RateLimiter(2.0, 0.5, 100, 4, CTX, insert_budget=60).can_sample(80, 0) is False  # min_size still holds
+
+
+def test_from_config_paces_by_the_replay_ratio_and_takes_the_budget_only_when_training_goes_on():
+    from mpper.algos.configs import config_from_dict
+
+    def built(training):
+        return RateLimiter.from_config(config_from_dict({"training": training}, check_env=False).training, CTX)
+
+    lim = built({"replay_ratio": 0.25, "batch_size": 32, "env_steps": 1000, "after_env_steps": "train"})
+    assert (lim.samples_per_insert, lim.batch_size, lim.insert_budget) == (8.0, 32, 1000)
+    assert built({"samples_per_insert": 8.0, "env_steps": 1000}).insert_budget is None  # "stop": the run ends there
+    assert built({}).samples_per_insert is None
+
+
 def test_rejects_bad_arguments():
     for args in [(0, 0.1, 1, 1), (-1, 0.1, 1, 1), (1, -0.1, 1, 1), (1, 0.1, -1, 1), (1, 0.1, 1, 0)]:
         with pytest.raises(ValueError):
