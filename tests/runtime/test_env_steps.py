@@ -74,7 +74,7 @@ def test_self_play_ends_at_the_budget_and_the_learner_trains_on(tmp_path, worker
     run_dir = tmp_path / "run"
     argv = _cartpole_argv(run_dir, workers, "--max-train-steps", "300", "--set", "training.after_env_steps=train",
                           "--set", "training.replay_ratio=0.25", "--set", "training.samples_per_insert=null",
-                          "--set", "runtime.final_evaluation_episodes=3")  # fmt: skip
+                          "--set", "runtime.final_evaluation_episodes=3", "--set", "runtime.log_interval_s=0.5")  # fmt: skip
     proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=390, check=False)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     last = proc.stdout.strip().splitlines()[-1]
@@ -84,6 +84,8 @@ def test_self_play_ends_at_the_budget_and_the_learner_trains_on(tmp_path, worker
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     ended_at = records[-1]["env_steps"]
     assert BUDGET <= ended_at < BUDGET + 2 * 2 * 500  # at most the episodes in play when the budget was crossed
+    past = [r["env_steps"] for r in records if r["env_steps"] >= BUDGET]
+    assert len(set(past[1:])) <= 1  # nothing stored after the workers saw the budget
     with ReplayBuffer.load(run_dir / "buffer", mmap=True) as snapshot:
         assert snapshot.counters["steps"] == ended_at
         assert snapshot.counters["samples"] in (300 * 16, 301 * 16)  # the learner's process draws one batch ahead

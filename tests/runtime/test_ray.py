@@ -248,6 +248,31 @@ def test_an_env_error_in_an_actor_is_reported_the_actor_restarted_then_the_run_s
     assert not actor_processes()
 
 
+def test_at_the_env_step_budget_the_actors_stop_and_the_learner_trains_on(tmp_path, cluster):
+    """``training.after_env_steps`` "train" with Ray actors: the budget stops the actors, and
+    the learner makes its 150 steps alone (its replay ratio allows about 24 before)."""
+    run_dir = tmp_path / "run"
+    args = run_args(run_dir, "--workers", "1", "--ray", cluster.address, *REMOTE, "--env-steps", "400",
+                    "--max-train-steps", "150", "--set", "training.after_env_steps=train",
+                    "--set", "training.min_buffer_steps=200", "--set", "training.samples_per_insert=null",
+                    "--set", "training.replay_ratio=0.05", "--set", "runtime.solve_return=null")  # fmt: skip
+    proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    stdout, stderr = proc.communicate(timeout=150)
+    assert proc.returncode == 0, stdout[-2000:] + stderr[-4000:]
+    assert stdout.strip().splitlines()[-1].startswith("mpper: training finished (150 steps); ")
+    assert "mpper: self-play ended at " in stderr and "restarting" not in stderr
+    with ReplayBuffer.load(run_dir / "buffer", mmap=True) as snap:
+        assert snap.counters["steps"] >= 400 and snap.counters["games"] == len(snap.episodes())
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    past = [r["env_steps"] for r in records if r["env_steps"] >= 400]
+    assert len(set(past[1:])) <= 1  # the record that saw the budget first may precede the actors' last episodes
+    assert not segments_of(proc.pid)
+    deadline = time.monotonic() + 30
+    while actor_processes() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not actor_processes()
+
+
 # ---- refused before anything starts -----------------------------------------------------------
 
 
