@@ -334,18 +334,18 @@ def test_writers_sigkilled_at_random_moments_beside_a_sampling_learner(tmp_path)
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_run_whose_worker_dies_inside_the_lock_trains_on_and_ends_at_its_limit(tmp_path):
-    """``run.py --workers 2 --time-limit 25``, where the first worker to publish its 15th
+    """``run.py --workers 2 --env-steps 4000``, where the first worker to publish its 15th
     episode SIGKILLs itself inside the lock, half-way through the publication (the
     test-only fault ``MPPER_FAULT_DIE_IN_LOCK``; the claim file makes it happen once in
     the run). The next locker repairs with one line naming the dead pid, the supervisor
-    restarts the worker, training goes on, and the run ends at its limit with exit 0,
+    restarts the worker, training goes on, and the run ends at its budget with exit 0,
     checkpoint.pt and a consistent snapshot, leaving nothing in /dev/shm."""
     from test_train_e2e import ROOT, assert_no_process_left, complete_lines, run_args, segments_of
 
     run_dir, claim = tmp_path / "run", tmp_path / "fault-claimed"
     env = {**_ENV, FAULT_ENV: f"publish:15:{claim}"}
-    proc = subprocess.run(run_args(run_dir, "--workers", "2", "--time-limit", "25"), cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=280)  # fmt: skip
+    proc = subprocess.run(run_args(run_dir, "--workers", "2", "--env-steps", "4000", "--time-limit", "240"),
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=280)  # fmt: skip
     err = proc.stderr
     assert proc.returncode == 0, proc.stdout[-2000:] + err[-4000:]
     assert claim.exists(), "the fault never fired"
@@ -354,7 +354,7 @@ def test_a_run_whose_worker_dies_inside_the_lock_trains_on_and_ends_at_its_limit
     dead_pid = int(died[0].split("process ", 1)[1].split()[0])
     pids = json.loads((run_dir / "processes.json").read_text())
     assert any(f"mpper: {name} died (killed by SIGKILL)" in err for name in pids if name.startswith("worker")), err
-    assert "time limit of 25 s reached" in proc.stdout + err
+    assert "env-step budget reached: " in proc.stdout.strip().splitlines()[-1], proc.stdout[-1000:]
     assert (run_dir / "checkpoint.pt").is_file()
     records = [json.loads(x) for x in complete_lines(run_dir / "metrics.jsonl")]
     killed_at = claim.stat().st_mtime
