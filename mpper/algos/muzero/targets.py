@@ -42,7 +42,8 @@ def _signed_reward(reward, to_play, start, j, player):
 def _muzero_kernel(
     slots, pos, moves, terminated, root_value, reanalysed, use_reanalysed, reward, to_play, child_visits,
     reanalysed_policy, use_reanalysed_policy, action, num_unroll_steps, td_steps, discount,
-    off_policy, weights_step, training_step, age_window, random_uniform, out_value, out_reward, out_policy, out_action, out_scale, out_mask, out_policy_mask,
+    off_policy, weights_step, training_step, age_window, random_uniform,
+    out_value, out_reward, out_policy, out_action, out_scale, out_mask, out_policy_mask,
 ):  # fmt: skip
     """Per sampled position and unroll step k = 0..K: muzero-general's ``make_target``.
 
@@ -93,7 +94,8 @@ def _muzero_kernel(
         td = td_steps
         if off_policy:  # data searched long ago trusts fewer of its rewards (older policy's moves)
             horizon = td_steps - np.floor((training_step - weights_step[slots[b]]) / age_window)
-            td = int(min(max(horizon, 1.0), float(td_steps)))
+            if horizon < td_steps:  # compared as floats: no integer conversion of a huge age
+                td = 1 if horizon <= 1.0 else int(horizon)
         discount_td = discount**td
         p0 = to_play[start + t]
         scale = min(num_unroll_steps, big_t + 1 - t)
