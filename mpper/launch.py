@@ -317,7 +317,8 @@ def _check_resume(run_dir: Path, config, spec) -> str | None:
                 # shape would be copied into the new buffer's arrays, converted or broadcast, silently
                 expected = algorithm_of(config).schema(spec.observation_shape, spec.num_actions,
                                                        spec.observation_dtype)  # fmt: skip
-                check_schema(snapshot, run_dir, buf.schema, normalize_schema(expected))
+                check_schema(snapshot, run_dir, buf.schema, normalize_schema(expected),
+                             getattr(expected, "optional", ()))  # fmt: skip
         except (SnapshotError, SnapshotMismatchError, OSError) as e:
             return f"--resume {run_dir}: {e}"
         for key, value in stored.items():

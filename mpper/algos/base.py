@@ -49,8 +49,10 @@ N = TypeVar("N", bound=torch.nn.Module)
 
 class Player(Protocol):
     """K environments played together by one process (a self-play worker or the
-    evaluator). ``episodes``: the K running games; ``step(progress)`` plays one move in
-    each and returns the episodes to store: the games that ended and, where the
+    evaluator). ``episodes``: the K running games; ``step(progress, training_step)``
+    (the share of training done, and the learner's step of the weights the network holds,
+    which a schema may store per row) plays one move in each and returns the episodes to
+    store: the games that ended and, where the
     algorithm stores a long game in pieces (MuZero's ``muzero.game_segment_length``), the
     pieces of games that go on (``ends_game`` False; ``game_return`` and ``game_moves``
     count the whole game to the piece's end); ``stored(episode)`` gives the rows to
@@ -60,7 +62,7 @@ class Player(Protocol):
 
     episodes: list
 
-    def step(self, progress: float = 0.0) -> list: ...
+    def step(self, progress: float = 0.0, training_step: int = 0) -> list: ...
 
     def stored(self, episode) -> tuple[dict[str, np.ndarray], np.ndarray | None]: ...
 

@@ -101,8 +101,8 @@ class SymmetryAugmented:
         inv[rows, self.symmetries] = np.arange(self.symmetries.shape[1])[None, :]
         return inv
 
-    def build(self, fields, slots, pos, moves, terminated, rng) -> dict[str, np.ndarray]:
-        out = self.inner.build(fields, slots, pos, moves, terminated, rng)
+    def build(self, fields, slots, pos, moves, terminated, rng, training_step=None) -> dict[str, np.ndarray]:
+        out = self.inner.build(fields, slots, pos, moves, terminated, rng, training_step=training_step)
         batch = slots.shape[0]
         g = rng.integers(self.symmetries.shape[0], size=batch)
         src = self.symmetries[g]  # (B, A)

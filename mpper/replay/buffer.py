@@ -250,7 +250,9 @@ class ReplayBuffer(EpisodeAccess, shm_mod.SharedObject):
         training). ``mmap=True``: read-only, fields memory-mapped from the files (for
         evaluation; a snapshot larger than RAM still opens). ``verify=False`` skips the
         checksums; ``num_actions`` (the env's) bounds the stored actions of a schema
-        without ``child_visits``.
+        without ``child_visits``; ``add_fields`` (``{name: (shape, dtype[, fill])}``):
+        fields the snapshot may lack, which the buffer then has at their fill value (a
+        schema's ``optional`` fields, for a run resumed from an older snapshot).
 
         A snapshot may come from someone else: its files must be regular files of the
         directory, and its manifest, episode table, ring, slot records, priorities and
@@ -491,9 +493,12 @@ class ReplayBuffer(EpisodeAccess, shm_mod.SharedObject):
         self._counters[_COUNTER["samples"]] += batch_size
         return out
 
-    def sample(self, batch_size: int, beta: float = 0.4, targets=None, rng: np.random.Generator | None = None) -> Batch:
+    def sample(self, batch_size: int, beta: float = 0.4, targets=None, rng: np.random.Generator | None = None,
+               training_step: int | None = None) -> Batch:  # fmt: skip
         """Draw ``batch_size`` positions with probability ``P(i)`` (stratified) and build
-        targets for them (``MuZeroTargets``, ``NStepTargets`` or None for raw rows).
+        targets for them (``MuZeroTargets``, ``NStepTargets`` or None for raw rows);
+        ``training_step``, the learner's completed updates, goes to the targets (whose
+        value horizon may depend on the data's age).
 
         Raises ValueError when nothing is sampleable.
         """
@@ -502,7 +507,7 @@ class ReplayBuffer(EpisodeAccess, shm_mod.SharedObject):
         rng = self._rng if rng is None else rng
         targets = self._raw_rows if targets is None else targets
         slots, gen, info, prob, pos, moves, term = self._draw(batch_size, rng)
-        data = targets.build(self.fields, slots, pos, moves, term, rng)
+        data = targets.build(self.fields, slots, pos, moves, term, rng, training_step=training_step)
         # Seqlock check: a writer makes the generation of every slot of an episode odd
         # before it touches any of them, so an unchanged (even) generation and info mean
         # the rows gathered are intact. Rewritten rows are drawn and gathered again.
@@ -512,7 +517,7 @@ class ReplayBuffer(EpisodeAccess, shm_mod.SharedObject):
                 break
             self._counters[_COUNTER["torn_rows_redrawn"]] += torn.size  # statistics only
             s2, g2, i2, p2, pos2, m2, t2 = self._draw(torn.size, rng)
-            d2 = targets.build(self.fields, s2, pos2, m2, t2, rng)
+            d2 = targets.build(self.fields, s2, pos2, m2, t2, rng, training_step=training_step)
             slots[torn], gen[torn], info[torn], prob[torn] = s2, g2, i2, p2
             for key in data:
                 data[key][torn] = d2[key]

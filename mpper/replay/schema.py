@@ -23,14 +23,22 @@ class Schema(dict):
     """An algorithm's replay schema: ``{field: (shape, dtype[, fill])}`` (a dict, as
     ``ReplayBuffer.create`` takes), plus ``counters``, the names of the event counters
     the algorithm counts in the buffer beside the buffer's own (``COUNTERS``), e.g. its
-    row rewrites stored and dropped (``ReplayBuffer.rewrite_rows``)."""
+    row rewrites stored and dropped (``ReplayBuffer.rewrite_rows``), and ``optional``,
+    the names of fields a snapshot may lack (added to the schema after snapshots of it
+    were written): a resumed buffer gets them with their fill value
+    (``ReplayBuffer.load(..., add_fields=...)``)."""
 
-    def __init__(self, fields: Mapping[str, Sequence] = (), counters: Sequence[str] = ()) -> None:
+    def __init__(self, fields: Mapping[str, Sequence] = (), counters: Sequence[str] = (),
+                 optional: Sequence[str] = ()) -> None:  # fmt: skip
         super().__init__(fields)
         self.counters = tuple(counters)
+        self.optional = tuple(optional)
+        unknown = [name for name in self.optional if name not in self]
+        if unknown:
+            raise ValueError(f"optional fields {unknown} are not fields of the schema")
 
     def __reduce__(self):
-        return Schema, (dict(self), self.counters)
+        return Schema, (dict(self), self.counters, self.optional)
 
 
 # A row field's dimensions (an image stack is 3 or 4); numpy's record dtypes take few more.

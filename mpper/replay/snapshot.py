@@ -42,7 +42,7 @@ import numpy as np
 from ..atomic import fsync_dir
 from .episode_ring import FREE, HEAD_ID, NEXT_ID, NUM_POSITIONS, PUBLISHED, ROWS, START, STATE, make_unsampleable
 from .layout import array_specs
-from .schema import schema_from_json, schema_to_json
+from .schema import normalize_schema, schema_from_json, schema_to_json
 from .snapshot_checks import (
     FORMAT,
     FORMAT_VERSION,
@@ -192,11 +192,15 @@ def _identity(path: Path) -> tuple | None:
         return None
 
 
-def load_buffer(cls, path, mmap: bool = False, verify: bool = True, mp_context=None, num_actions: int | None = None):
+def load_buffer(cls, path, mmap: bool = False, verify: bool = True, mp_context=None, num_actions: int | None = None,
+                add_fields=None):  # fmt: skip
     """See ``ReplayBuffer.load``. ``verify=False`` skips the checksums (faster); the
     structure is checked either way (``check_bookkeeping``, ``check_field_data``).
     ``num_actions``: the action count of the env that will use the buffer, to check
     stored actions against (a schema with ``child_visits`` carries its own).
+    ``add_fields``: ``{name: (shape, dtype[, fill])}``, fields the buffer gets, every row
+    at its fill value, where the snapshot lacks them (a schema's ``optional`` fields);
+    those the snapshot has are loaded as stored.
 
     A snapshot that a save replaced while it was read (a live run's, read by
     ``--inspect``) gives files of two snapshots, whose checksums or bookkeeping disagree:
@@ -207,7 +211,7 @@ def load_buffer(cls, path, mmap: bool = False, verify: bool = True, mp_context=N
     for _ in range(REPLACED_RETRIES + 1):
         before = _identity(path)
         try:
-            return _load_buffer_once(cls, path, mmap, verify, mp_context, num_actions)
+            return _load_buffer_once(cls, path, mmap, verify, mp_context, num_actions, add_fields)
         except SnapshotError:
             if _identity(path) == before:
                 raise
@@ -215,7 +219,7 @@ def load_buffer(cls, path, mmap: bool = False, verify: bool = True, mp_context=N
                         f"is saving it); try again")  # fmt: skip
 
 
-def _load_buffer_once(cls, path: Path, mmap: bool, verify: bool, mp_context, num_actions: int | None):
+def _load_buffer_once(cls, path: Path, mmap: bool, verify: bool, mp_context, num_actions: int | None, add_fields):
     path = resolve(path)
     manifest = read_manifest(path)
     mpath = path / MANIFEST
@@ -243,6 +247,11 @@ def _load_buffer_once(cls, path: Path, mmap: bool, verify: bool, mp_context, num
     in_episode = check_bookkeeping(path, capacity, internal, leaves)
     check_new_priorities(path, params, float(internal["_max_priority"][0]))
     check_field_data(path, fields, arrays, in_episode, num_actions)
+    stored = {f.name for f in fields}
+    added = tuple(f for f in (normalize_schema(add_fields) if add_fields else ()) if f.name not in stored)
+    fields += added
+    for f in added:
+        arrays[f.name] = np.full((capacity, *f.shape), f.fill, f.dtype)
 
     if mmap:
         arrays.update(internal)

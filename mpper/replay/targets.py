@@ -6,7 +6,8 @@ position is a slot ``s`` with position ``t = s - start`` in ``0 .. T-1``.
 
 A :class:`TargetBuilder` gets the field arrays (full ring, shape ``(capacity, ...)``)
 and, per sampled row, the slot, its position ``t``, the episode's ``T`` and whether it
-ended by termination, and returns a dict of batch arrays. The algorithms' builders
+ended by termination, and the learner's training step (where the sampler says it), and
+returns a dict of batch arrays. The algorithms' builders
 (``mpper.algos.muzero.targets``, ``mpper.algos.dqn.targets``) loop over the batch in
 numba kernels; :func:`gather_rows` is the shared row gather, :class:`RawRows` the
 builder that returns the stored rows as they are.
@@ -29,10 +30,14 @@ class TargetBuilder(Protocol):
     shape ``(capacity, ...)``), then per sampled row (each ``(B,)``): ``slots`` (int64
     ring slot), ``pos`` (int64 position t in its episode), ``moves`` (int64 T of its
     episode), ``terminated`` (bool: ended by termination, not a time limit), and
-    ``rng`` (numpy Generator, for any random choice). Returns name -> ``(B, ...)`` array."""
+    ``rng`` (numpy Generator, for any random choice), and ``training_step`` (int, the
+    learner's completed updates, for targets that depend on the data's age, e.g. MuZero's
+    off-policy correction; None where the sampler does not say). Returns name ->
+    ``(B, ...)`` array."""
 
     def build(self, fields: Mapping[str, np.ndarray], slots: np.ndarray, pos: np.ndarray, moves: np.ndarray,
-              terminated: np.ndarray, rng: np.random.Generator) -> dict[str, np.ndarray]: ...  # fmt: skip
+              terminated: np.ndarray, rng: np.random.Generator,
+              training_step: int | None = None) -> dict[str, np.ndarray]: ...  # fmt: skip
 
 
 @numba.njit(cache=True, nogil=True)
@@ -78,6 +83,6 @@ def _rows_contiguous(src: np.ndarray) -> bool:
 class RawRows:
     """No targets: each schema field's row at the sampled slots."""
 
-    def build(self, fields, slots, pos, moves, terminated, rng):
+    def build(self, fields, slots, pos, moves, terminated, rng, training_step=None):
         # fancy indexing, not np.take: take copies a non-contiguous (strided) source whole
         return {name: gather_rows(arr, slots) for name, arr in fields.items()}

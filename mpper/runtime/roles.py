@@ -140,7 +140,8 @@ class SelfPlay:
 
     def turn(self, sink: Sink) -> None:
         self.weights.refresh()
-        for ep in self.player.step(self.weights.training_step / self.total_steps):
+        step = self.weights.training_step
+        for ep in self.player.step(step / self.total_steps, step):
             arrays, priorities = self.player.stored(ep)
             report = None
             if ep.ends_game:
@@ -232,11 +233,12 @@ class Learner:
         return self.trainer.training_step >= self.config.training.training_steps
 
     def sample(self, step: int | None = None):
-        """A batch for training step ``step`` (default: the next one), drawn by priority
-        with that step's importance-sampling exponent."""
+        """A batch for training step ``step`` (default: the next one; ``step`` updates
+        done before it), drawn by priority with that step's importance-sampling exponent,
+        its targets built at that step (the age of the data, where they depend on it)."""
         step = self.training_step if step is None else step
         return self.buf.sample(self.config.training.batch_size, beta_schedule(self.config, step), self.targets,
-                               self.rng)  # fmt: skip
+                               self.rng, training_step=step)  # fmt: skip
 
     def step(self, batch) -> dict[str, float]:
         """One update on ``batch``; returns the metrics of the latest update whose results

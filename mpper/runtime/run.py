@@ -72,8 +72,11 @@ def start_buffer(setup, mp_context=None) -> ReplayBuffer:
     snapshots (:func:`mpper.runtime.offline.fill_buffer`), with ``offline.json`` written
     beside; else a new, empty one. A fill that fails closes (and unlinks) the buffer."""
     snapshot = setup.resume_snapshot
-    if snapshot is not None:
-        return ReplayBuffer.load(snapshot, num_actions=setup.spec.num_actions, mp_context=mp_context)
+    if snapshot is not None:  # an older snapshot may lack the schema's optional fields: they get their fill
+        spec = setup.spec
+        schema = algorithm_of(setup.config).schema(spec.observation_shape, spec.num_actions, spec.observation_dtype)
+        optional = {name: schema[name] for name in getattr(schema, "optional", ())}
+        return ReplayBuffer.load(snapshot, num_actions=spec.num_actions, mp_context=mp_context, add_fields=optional)
     buf = create_buffer(setup.config, setup.spec, mp_context)
     if setup.offline is not None:
         try:

@@ -53,9 +53,11 @@ class SnapshotMismatchError(ValueError):
     or the run's algorithm has no snapshot evaluation."""
 
 
-def check_schema(snapshot: Path, run_dir: Path, stored: tuple[Field, ...], expected: tuple[Field, ...]) -> None:
+def check_schema(snapshot: Path, run_dir: Path, stored: tuple[Field, ...], expected: tuple[Field, ...],
+                 optional: Sequence[str] = ()) -> None:  # fmt: skip
     """SnapshotMismatchError naming the snapshot, the run and each field that differs
-    (name, shape or dtype; the fill value is not compared)."""
+    (name, shape or dtype; the fill value is not compared). The snapshot may lack the
+    ``optional`` fields (the schema's: added after older snapshots were written)."""
     have = {f.name: f for f in stored}
     want = {f.name: f for f in expected}
     problems = []
@@ -63,7 +65,7 @@ def check_schema(snapshot: Path, run_dir: Path, stored: tuple[Field, ...], expec
         if name in have and (have[name].shape, have[name].dtype) != (field.shape, field.dtype):
             problems.append(f"{name} is {_describe(have[name])} there, the run stores {_describe(field)}")
     only_snapshot = [n for n in have if n not in want]
-    only_run = [n for n in want if n not in have]
+    only_run = [n for n in want if n not in have and n not in optional]
     if only_snapshot:
         problems.append(f"fields only in the snapshot: {', '.join(only_snapshot)}")
     if only_run:
@@ -98,7 +100,7 @@ def evaluate_on_snapshot(run_dir: Path, snapshot_dir: Path, checkpoint: Path | N
     # memory-mapped, read-only; its stored actions checked against this env's (the network indexes by them)
     with ReplayBuffer.load(snapshot_dir, mmap=True, num_actions=spec.num_actions) as buf:
         expected = algorithm.schema(spec.observation_shape, spec.num_actions, spec.observation_dtype)
-        check_schema(snapshot_dir, run_dir, buf.schema, normalize_schema(expected))
+        check_schema(snapshot_dir, run_dir, buf.schema, normalize_schema(expected), getattr(expected, "optional", ()))
         positions = all_positions(buf)
         if len(positions) == 0:
             raise SnapshotMismatchError(f"snapshot {snapshot_dir} holds no sampleable position")

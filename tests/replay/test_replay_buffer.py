@@ -427,7 +427,7 @@ def test_rows_rewritten_while_gathering_are_drawn_again(buf):
 
         calls = 0
 
-        def build(self, fields, slots, pos, moves, terminated, rng):
+        def build(self, fields, slots, pos, moves, terminated, rng, training_step=None):
             out = {name: arr[slots] for name, arr in fields.items()}
             if self.calls == 0:
                 buf._generation[0:6] += 1  # the writer's reservation, after our gather

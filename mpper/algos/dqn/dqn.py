@@ -263,10 +263,11 @@ class EpsilonGreedyPlayer:
         return self.epsilons
 
     @torch.no_grad()
-    def step(self, progress: float = 0.0) -> list[DQNEpisode]:
+    def step(self, progress: float = 0.0, training_step: int = 0) -> list[DQNEpisode]:
         """Act and step every env once; returns the episodes that just ended (their
         envs are reset and play on). ``progress`` (share of training done) is unused:
-        epsilon follows the actor's own clock."""
+        epsilon follows the actor's own clock; so is ``training_step`` (DQN's rows
+        store no weights step)."""
         greedy = self.greedy_actions(np.stack([self.network_input(ep) for ep in self.episodes]))
         explore = self.rng.random(len(self.envs)) < self.current_epsilons()
         actions = np.where(explore, self.rng.integers(0, self.num_actions, len(self.envs)), greedy)

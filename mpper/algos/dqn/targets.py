@@ -89,7 +89,7 @@ class NStepTargets:
         if self.n < 1 or self.frame_stack < 1:
             raise ValueError(f"NStepTargets needs n >= 1 and frame_stack >= 1, got {self}")
 
-    def build(self, fields, slots, pos, moves, terminated, rng):
+    def build(self, fields, slots, pos, moves, terminated, rng, training_step=None):
         batch = slots.shape[0]
         ret = np.empty(batch, np.float32)
         disc = np.empty(batch, np.float32)

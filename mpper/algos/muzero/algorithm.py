@@ -36,13 +36,15 @@ def make_player(config: MuZeroRunConfig, envs: list, network, explore: bool, see
 
 def make_targets(config: MuZeroRunConfig, num_actions: int):
     """Unroll targets (with the next observations the consistency loss compares
-    against when ``muzero.consistency_loss_weight`` > 0), seen through a random board
+    against when ``muzero.consistency_loss_weight`` > 0, the value horizon shortened for
+    old data with ``muzero.off_policy_correction``), seen through a random board
     symmetry with ``muzero.symmetry_augmentation``."""
     t = config.muzero
     targets = MuZeroTargets(
         num_unroll_steps=t.num_unroll_steps, td_steps=t.td_steps, discount=config.mcts.discount,
         num_actions=num_actions, stacked_observations=t.stacked_observations,
-        next_observations=t.consistency_loss_weight > 0,
+        next_observations=t.consistency_loss_weight > 0, off_policy_correction=t.off_policy_correction,
+        total_training_steps=config.training.training_steps, auto_td_steps_ratio=t.auto_td_steps_ratio,
     )  # fmt: skip
     if t.symmetry_augmentation:
         return SymmetryAugmented(targets, config_symmetries(config))

@@ -97,6 +97,16 @@ class MuZeroConfig:
         None, "[1, 1000000]", "self-play stores a game in pieces of this many moves, each as soon as it is played (its "
         "value targets bootstrap from the network's value at the cut, refreshed by the reanalyser; the learner's "
         "unroll stops at the cut); null: whole games (muzero-general)")
+    # EfficientZero's off-policy correction (Ye et al. 2021, sec. 4.3 and appendix): the older
+    # the data, the fewer of its rewards (the old policy's) the value target trusts.
+    off_policy_correction: bool = opt(False, None, "EfficientZero's off-policy correction: the value target of a "
+                                      "position whose moves were searched by weights of T_st training steps "
+                                      "bootstraps after l = clip(td_steps - floor((T_current - T_st) / "
+                                      "(auto_td_steps_ratio * training.training_steps)), 1, td_steps) moves, "
+                                      "T_current the learner's step; false: always td_steps")
+    auto_td_steps_ratio: float = opt(0.3, "> 0", "off_policy_correction: tau, the share of training.training_steps "
+                                     "by which data must age for its value horizon to shrink by one move "
+                                     "(EfficientZero: 0.3)")
     priority_update: str = opt("sampled", ("sampled", "unrolled"), 'new priorities after a step: "sampled" '
                                '(|v - z| of each sampled position) or "unrolled" (of each of the K + 1 unrolled '
                                'positions, as muzero-general)')

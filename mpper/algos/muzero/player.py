@@ -23,7 +23,7 @@ from .config import MuZeroRunConfig
 from .mcts import select_action, temperature_at
 from .networks import support_to_scalar
 from .search import make_search
-from .targets import MuZeroTargets, latest_stacked_observation
+from .targets import WEIGHTS_STEP, MuZeroTargets, latest_stacked_observation
 
 __all__ = ["BatchedPlayer", "Episode", "initial_priorities"]
 
@@ -37,19 +37,21 @@ class Episode(EpisodeRows):
     root_value: list = field(default_factory=list)  # search value at o_i, i < T
     child_visits: list = field(default_factory=list)  # visit distribution at o_i, i < T
     legal_actions: list = field(default_factory=list)  # bool mask at o_i, i < T (what a reanalysing search needs)
+    weights_step: list = field(default_factory=list)  # training step of the weights that searched o_i, i < T
     # The network's value of o_T, for an episode cut by a time limit: its value targets
     # bootstrap from it (mpper.replay.targets). 0 for a terminated one, whose row T is never read.
     final_value: float = 0.0
 
     def arrays(self, num_actions: int) -> dict[str, np.ndarray]:
         """Rows for ``ReplayBuffer.add_episode`` (final row: ``final_value`` as its
-        root value, no visits, every action legal)."""
+        root value, no visits, every action legal, the weights step of the last move)."""
         return {
             **self.rows(),
             "to_play": np.asarray(self.to_play, np.int8),
             "root_value": np.asarray(self.root_value + [self.final_value], np.float32),
             "child_visits": np.vstack(self.child_visits + [np.zeros(num_actions)]).astype(np.float32),
             "legal_actions": np.vstack(self.legal_actions + [np.ones(num_actions, bool)]),
+            WEIGHTS_STEP: np.asarray(self.weights_step + self.weights_step[-1:], np.int64),
         }
 
 
@@ -112,7 +114,7 @@ class BatchedPlayer:
             return ep.observation[-1]
         return latest_stacked_observation(ep.observation, ep.action, self.stacked, self.num_actions)
 
-    def step(self, progress: float = 0.0) -> list[Episode]:
+    def step(self, progress: float = 0.0, training_step: int = 0) -> list[Episode]:
         """Search, act and step every env once; returns the episodes that just ended
         (their envs are reset and play on) and, while exploring with
         ``muzero.game_segment_length`` L, the pieces of L moves of games that go on
@@ -120,7 +122,8 @@ class BatchedPlayer:
         piece's last). ``progress``: the share of training done, which sets the
         visit-count temperature while exploring; a game that has played
         ``mcts.temperature_threshold_moves`` moves or more takes the most visited action
-        instead (T = 0)."""
+        instead (T = 0). ``training_step``: the learner's step of the weights the network
+        holds now, stored with each move (``weights_step``)."""
         temperature = temperature_at(self.config.mcts.temperature_schedule, progress) if self.explore else 0.0
         observations = np.stack([self.network_input(ep) for ep in self.episodes])
         legal = np.stack(self.legal)
@@ -138,6 +141,7 @@ class BatchedPlayer:
             ep.root_value.append(float(result.root_values[k]))
             ep.child_visits.append(result.policy_target[k])
             ep.legal_actions.append(legal[k])
+            ep.weights_step.append(int(training_step))
             obs, reward, terminated, truncated, info = env.step(int(actions[k]))
             ep.observation.append(as_stored(obs))
             ep.action.append(int(actions[k]))

@@ -19,12 +19,16 @@ import numpy as np
 from ...replay.schema import Schema
 from ...replay.targets import gather_rows
 
-__all__ = ["REANALYSE_COUNTERS", "MuZeroTargets", "latest_stacked_observation", "muzero_schema",
+__all__ = ["REANALYSE_COUNTERS", "WEIGHTS_STEP", "MuZeroTargets", "latest_stacked_observation", "muzero_schema",
            "stacked_observations"]
 
 # The buffer counters MuZero's schema declares: reanalysed episodes stored, and dropped
 # (rewritten since they were read).
 REANALYSE_COUNTERS = ("reanalysed_episodes", "reanalysed_dropped")
+# The field of the training step of the weights that searched a row (the off-policy
+# correction's T_st), and what the kernel reads where a buffer has none (the correction off).
+WEIGHTS_STEP = "weights_step"
+_NO_STEPS = np.zeros(1, np.int64)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -37,7 +41,8 @@ def _signed_reward(reward, to_play, start, j, player):
 @numba.njit(cache=True, nogil=True)
 def _muzero_kernel(
     slots, pos, moves, terminated, root_value, reanalysed, use_reanalysed, reward, to_play, child_visits,
-    reanalysed_policy, use_reanalysed_policy, action, num_unroll_steps, td_steps, discount, random_uniform,
+    reanalysed_policy, use_reanalysed_policy, action, num_unroll_steps, td_steps, discount,
+    off_policy, weights_step, training_step, age_window, random_uniform,
     out_value, out_reward, out_policy, out_action, out_scale, out_mask, out_policy_mask,
 ):  # fmt: skip
     """Per sampled position and unroll step k = 0..K: muzero-general's ``make_target``.
@@ -71,16 +76,27 @@ def _muzero_kernel(
     A(i) = r_{i+1} + discount * A(i+1) - discount^td * r_{i+1+td}: O(td + K) per
     position instead of O(td * K). A is kept from the view of the player p0 to move at
     t and turned to the view of the player at i at the end.
+
+    With ``off_policy`` (EfficientZero's off-policy correction) ``td`` above is, for all
+    K + 1 unroll steps of position t, the horizon
+    l = clip(td_steps - floor((training_step - weights_step[t]) / age_window), 1, td_steps):
+    ``weights_step[t]`` the training step of the weights that searched o_t, ``age_window``
+    tau * T_total in training steps (float). Without it, td = td_steps.
     """
     batch = slots.shape[0]
     num_actions = out_policy.shape[2]
     uniform = 1.0 / num_actions
-    discount_td = discount**td_steps
     sums = np.empty(num_unroll_steps + 1)
     for b in range(batch):
         t = pos[b]
         big_t = moves[b]
         start = slots[b] - t
+        td = td_steps
+        if off_policy:  # data searched long ago trusts fewer of its rewards (older policy's moves)
+            horizon = td_steps - np.floor((training_step - weights_step[slots[b]]) / age_window)
+            if horizon < td_steps:  # compared as floats: no integer conversion of a huge age
+                td = 1 if horizon <= 1.0 else int(horizon)
+        discount_td = discount**td
         p0 = to_play[start + t]
         scale = min(num_unroll_steps, big_t + 1 - t)
         v_end = 0.0  # the bootstrap value of row T (truncated episodes only)
@@ -94,14 +110,14 @@ def _muzero_kernel(
         last = min(t + num_unroll_steps, big_t - 1)
         acc = 0.0
         g = 1.0
-        for j in range(last + 1, min(last + td_steps, big_t) + 1):
+        for j in range(last + 1, min(last + td, big_t) + 1):
             acc += g * _signed_reward(reward, to_play, start, j, p0)
             g *= discount
         sums[last - t] = acc
         for i in range(last - 1, t - 1, -1):
             acc = _signed_reward(reward, to_play, start, i + 1, p0) + discount * acc
-            if i + 1 + td_steps <= big_t:
-                acc -= discount_td * _signed_reward(reward, to_play, start, i + 1 + td_steps, p0)
+            if i + 1 + td <= big_t:
+                acc -= discount_td * _signed_reward(reward, to_play, start, i + 1 + td, p0)
             sums[i - t] = acc
         for k in range(num_unroll_steps + 1):
             i = t + k
@@ -111,7 +127,7 @@ def _muzero_kernel(
             if i < big_t:
                 player = to_play[start + i]
                 value = sums[k] if player == p0 else -sums[k]
-                boot = i + td_steps
+                boot = i + td
                 if boot < big_t:
                     v = root_value[start + boot]
                     if use_reanalysed:
@@ -209,6 +225,18 @@ class MuZeroTargets:
     next_observation_mask (B, K) float32: 1 where ``t + k <= T`` (the observation
     exists; row T is the episode's last), 0 past the end, where next_observation
     repeats ``o_T`` and is to be ignored.
+
+    With ``off_policy_correction`` (EfficientZero, Ye et al. 2021, sec. 4.3 and its
+    appendix): the value targets of a sampled position t bootstrap after
+    l = clip(k - floor((T_current - T_st) / (tau * T_total)), 1, k) moves instead of
+    k = ``td_steps``, with T_current the ``training_step`` passed to ``build`` (the
+    learner's completed updates), T_st the ``weights_step`` field at t (the training step
+    of the weights that searched o_t), T_total ``total_training_steps`` and tau
+    ``auto_td_steps_ratio``; the same l for all K + 1 unroll steps, as EfficientZero. The
+    bootstrap value at t + l is the stored one (reanalysed where refreshed), as for k.
+    Age is measured in training steps, as the paper defines it; EfficientZero's code
+    measures it in buffer transitions (the transitions stored since the game's, divided
+    by tau * T_total) and clips l to [1, 5] whatever k is.
     """
 
     num_unroll_steps: int
@@ -220,14 +248,22 @@ class MuZeroTargets:
     # The observations as the rows they are stacked from, for a learner that stacks them
     # on its device (``MuZeroTrainer.stack_frames``): see ``_add_frames``.
     stack_on_device: bool = False
+    off_policy_correction: bool = False
+    total_training_steps: int = 1  # T_total (training.training_steps)
+    auto_td_steps_ratio: float = 0.3  # tau
 
     def __post_init__(self):
         if self.num_unroll_steps < 0 or self.td_steps < 1 or self.num_actions < 1:
             raise ValueError(
                 f"MuZeroTargets needs num_unroll_steps >= 0, td_steps >= 1, num_actions >= 1; got {self}"
             )
+        if self.off_policy_correction and not (self.total_training_steps >= 1 and self.auto_td_steps_ratio > 0):
+            raise ValueError(f"MuZeroTargets' off-policy correction needs total_training_steps >= 1 and "
+                             f"auto_td_steps_ratio > 0; got {self}")  # fmt: skip
 
-    def build(self, fields, slots, pos, moves, terminated, rng):
+    def build(self, fields, slots, pos, moves, terminated, rng, training_step: int | None = None):
+        """``training_step``: the learner's completed updates, T_current of the
+        off-policy correction (needed with it; ignored without)."""
         k1 = self.num_unroll_steps + 1
         batch = slots.shape[0]
         reanalysed = fields.get("reanalysed_value")
@@ -241,6 +277,10 @@ class MuZeroTargets:
             "target_mask": np.empty((batch, k1), np.float32),
             "policy_mask": np.empty((batch, k1), np.float32),
         }
+        weights_step = fields.get(WEIGHTS_STEP)
+        if self.off_policy_correction and (training_step is None or weights_step is None):
+            raise ValueError("MuZeroTargets' off-policy correction needs the learner's training_step and a "
+                             "weights_step field")  # fmt: skip
         _muzero_kernel(
             slots, pos, moves, np.asarray(terminated, np.bool_), fields["root_value"],
             fields["root_value"] if reanalysed is None else reanalysed, reanalysed is not None,
@@ -248,6 +288,8 @@ class MuZeroTargets:
             fields["child_visits"] if reanalysed_policy is None else reanalysed_policy, reanalysed_policy is not None,
             fields["action"],
             self.num_unroll_steps, self.td_steps, float(self.discount),
+            self.off_policy_correction, _NO_STEPS if weights_step is None else weights_step,
+            int(training_step or 0), float(self.auto_td_steps_ratio * self.total_training_steps),
             rng.random((batch, k1)),
             out["target_value"], out["target_reward"], out["target_policy"], out["actions"],
             out["gradient_scale"], out["target_mask"], out["policy_mask"],
@@ -320,5 +362,8 @@ def muzero_schema(observation_shape: Sequence[int], num_actions: int, observatio
         "legal_actions": ((num_actions,), "bool", 1.0),  # the mask the search had (row T: all)
         "reanalysed_value": ((), "float32", float("nan")),  # NaN: not reanalysed yet
         "reanalysed_policy": ((num_actions,), "float32", float("nan")),  # NaN: not searched again yet
+        # the training step of the weights that searched o_i (row T: those of the last move);
+        # T_st of the off-policy correction. 0 in snapshots written before it was stored.
+        WEIGHTS_STEP: ((), "int64", 0.0),
     }
-    return Schema(fields, counters=REANALYSE_COUNTERS)
+    return Schema(fields, counters=REANALYSE_COUNTERS, optional=(WEIGHTS_STEP,))
