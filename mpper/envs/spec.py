@@ -13,6 +13,7 @@ import numpy as np
 from ..config import Config, ConfigError, EnvConfig
 from ..env_ids import env_id_form, search_current_directory
 from ..extras import register_env_family
+from .atari import training_wrappers
 from .symmetry import env_symmetries
 from .two_player import check_two_player_env, is_two_player
 
@@ -36,9 +37,14 @@ class ChannelsFirst(gym.ObservationWrapper):
         return np.moveaxis(observation, -1, 0)
 
 
-def make_env(config: EnvConfig) -> gym.Env:
+def make_env(config: EnvConfig, training: bool = False) -> gym.Env:
     """A gymnasium env from a registered id, a ``"module:callable"`` factory or gymnasium's
     ``"module:EnvId-v0"`` (:mod:`mpper.env_ids`), with the ``env.preprocessing`` wrappers.
+
+    ``training=True`` (self-play's envs, and only theirs) adds the training-only settings
+    ``env.episodic_life`` and ``env.clip_rewards`` (:mod:`mpper.envs.atari`) on top;
+    every other env (evaluation, videos, ``--evaluate``, ``mpper.load``) plays the game
+    as it is.
 
     ``max_episode_steps`` wraps it in a TimeLimit (a truncation, not a termination).
     ``MinAtar/...`` and ``ALE/...`` ids are registered first (their packages register
@@ -69,6 +75,8 @@ def make_env(config: EnvConfig) -> gym.Env:
         env = gym.wrappers.AtariPreprocessing(env, **{"grayscale_newaxis": True, **config.preprocessing_kwargs})
     if config.preprocessing in ("atari", "channels_first"):
         env = ChannelsFirst(env)
+    if training:
+        env = training_wrappers(env, config.episodic_life, config.clip_rewards)
     return env
 
 
@@ -88,12 +96,13 @@ def _check_screen_size(size) -> None:
                          f"[1, {MAX_SCREEN_SIDE}], got {json.dumps(size)}")  # fmt: skip
 
 
-def make_env_checked(config: EnvConfig) -> gym.Env:
+def make_env_checked(config: EnvConfig, training: bool = False) -> gym.Env:
     """:func:`make_env` for the checks before a run: whatever stops the env from being
-    made (kwargs it rejects, a factory the module lacks, a missing dependency) is a
-    one-line ConfigError naming env.id and env.kwargs instead of a traceback."""
+    made (kwargs it rejects, a factory the module lacks, a missing dependency, a
+    training-only setting the env cannot take) is a one-line ConfigError naming env.id and
+    env.kwargs instead of a traceback."""
     try:
-        return make_env(config)
+        return make_env(config, training)
     except Exception as exc:
         detail = " ".join(str(exc).split()) or "no message"
         raise ConfigError(f"env.id {config.id!r} with env.kwargs {json.dumps(config.kwargs)}: the env cannot be "
@@ -150,8 +159,12 @@ def env_spec(config: EnvConfig) -> EnvSpec:
 
     A two-player env (``env.unwrapped.two_player``) is also checked against the contract
     of :mod:`mpper.envs.two_player` (one reset and one step), so that a broken one stops the
-    run here, with a message naming it, rather than in a worker later.
+    run here, with a message naming it, rather than in a worker later. With training-only
+    settings (``env.episodic_life``, ``env.clip_rewards``) self-play's env is made once too,
+    so that one the env cannot take stops the run here.
     """
+    if config.episodic_life or config.clip_rewards:  # self-play's env must be made too
+        make_env_checked(config, training=True).close()
     env = make_env_checked(config)
     try:
         check_spaces(env.observation_space, env.action_space, f"env {config.id!r}")
