@@ -83,7 +83,8 @@ class EnvConfig:
     # (mpper.envs.spec.make_env(config, training=True); docs/atari.md).
     episodic_life: bool = opt(False, None, "self-play only: a lost life ends the episode as terminal while the game "
                               "goes on (DeepMind's EpisodicLifeEnv; the emulator restarts only at game over); "
-                              "evaluation plays whole games. Needs an Arcade Learning Environment game (ALE/...)")
+                              "evaluation plays whole games; self-play's episodes (episodes.jsonl, "
+                              "runtime.max_episodes) are then lives. Needs an Arcade Learning Environment game")
     clip_rewards: bool = opt(False, None, "self-play only: rewards clipped to their sign (-1, 0, +1) as DQN and "
                              "EfficientZero train on Atari; evaluation reports the game's own score")
 
