@@ -87,6 +87,11 @@ class EnvConfig:
                               "runtime.max_episodes) are then lives. Needs an Arcade Learning Environment game")
     clip_rewards: bool = opt(False, None, "self-play only: rewards clipped to their sign (-1, 0, +1) as DQN and "
                              "EfficientZero train on Atari; evaluation reports the game's own score")
+    training_max_episode_steps: int | None = opt(None, "[1, 1e15]", "self-play only: a game is cut (truncated) "
+                                                 "after this many agent steps (moves, after any frame skip), "
+                                                 "counted over the whole game when env.episodic_life splits it "
+                                                 "into lives (EfficientZero: 3,000, 12,000 frames); null: no cut "
+                                                 "beyond the env's own")
 
 
 @dataclass

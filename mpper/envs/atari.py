@@ -1,6 +1,7 @@
-"""The wrappers that only self-play's envs carry (``env.episodic_life``, ``env.clip_rewards``):
-DeepMind's training conventions for Atari, which the Atari 100k protocol (EfficientZero's
-``core/utils.py``) keeps. Evaluation plays the game as it is.
+"""Two wrappers that only self-play's envs carry (``env.episodic_life``, ``env.clip_rewards``;
+:func:`mpper.envs.spec.make_env` with ``training=True``): DeepMind's training conventions
+for Atari, which the Atari 100k protocol (EfficientZero's ``core/utils.py``) keeps.
+Evaluation plays the game as it is.
 """
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ from __future__ import annotations
 import gymnasium as gym
 import numpy as np
 
-__all__ = ["EpisodicLife", "SignReward", "training_wrappers"]
+__all__ = ["EpisodicLife", "SignReward"]
 
 # The action an EpisodicLife reset takes to step past a lost life; the Arcade Learning
 # Environment numbers NOOP 0 in every game's minimal and full action sets.
@@ -70,13 +71,3 @@ class SignReward(gym.RewardWrapper):
 
     def reward(self, reward):
         return float(np.sign(reward))
-
-
-def training_wrappers(env: gym.Env, episodic_life: bool, clip_rewards: bool) -> gym.Env:
-    """``env`` with the training-only wrappers its config asks for: :class:`EpisodicLife`
-    (``env.episodic_life``) inside :class:`SignReward` (``env.clip_rewards``)."""
-    if episodic_life:
-        env = EpisodicLife(env)
-    if clip_rewards:
-        env = SignReward(env)
-    return env

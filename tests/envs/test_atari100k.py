@@ -151,6 +151,35 @@ def test_the_frame_limit_counts_whole_games_across_lives():
     assert frame_number(env) <= 30 and env.unwrapped.ale.lives() == 5
 
 
+def test_training_games_are_cut_at_their_move_limit_counted_over_lives():
+    """env.training_max_episode_steps (3,000 in the protocol; 80 here) counts a whole game's
+    moves, the no-op of each lost life's reset included: the training episodes of one game
+    add up to 80 moves, the last truncated as a game over; the evaluation env, driven by
+    the same actions, plays on."""
+    config = config_for("atari100k_breakout", "env.training_max_episode_steps=80")
+    env, plain = make_env(config.env, training=True), make_env(config.env)
+    env.reset(seed=3)
+    plain.reset(seed=3)
+    rng = np.random.default_rng(5)
+    episodes, moves = [], 0
+    while True:
+        action = int(rng.integers(4))
+        _, _, terminated, truncated, info = env.step(action)
+        assert not any(plain.step(action)[2:4])
+        moves += 1
+        if terminated or truncated:
+            episodes.append((terminated, truncated, info["game_over"]))
+            if info["game_over"]:
+                break
+            env.reset()
+            moves += 1  # the reset's no-op
+            assert not any(plain.step(NOOP)[2:4])
+    assert moves == 80 and len(episodes) >= 2 and episodes[-1] == (False, True, True)
+    assert all(e == (True, False, False) for e in episodes[:-1])
+    env.reset()
+    assert env.unwrapped.ale.lives() == 5 and frame_number(env) <= 30
+
+
 def test_a_seeded_reset_starts_a_new_game_even_after_a_lost_life():
     env = make_env(config_for("atari100k_breakout").env, training=True)
     first, _ = env.reset(seed=11)
@@ -189,9 +218,9 @@ def test_only_selfplay_envs_carry_the_training_only_settings():
     selfplay = selfplay_envs(config, "worker-0", 2)
     evaluation = evaluation_envs(config, "evaluator", 2)
     for env in selfplay:
-        assert {EpisodicLife, SignReward} <= set(wrappers(env))
+        assert {EpisodicLife, SignReward, gym.wrappers.TimeLimit} <= set(wrappers(env))
     for env in [*evaluation, make_env(config.env)]:
-        assert not {EpisodicLife, SignReward} & set(wrappers(env))
+        assert not {EpisodicLife, SignReward, gym.wrappers.TimeLimit} & set(wrappers(env))
     # an evaluation env plays through a lost life: not terminated until the game is over
     env = evaluation[0]
     env.reset(seed=5)
@@ -204,7 +233,8 @@ def test_only_selfplay_envs_carry_the_training_only_settings():
     assert lives == 4
     # configs without the keys: self-play's env is the plain one
     plain = config_for("atari_pong")
-    assert not plain.env.episodic_life and not plain.env.clip_rewards
+    assert not plain.env.episodic_life and not plain.env.clip_rewards and plain.env.training_max_episode_steps is None
+    assert env_spec(plain.env).max_episode_steps is None  # Atari's own limit counts frames
     assert not {EpisodicLife, SignReward} & set(wrappers(selfplay_envs(plain, "worker-0", 1)[0]))
 
 
@@ -221,6 +251,7 @@ def test_each_atari100k_config_builds_its_env_and_network(name):
     assert spec.num_actions == GAMES[name]
     assert config.env.episodic_life and config.env.clip_rewards
     assert config.muzero.stacked_observations == 3 and config.mcts.num_simulations == 50
+    assert spec.max_episode_steps == 3000  # self-play's games (the ring holds them whole)
     assert config.training.env_steps == 100_000 and config.training.batch_size == 256
     network = algorithm_of(config).make_network(config, spec.observation_shape, spec.num_actions)
     assert network.observation_shape == (3 + 3 * 4, 96, 96)
