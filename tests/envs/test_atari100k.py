@@ -338,9 +338,10 @@ def test_the_learning_rate_warms_up_then_decays_in_steps_as_efficientzero():
 @pytest.mark.slow
 @pytest.mark.timeout(420)
 def test_a_short_atari100k_pong_run_ends_cleanly(tmp_path):
-    """configs/atari100k_pong.json with a tiny network, 2 simulations and games cut at 2,000
-    frames (500 moves), one self-play worker process: the run trains on the stored 96 x 96
-    RGB frames and stops cleanly at its last training step."""
+    """configs/atari100k_pong.json with a tiny network, 2 simulations and self-play games cut
+    at 500 moves, one self-play worker process: the run trains on the stored 96 x 96 RGB
+    frames and stops cleanly at its last training step. Its training move limit is the
+    longest episode the ring must hold (3,000 moves: more than this ring's 2,000 rows)."""
     run_dir = tmp_path / "run"
     sets = ["network.encoding_size=8", "network.hidden=[8]", "network.reduced_channels=2",
             "network.projection_size=16", "network.support_size=10", "mcts.num_simulations=2",
@@ -348,11 +349,17 @@ def test_a_short_atari100k_pong_run_ends_cleanly(tmp_path):
             "training.samples_per_insert=16", "training.env_steps=20000", "training.lr_warmup_steps=2",
             "replay.capacity=2000", "runtime.envs_per_worker=2", "runtime.evaluation_episodes=1",
             "runtime.evaluation_interval_s=1000", "runtime.checkpoint_interval_s=1000",
-            'env.kwargs={"repeat_action_probability": 0.0, "max_num_frames_per_episode": 2000}']  # fmt: skip
+            "env.training_max_episode_steps=500"]  # fmt: skip
     args = [sys.executable, "run.py", "--config", "configs/atari100k_pong.json", "--workers", "1", "--device", "cpu",
             "--run-dir", str(run_dir), "--max-train-steps", "4", "--time-limit", "360", *[a for s in sets for a in ("--set", s)]]  # fmt: skip
     proc = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    # the protocol's own limit, 3,000 moves, does not fit this ring: refused before anything starts
+    refused = [*args, "--set", "env.training_max_episode_steps=3000", "--run-dir", str(tmp_path / "refused")]
+    too_long = subprocess.run(refused, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert too_long.returncode == 2 and not (tmp_path / "refused").exists()
+    assert ("an episode of env.id 'ALE/Pong-v5' can last 3,000 moves, stored as 3,001 rows, but replay.capacity is "
+            "2,000: raise replay.capacity, or lower env.training_max_episode_steps") in too_long.stderr
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert records[-1]["learner"]["training_step"] == 4 and records[-1]["env_steps"] >= 100
     config = load_config(run_dir / "config.json")
