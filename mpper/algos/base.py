@@ -24,6 +24,7 @@ the shared parts of trainers, networks and players.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -271,10 +272,19 @@ class Trainer(Generic[C]):
     def learning_rate(self, step: int | None = None) -> float:
         """``lr_init * lr_decay_rate ** (step / lr_decay_steps)`` (muzero-general's
         ``update_lr``), for ``step`` completed updates (default: now), times
-        ``lr_drop_factor`` from the step :meth:`drop_learning_rate` was called on."""
+        ``lr_drop_factor`` from the step :meth:`drop_learning_rate` was called on.
+
+        With ``lr_warmup_steps`` W, update ``step + 1`` of the first W runs at
+        ``lr_init * (step + 1) / W`` and the decay counts from W (EfficientZero's
+        ``adjust_lr``, whose first update runs at 0); with ``lr_decay_staircase`` the
+        exponent is whole: ``floor((step - W) / lr_decay_steps)``."""
         t = self.train_config
         step = self.training_step if step is None else step
-        lr = t.lr_init * t.lr_decay_rate ** (step / t.lr_decay_steps)
+        if step < t.lr_warmup_steps:
+            lr = t.lr_init * (step + 1) / t.lr_warmup_steps
+        else:
+            decays = (step - t.lr_warmup_steps) / t.lr_decay_steps
+            lr = t.lr_init * t.lr_decay_rate ** (math.floor(decays) if t.lr_decay_staircase else decays)
         if self.lr_drop_step is not None and step >= self.lr_drop_step:
             lr *= t.lr_drop_factor
         return lr

@@ -78,7 +78,20 @@ class EnvConfig:
                              "frame skip 4 with max-pooling, grayscale, 84 x 84) on an env made with frameskip 1, "
                              "then (1, H, W); none: the env as made")
     preprocessing_kwargs: dict = opt({}, None, "atari: keyword arguments of AtariPreprocessing (screen_size, "
-                                     "terminal_on_life_loss, noop_max, frame_skip, ...)")
+                                     "grayscale_obs, noop_max, frame_skip, ...)")
+    # Training-only settings: self-play's envs carry them, evaluation's never do
+    # (mpper.envs.spec.make_env(config, training=True); docs/atari.md).
+    episodic_life: bool = opt(False, None, "self-play only: a lost life ends the episode as terminal while the game "
+                              "goes on (DeepMind's EpisodicLifeEnv; the emulator restarts only at game over); "
+                              "evaluation plays whole games; self-play's episodes (episodes.jsonl, "
+                              "runtime.max_episodes) are then lives. Needs an Arcade Learning Environment game")
+    clip_rewards: bool = opt(False, None, "self-play only: rewards clipped to their sign (-1, 0, +1) as DQN and "
+                             "EfficientZero train on Atari; evaluation reports the game's own score")
+    training_max_episode_steps: int | None = opt(None, "[1, 1e15]", "self-play only: a game is cut (truncated) "
+                                                 "after this many agent steps (moves, after any frame skip), "
+                                                 "counted over the whole game when env.episodic_life splits it "
+                                                 "into lives (EfficientZero: 3,000, 12,000 frames); null: no cut "
+                                                 "beyond the env's own")
 
 
 @dataclass
@@ -121,6 +134,11 @@ class TrainingConfig:
     lr_init: float = opt(0.02, "> 0", "initial learning rate")
     lr_decay_rate: float = opt(0.8, "(0, 1]", "exponential: lr = lr_init * rate ** (step / lr_decay_steps); 1: constant")
     lr_decay_steps: int = opt(1000, "[1, 1e15]", "training steps per factor lr_decay_rate")
+    lr_decay_staircase: bool = opt(False, None, "decay in whole steps: lr_init * rate ** floor(step / "
+                                   "lr_decay_steps), as EfficientZero; false: smoothly (muzero-general)")
+    lr_warmup_steps: int = opt(0, "[0, 1e15]", "the first N updates raise the learning rate linearly from "
+                               "lr_init / N to lr_init (EfficientZero's lr_warm_up), the decay counting from N on; "
+                               "0: off")
     lr_drop_return: float | None = opt(None, None, "once an evaluation's mean greedy return reaches this, the "
                                        "learning rate is multiplied by lr_drop_factor for the rest of the run (kept in "
                                        "checkpoint.pt), so that weights that solve the env settle there instead of "

@@ -13,11 +13,12 @@ import numpy as np
 from ..config import Config, ConfigError, EnvConfig
 from ..env_ids import env_id_form, search_current_directory
 from ..extras import register_env_family
+from .atari import EpisodicLife, SignReward
 from .symmetry import env_symmetries
 from .two_player import check_two_player_env, is_two_player
 
-__all__ = ["SUPPORTED_SPACES", "ChannelsFirst", "EnvSpec", "check_spaces", "config_symmetries", "env_spec", "make_env",
-           "make_env_checked"]
+__all__ = ["SUPPORTED_SPACES", "ChannelsFirst", "EnvSpec", "check_spaces", "config_symmetries", "env_spec",
+           "has_training_settings", "make_env", "make_env_checked", "training_wrappers"]
 
 
 class ChannelsFirst(gym.ObservationWrapper):
@@ -36,9 +37,13 @@ class ChannelsFirst(gym.ObservationWrapper):
         return np.moveaxis(observation, -1, 0)
 
 
-def make_env(config: EnvConfig) -> gym.Env:
+def make_env(config: EnvConfig, training: bool = False) -> gym.Env:
     """A gymnasium env from a registered id, a ``"module:callable"`` factory or gymnasium's
     ``"module:EnvId-v0"`` (:mod:`mpper.env_ids`), with the ``env.preprocessing`` wrappers.
+
+    ``training=True`` (self-play's envs, and only theirs) adds the training-only settings
+    on top (:func:`training_wrappers`); every other env (evaluation, videos,
+    ``--evaluate``, ``mpper.load``) plays the game as it is.
 
     ``max_episode_steps`` wraps it in a TimeLimit (a truncation, not a termination).
     ``MinAtar/...`` and ``ALE/...`` ids are registered first (their packages register
@@ -69,7 +74,28 @@ def make_env(config: EnvConfig) -> gym.Env:
         env = gym.wrappers.AtariPreprocessing(env, **{"grayscale_newaxis": True, **config.preprocessing_kwargs})
     if config.preprocessing in ("atari", "channels_first"):
         env = ChannelsFirst(env)
+    if training:
+        env = training_wrappers(env, config)
     return env
+
+
+def training_wrappers(env: gym.Env, config: EnvConfig) -> gym.Env:
+    """``env`` with the training-only settings of ``config``, innermost first: a TimeLimit of
+    ``env.training_max_episode_steps`` moves, :class:`~mpper.envs.atari.EpisodicLife`
+    (``env.episodic_life``) over it, so that the limit counts whole games, not lives, and
+    :class:`~mpper.envs.atari.SignReward` (``env.clip_rewards``)."""
+    if config.training_max_episode_steps is not None:
+        env = gym.wrappers.TimeLimit(env, config.training_max_episode_steps)
+    if config.episodic_life:
+        env = EpisodicLife(env)
+    if config.clip_rewards:
+        env = SignReward(env)
+    return env
+
+
+def has_training_settings(config: EnvConfig) -> bool:
+    """Whether self-play's env differs from the game as it is (:func:`training_wrappers`)."""
+    return config.episodic_life or config.clip_rewards or config.training_max_episode_steps is not None
 
 
 # AtariPreprocessing allocates its frame buffers at the screen size as it is built: a side
@@ -88,12 +114,13 @@ def _check_screen_size(size) -> None:
                          f"[1, {MAX_SCREEN_SIDE}], got {json.dumps(size)}")  # fmt: skip
 
 
-def make_env_checked(config: EnvConfig) -> gym.Env:
+def make_env_checked(config: EnvConfig, training: bool = False) -> gym.Env:
     """:func:`make_env` for the checks before a run: whatever stops the env from being
-    made (kwargs it rejects, a factory the module lacks, a missing dependency) is a
-    one-line ConfigError naming env.id and env.kwargs instead of a traceback."""
+    made (kwargs it rejects, a factory the module lacks, a missing dependency, a
+    training-only setting the env cannot take) is a one-line ConfigError naming env.id and
+    env.kwargs instead of a traceback."""
     try:
-        return make_env(config)
+        return make_env(config, training)
     except Exception as exc:
         detail = " ".join(str(exc).split()) or "no message"
         raise ConfigError(f"env.id {config.id!r} with env.kwargs {json.dumps(config.kwargs)}: the env cannot be "
@@ -140,8 +167,9 @@ class EnvSpec:
     observation_dtype: np.dtype
     num_actions: int
     two_player: bool = False  # env.unwrapped.two_player (checked against the contract)
-    # the most moves an episode can last (env.max_episode_steps, or the id's registered
-    # limit); None when unknown: no limit, or one counted in frames under frame skipping
+    # the most moves a self-play episode can last (env.max_episode_steps, or the id's
+    # registered limit, at most env.training_max_episode_steps); None when unknown: no
+    # limit, or one counted in frames under frame skipping
     max_episode_steps: int | None = None
 
 
@@ -150,8 +178,12 @@ def env_spec(config: EnvConfig) -> EnvSpec:
 
     A two-player env (``env.unwrapped.two_player``) is also checked against the contract
     of :mod:`mpper.envs.two_player` (one reset and one step), so that a broken one stops the
-    run here, with a message naming it, rather than in a worker later.
+    run here, with a message naming it, rather than in a worker later. With training-only
+    settings (:func:`training_wrappers`) self-play's env is made once too, so that one the
+    env cannot take stops the run here.
     """
+    if has_training_settings(config):  # self-play's env must be made too
+        make_env_checked(config, training=True).close()
     env = make_env_checked(config)
     try:
         check_spaces(env.observation_space, env.action_space, f"env {config.id!r}")
@@ -165,15 +197,19 @@ def env_spec(config: EnvConfig) -> EnvSpec:
 
 
 def _move_limit(env: gym.Env, config: EnvConfig) -> int | None:
-    """The most moves an episode of ``env`` lasts: ``env.max_episode_steps``, else the limit
-    its gymnasium id registers; None when it has none, and under ``"atari"`` preprocessing,
-    whose time limit counts emulator frames, not the agent's moves."""
+    """The most moves a stored (self-play) episode of ``env`` lasts: ``env.max_episode_steps``,
+    else the limit its gymnasium id registers, and at most ``env.training_max_episode_steps``;
+    None when it has none, and under ``"atari"`` preprocessing, whose time limit counts
+    emulator frames, not the agent's moves, unless ``env.training_max_episode_steps`` is set."""
+    cap = config.training_max_episode_steps
     if config.preprocessing == "atari":
-        return None
+        return cap
     if config.max_episode_steps is not None:
-        return config.max_episode_steps
-    limit = env.spec.max_episode_steps if env.spec is not None else None
-    return int(limit) if limit is not None else None
+        limit: int | None = config.max_episode_steps
+    else:
+        registered = env.spec.max_episode_steps if env.spec is not None else None
+        limit = int(registered) if registered is not None else None
+    return cap if limit is None else limit if cap is None else min(limit, cap)
 
 
 def config_symmetries(config: Config) -> np.ndarray:

@@ -30,7 +30,7 @@ from ..replay.buffer import ReplayBuffer
 from .inference import InferenceHandle, InferenceSlots, InferenceStopped, SearchInterrupted, ServedWeights
 from .procs import child_process
 from .rate import RateLimiter
-from .roles import BufferSink, Evaluation, LatestWeights, Learner, SelfPlay, labelled_envs
+from .roles import BufferSink, Evaluation, LatestWeights, Learner, SelfPlay, evaluation_envs, selfplay_envs
 from .run import selfplay_over
 from .setup import RunSetup
 
@@ -52,7 +52,7 @@ def run_selfplay(setup: RunSetup, worker_id: int, buffer_handle, weight_handle, 
         if config.runtime.selfplay_niceness:
             os.nice(config.runtime.selfplay_niceness)
         torch.manual_seed(seed)
-        envs = labelled_envs(config, name, config.runtime.envs_per_worker)
+        envs = selfplay_envs(config, name, config.runtime.envs_per_worker)
         slots = InferenceSlots.attach(inference_handle) if inference_handle is not None else None
         try:
             weights = LatestWeights(setup, store) if slots is None else ServedWeights(slots, worker_id, stop)
@@ -230,7 +230,7 @@ def run_evaluator(setup: RunSetup, weight_handle, stop, reports) -> None:
         weights = LatestWeights(setup, store)
         if not weights.wait_first(stop):
             return
-        evaluation = Evaluation(setup, store, labelled_envs(config, name, config.runtime.evaluation_episodes))
+        evaluation = Evaluation(setup, store, evaluation_envs(config, name, config.runtime.evaluation_episodes))
         while not stop.is_set():
             started = time.monotonic()
             weights.refresh()

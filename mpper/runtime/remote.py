@@ -52,7 +52,7 @@ from ..extras import require
 from ..replay.buffer import BufferHandle, ReplayBuffer
 from .procs import child_init
 from .rate import RateLimiter
-from .roles import BufferSink, SelfPlay, StoredEpisode, labelled_envs
+from .roles import BufferSink, SelfPlay, StoredEpisode, selfplay_envs
 from .setup import RunSetup
 
 ray = require("ray", "Ray", "ray", "runtime.ray_address (--ray)")
@@ -233,7 +233,7 @@ class SelfPlayActor:
         child_init(setup.config.runtime.torch_threads)
         torch.manual_seed(seed)
         self.name, self.setup, self.seed, self.worker_id, self.ingest = name, setup, seed, worker_id, ingest
-        self.envs = labelled_envs(setup.config, name, setup.config.runtime.envs_per_worker)
+        self.envs = selfplay_envs(setup.config, name, setup.config.runtime.envs_per_worker)
         self.weights = OfferedWeights(setup)
         self._stop = threading.Event()
         self._in_flight = None

@@ -106,9 +106,11 @@ def check_fits(config: Config, spec: EnvSpec) -> None:
     if spec.max_episode_steps is not None:
         moves = algorithm_of(config).stored_moves(config, spec.max_episode_steps)
         if moves + 1 > config.replay.capacity:
+            limit = "env.training_max_episode_steps" if config.env.training_max_episode_steps is not None \
+                else "env.max_episode_steps"  # fmt: skip
             raise ConfigError(f"an episode of env.id {config.env.id!r} can last {spec.max_episode_steps:,} moves, "
                               f"stored as {moves + 1:,} rows, but replay.capacity is {config.replay.capacity:,}: "
-                              f"raise replay.capacity, or lower env.max_episode_steps")  # fmt: skip
+                              f"raise replay.capacity, or lower {limit}")  # fmt: skip
     size = run_size(config, spec)
     try:
         shm.check_room(size.buffer, f"a replay buffer of {config.replay.capacity} steps")

@@ -41,7 +41,7 @@ from .setup import RunSetup
 from .weights import WeightStore
 
 __all__ = ["BufferSink", "EnvError", "Evaluation", "LabelledEnv", "LatestWeights", "Learner", "SelfPlay",
-           "StoredEpisode", "beta_schedule", "labelled_envs", "pick_device"]  # fmt: skip
+           "StoredEpisode", "beta_schedule", "evaluation_envs", "pick_device", "selfplay_envs"]  # fmt: skip
 
 
 # ---- envs and weights, as every acting role sees them ------------------------------------
@@ -75,7 +75,16 @@ class LabelledEnv(gym.Wrapper):
             raise EnvError(f"{self.where}: reset raised {type(exc).__name__}: {exc}") from exc
 
 
-def labelled_envs(config, process: str, count: int) -> list[gym.Env]:
+def selfplay_envs(config, process: str, count: int) -> list[gym.Env]:
+    """The ``count`` envs one self-play process steps, labelled: the training envs, with the
+    training-only settings (``env.episodic_life``, ``env.clip_rewards``)."""
+    return [LabelledEnv(make_env(config.env, training=True), f"{process} env {k} ({config.env.id})")
+            for k in range(count)]  # fmt: skip
+
+
+def evaluation_envs(config, process: str, count: int) -> list[gym.Env]:
+    """The ``count`` envs the evaluator plays, labelled: the game as it is, without the
+    training-only settings (whole games, the game's own score)."""
     return [LabelledEnv(make_env(config.env), f"{process} env {k} ({config.env.id})") for k in range(count)]
 
 
@@ -343,7 +352,7 @@ class Evaluation:
         None if ``stop`` was set first."""
         count = self.config.runtime.final_evaluation_episodes
         assert count is not None
-        envs = labelled_envs(self.config, "final-evaluation", count)
+        envs = evaluation_envs(self.config, "final-evaluation", count)
         try:
             evaluation = evaluate(self.config, network, self.setup.seeds.final_evaluation(), stop, envs, episodes=count)
         finally:

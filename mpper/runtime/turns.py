@@ -39,7 +39,7 @@ from ..replay.buffer import ReplayBuffer
 from .procs import ForcedStop, StopRequests, StopSignal, child_process, process_context
 from .progress import ProgressFigures, ProgressLine
 from .rate import RateLimiter
-from .roles import BufferSink, Evaluation, LatestWeights, Learner, SelfPlay, StoredEpisode, labelled_envs
+from .roles import BufferSink, Evaluation, LatestWeights, Learner, SelfPlay, StoredEpisode, selfplay_envs
 from .run import Run, end_text, selfplay_over, start_buffer
 from .setup import RunSetup
 from .weights import WeightStore
@@ -58,7 +58,7 @@ def stream_name(setup: RunSetup, stream: int) -> str:
 def _streams(setup: RunSetup, ids: list[int], weights) -> list[SelfPlay]:
     config = setup.config
     k = config.runtime.envs_per_worker
-    return [SelfPlay(setup, stream_name(setup, s), labelled_envs(config, stream_name(setup, s), k), weights,
+    return [SelfPlay(setup, stream_name(setup, s), selfplay_envs(config, stream_name(setup, s), k), weights,
                      setup.seeds.worker(s), worker_id=s) for s in ids]  # fmt: skip
 
 
