@@ -105,12 +105,15 @@ class ServedOutput(NamedTuple):
 
 def serves_selfplay(setup: RunSetup) -> bool:
     """Whether this run's self-play workers use the inference server (``runtime.selfplay_inference``):
-    "server": yes; "worker": no; "auto": when the algorithm's network can be served (MuZero),
+    "server": yes; "worker": no; "auto": when the algorithm's network can be served (MuZero without
+    ``muzero.value_prefix``),
     the learner's device resolves to CUDA, and the run has local worker processes. Only
     free-running runs with local workers can (the config's rules refuse "server" elsewhere)."""
     rt = setup.config.runtime
     local_workers = rt.workers > 0 and not rt.lockstep and rt.ray_address is None and setup.selfplay
-    if not local_workers or setup.algorithm.search_nodes is None or rt.selfplay_inference == "worker":
+    search_nodes = setup.algorithm.search_nodes
+    servable = search_nodes is not None and search_nodes(setup.config) is not None
+    if not local_workers or not servable or rt.selfplay_inference == "worker":
         return False
     if rt.selfplay_inference == "server":
         return True
@@ -182,11 +185,11 @@ class InferenceSlots(shm_mod.SharedObject):
         """The slots of a run: one per worker, requests of ``runtime.envs_per_worker`` rows,
         room for the hidden states of one search per slot."""
         network, rt = setup.make_network(), setup.config.runtime
-        search_nodes = setup.algorithm.search_nodes
-        if search_nodes is None:
+        nodes = None if setup.algorithm.search_nodes is None else setup.algorithm.search_nodes(setup.config)
+        if nodes is None:
             raise ValueError(f"{setup.algorithm.name}'s self-play network cannot be served by the inference process")
         return cls.create(ctx, rt.workers, rt.envs_per_worker, network.observation_shape, network.full_support_size,
-                          network.num_actions, rt.envs_per_worker * search_nodes(setup.config))  # fmt: skip
+                          network.num_actions, rt.envs_per_worker * nodes)  # fmt: skip
 
     @classmethod
     def attach(cls, handle: InferenceHandle) -> "InferenceSlots":

@@ -12,7 +12,7 @@ from ...envs.symmetry import SymmetryAugmented
 from ..base import Algorithm
 from .arena import evaluate_against_opponents
 from .config import MuZeroRunConfig
-from .networks import MuZeroNetwork, make_network, stacked_shape
+from .networks import MuZeroNetwork, lstm_horizon, make_network, stacked_shape
 from .player import BatchedPlayer
 from .reanalyse import Reanalyser
 from .snapshot_eval import evaluate_muzero
@@ -24,8 +24,9 @@ __all__ = ["ALGORITHM"]
 
 def make_model(config: MuZeroRunConfig, observation_shape: tuple[int, ...], num_actions: int) -> MuZeroNetwork:
     """The MuZero network of ``config.network``, over ``muzero.stacked_observations``
-    stacked observations."""
-    return make_network(config.network, observation_shape, num_actions, config.muzero.stacked_observations)
+    stacked observations (with ``muzero.value_prefix``, the value prefix's LSTM)."""
+    return make_network(config.network, observation_shape, num_actions, config.muzero.stacked_observations,
+                        lstm_horizon(config.muzero))  # fmt: skip
 
 
 def make_player(config: MuZeroRunConfig, envs: list, network, explore: bool, seed: int,
@@ -42,7 +43,7 @@ def make_targets(config: MuZeroRunConfig, num_actions: int):
     targets = MuZeroTargets(
         num_unroll_steps=t.num_unroll_steps, td_steps=t.td_steps, discount=config.mcts.discount,
         num_actions=num_actions, stacked_observations=t.stacked_observations,
-        next_observations=t.consistency_loss_weight > 0,
+        next_observations=t.consistency_loss_weight > 0, value_prefix_horizon=lstm_horizon(t),
     )  # fmt: skip
     if t.symmetry_augmentation:
         return SymmetryAugmented(targets, config_symmetries(config))
@@ -82,6 +83,10 @@ ALGORITHM = Algorithm[MuZeroRunConfig](
     player_bytes=search_tree_bytes,
     play_against=evaluate_against_opponents,
     stored_moves=lambda config, moves: min(moves, config.muzero.game_segment_length or moves),
-    search_nodes=lambda config: config.mcts.num_simulations + 1,
+    # the server keeps hidden states, not the value prefix's LSTM states
+    search_nodes=lambda config: None if config.muzero.value_prefix else config.mcts.num_simulations + 1,
+    # a value prefix sums the rewards of both players, whose signs the search flips ply by ply
+    two_player_refusal=lambda config: ("muzero.value_prefix is for one-player envs (the prefix would sum both "
+                                       "players' rewards)") if config.muzero.value_prefix else None,
     description="MuZero: learned model, batched MCTS, reanalyse",
 )
