@@ -426,10 +426,11 @@ def test_cartpole_trains_and_evaluates_with_a_value_prefix(tmp_path):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert records[-1]["event"] == "end" and records[-1]["learner"]["training_step"] == 40
-    losses = [r["reward_loss"] for r in records if r.get("event") == "train_step"] or [
-        r["learner"]["reward_loss"] for r in records if "reward_loss" in r.get("learner", {})]
+    losses = [r["learner"]["reward_loss"] for r in records if "reward_loss" in (r["learner"] or {})]
     assert losses and all(math.isfinite(x) for x in losses)
-    assert any("evaluation" in r or r.get("event") == "evaluation" for r in records)
+    evaluations = [r["evaluation"] for r in records if r["event"] == "evaluation"]
+    assert evaluations and all(math.isfinite(e["mean_return"]) for e in evaluations)
+    assert records[-1]["reanalyse"]["searched_episodes"] > 0  # the reanalyser's searches ran too
     ckpt = torch.load(run_dir / "checkpoint.pt", weights_only=True)
     config = load_config(run_dir / "config.json")
     assert config.muzero.value_prefix
