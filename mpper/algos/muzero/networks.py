@@ -22,7 +22,8 @@ reward head reads, whose output goes through the head's MLP to the support of th
 the rewards since the last reset. Its state (h, c) starts at zero at the root and again
 after every ``lstm_horizon_len`` dynamics steps, in the training unroll and in the search
 (``tree.py`` turns prefixes back into rewards). ``recurrent_inference`` then takes the
-parent's LSTM state and returns the new one in ``NetworkOutput.reward_state``.
+parent's LSTM state and returns a ``PrefixOutput``: the four fields of a
+``NetworkOutput`` (the reward logits the prefix's), then the new LSTM state.
 
 Shapes: B is the batch, S the support size (``2S+1`` bins), A the number of actions.
 Hidden states are min-max scaled to [0, 1] per sample (per sample and channel for the
@@ -47,6 +48,7 @@ __all__ = [
     "FullyConnectedNetwork",
     "MuZeroNetwork",
     "NetworkOutput",
+    "PrefixOutput",
     "ResidualNetwork",
     "h",
     "h_inv",
@@ -149,12 +151,19 @@ class Unrolled(NamedTuple):
 
 class NetworkOutput(NamedTuple):
     value_logits: torch.Tensor  # (B, 2S+1)
-    reward_logits: torch.Tensor  # (B, 2S+1): the reward, or with a value prefix the prefix
+    reward_logits: torch.Tensor  # (B, 2S+1)
     policy_logits: torch.Tensor  # (B, A)
     hidden_state: torch.Tensor  # (B, *hidden_shape), min-max scaled to [0, 1]
-    # (B, 2, lstm_hidden_size): the value prefix's LSTM state (h, c) after this step (zeros
-    # from the initial inference); None without a value prefix
-    reward_state: torch.Tensor | None = None
+
+
+class PrefixOutput(NamedTuple):
+    """What a network with a value prefix returns: ``NetworkOutput``'s fields, then its LSTM state."""
+
+    value_logits: torch.Tensor  # (B, 2S+1)
+    reward_logits: torch.Tensor  # (B, 2S+1): the value prefix (0 from the initial inference)
+    policy_logits: torch.Tensor  # (B, A)
+    hidden_state: torch.Tensor  # (B, *hidden_shape), min-max scaled to [0, 1]
+    reward_state: torch.Tensor  # (B, 2, lstm_hidden_size): the LSTM's (h, c) after this step (zeros at the root)
 
 
 def min_max_scale(x: torch.Tensor, start_dim: int) -> torch.Tensor:
@@ -299,9 +308,10 @@ class MuZeroNetwork(FlatWeights, nn.Module):
         raise NotImplementedError
 
     # Inference ------------------------------------------------------------------------
-    def initial_inference(self, observation: torch.Tensor) -> NetworkOutput:
-        """Observations (B, *observation_shape) float32 -> NetworkOutput; the reward is
-        the support of 0 (nothing was received before the first observation)."""
+    def initial_inference(self, observation: torch.Tensor) -> NetworkOutput | PrefixOutput:
+        """Observations (B, *observation_shape) float32 -> NetworkOutput (PrefixOutput with
+        a value prefix, its LSTM state zeros); the reward is the support of 0 (nothing was
+        received before the first observation)."""
         hidden_state = self.representation(observation)
         policy_logits, value_logits = self.prediction(hidden_state)
         zero = self._zero_reward_logits
@@ -311,17 +321,17 @@ class MuZeroNetwork(FlatWeights, nn.Module):
         if self.lstm_horizon_len is None:
             return NetworkOutput(value_logits, reward_logits, policy_logits, hidden_state)
         reward_state = self.zero_reward_state(observation.shape[0], value_logits)
-        return NetworkOutput(value_logits, reward_logits, policy_logits, hidden_state, reward_state)
+        return PrefixOutput(value_logits, reward_logits, policy_logits, hidden_state, reward_state)
 
     def recurrent_inference(self, hidden_state: torch.Tensor, action: torch.Tensor,
-                            reward_state: torch.Tensor | None = None) -> NetworkOutput:  # fmt: skip
+                            reward_state: torch.Tensor | None = None) -> NetworkOutput | PrefixOutput:  # fmt: skip
         """Hidden states (B, *hidden_shape) and actions LongTensor (B,) -> NetworkOutput
         for the next hidden state, with the reward of taking ``action``.
 
         With a value prefix: ``reward_state`` (B, 2, lstm_hidden_size) is the parent's LSTM
         state (None: zeros, a reset; the caller resets it every ``lstm_horizon_len``
-        steps), the reward logits are the value prefix's and the output carries the new
-        LSTM state. Without one, ``reward_state`` is ignored."""
+        steps); a PrefixOutput, whose reward logits are the value prefix's and which carries
+        the new LSTM state. Without one, ``reward_state`` is ignored."""
         if self.lstm_horizon_len is None:
             next_hidden, reward_logits = self.dynamics(hidden_state, action)
             policy_logits, value_logits = self.prediction(next_hidden)
@@ -333,7 +343,7 @@ class MuZeroNetwork(FlatWeights, nn.Module):
         next_hidden = self._scale(next_state)
         policy_logits, value_logits = self.prediction(next_hidden)
         reward_logits = self.dynamics_reward_network(reward_state[:, 0])
-        return NetworkOutput(value_logits, reward_logits, policy_logits, next_hidden, reward_state)
+        return PrefixOutput(value_logits, reward_logits, policy_logits, next_hidden, reward_state)
 
     def unroll(self, observation: torch.Tensor, actions: torch.Tensor, between_steps: float = 0.5) -> Unrolled:
         """The training unroll: the initial inference on ``observation`` (B, *obs), then K
@@ -350,13 +360,13 @@ class MuZeroNetwork(FlatWeights, nn.Module):
         values, rewards, policies = [out.value_logits], [], [out.policy_logits]
         hidden = out.hidden_state
         hiddens = [hidden]
-        reward_state = out.reward_state
+        reward_state = None  # zeros
         for k in range(actions.shape[1]):
             out = self.recurrent_inference(hidden if k == 0 else scale_gradient(hidden, between_steps), actions[:, k],
                                            reward_state)  # fmt: skip
-            reward_state = out.reward_state
-            if self.lstm_horizon_len is not None and (k + 1) % self.lstm_horizon_len == 0:
-                reward_state = None  # zeros
+            reward_state = None  # zeros: no value prefix, or a reset after this step
+            if isinstance(out, PrefixOutput) and (k + 1) % cast(int, self.lstm_horizon_len) != 0:
+                reward_state = out.reward_state
             hidden = out.hidden_state
             hiddens.append(hidden)
             values.append(out.value_logits)
@@ -604,14 +614,13 @@ def make_network(
     the value prefix of ``network.lstm_hidden_size`` (see the module docstring)."""
     input_shape = stacked_shape(tuple(observation_shape), stacked_observations)
     network: MuZeroNetwork
-    lstm = {"lstm_horizon_len": lstm_horizon_len, "lstm_hidden_size": config.lstm_hidden_size}
     if config.kind == "fc":
         network = FullyConnectedNetwork(input_shape, num_actions, config.support_size, config.encoding_size,
-                                        list(config.hidden), **lstm)  # fmt: skip
+                                        list(config.hidden), lstm_horizon_len, config.lstm_hidden_size)  # fmt: skip
     elif config.kind == "residual":
         network = ResidualNetwork(
             input_shape, num_actions, config.support_size, config.encoding_size, list(config.hidden),
-            config.blocks, config.reduced_channels, config.downsample, **lstm,
+            config.blocks, config.reduced_channels, config.downsample, lstm_horizon_len, config.lstm_hidden_size,
         )  # fmt: skip
     else:
         raise ValueError(f'network.kind must be "fc" or "residual", got {config.kind!r}')

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 import numpy as np
 import torch
 
 from ..base import SnapshotRun
 from .config import MuZeroRunConfig
-from .networks import lstm_horizon, make_network, support_to_scalar
+from .networks import PrefixOutput, lstm_horizon, make_network, support_to_scalar
 from .targets import MuZeroTargets
 
 __all__ = ["evaluate_muzero"]
@@ -53,9 +55,11 @@ def evaluate_muzero(run: SnapshotRun[MuZeroRunConfig]) -> dict:
             out = network.initial_inference(torch.from_numpy(d["observation"]))
             for k in range(K + 1):
                 if k > 0:
-                    reset = horizon is not None and (k - 1) % horizon == 0  # the value prefix's LSTM
-                    out = network.recurrent_inference(out.hidden_state, actions[:, k],
-                                                      None if reset else out.reward_state)  # fmt: skip
+                    # the value prefix's LSTM state, zeros (None) at the root and after each horizon
+                    carried = None
+                    if isinstance(out, PrefixOutput) and (k - 1) % cast(int, horizon) != 0:
+                        carried = out.reward_state
+                    out = network.recurrent_inference(out.hidden_state, actions[:, k], carried)
                     reward = support_to_scalar(out.reward_logits, support).numpy()
                     sums["reward_error"][k] += np.abs(reward - d["target_reward"][:, k])[has_reward[:, k]].sum()
                 value = support_to_scalar(out.value_logits, support).numpy()

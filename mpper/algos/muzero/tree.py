@@ -211,8 +211,8 @@ class BatchedSearch:
             raise ValueError(f"legal_actions must be (K, {self.num_actions}) bool, got shape {legal.shape}")
         if not legal.any(axis=1).all():
             raise ValueError(f"legal_actions: roots {np.flatnonzero(~legal.any(axis=1)).tolist()} have no legal action")
-        horizon = getattr(network, "lstm_horizon_len", None)  # the value prefix's
-        if horizon is not None and self.two_player:
+        horizon = int(getattr(network, "lstm_horizon_len", None) or 0)  # the value prefix's; 0: none
+        if horizon and self.two_player:
             raise ValueError("a network with a value prefix (muzero.value_prefix) cannot search a two-player game")
         draws = self.draw(legal, add_exploration_noise, rng, root_noise, tie_break)
         param = next(iter(network.parameters()), None)
@@ -230,7 +230,7 @@ class BatchedSearch:
         hidden = torch.empty(hidden_shape, dtype=out.hidden_state.dtype, device=device)
         hidden[:, 0] = out.hidden_state
         reward_states = None  # (K, nodes, 2, H): each node's LSTM state, with a value prefix
-        if horizon is not None:
+        if horizon:
             reward_states = out.reward_state.new_empty((k_trees, num_sims + 1, *out.reward_state.shape[1:]))
             reward_states[:, 0] = out.reward_state
 
@@ -253,8 +253,7 @@ class BatchedSearch:
             _expand_and_backup(
                 sim + 1, logits, support_size, tree.parent, tree.action, tree.path, tree.depth, self.two_player,
                 self.config.discount, tree.children, tree.visit_count, tree.value_sum, tree.reward, tree.node_to_play,
-                tree.prior, tree.q_min, tree.q_max, tree.raw_value, 0 if horizon is None else int(horizon),
-                tree.value_prefix,
+                tree.prior, tree.q_min, tree.q_max, tree.raw_value, horizon, tree.value_prefix,
             )  # fmt: skip
 
         policy_target, actions = self.decide(tree, draws)

@@ -33,9 +33,10 @@ from mpper.algos.configs import load_config
 from mpper.algos.muzero.config import MCTSConfig, NetworkConfig
 from mpper.algos.muzero.gumbel import GumbelMCTS
 from mpper.algos.muzero.mcts import BatchedMCTS
-from mpper.algos.muzero.networks import NetworkOutput, make_network, scalar_to_support, support_to_scalar
+from mpper.algos.muzero.networks import NetworkOutput, PrefixOutput, make_network, scalar_to_support, support_to_scalar
 from mpper.algos.muzero.targets import MuZeroTargets
 from mpper.algos.registry import algorithm_of, run_env_spec
+from mpper.cli import main
 from mpper.config_files import ConfigError
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("one_torch_thread")]
@@ -116,7 +117,7 @@ def test_unroll_is_recurrent_inference_with_the_lstm_reset_every_horizon(kind, h
     with torch.no_grad():
         unrolled = net.unroll(obs, actions)
         out = net.initial_inference(obs)
-        assert out.reward_state is not None and (out.reward_state == 0).all()
+        assert isinstance(out, PrefixOutput) and (out.reward_state == 0).all()
         assert out.reward_state.shape == (5, 2, 6)
         hidden, state = out.hidden_state, out.reward_state
         for k in range(7):
@@ -143,7 +144,7 @@ def test_without_a_value_prefix_the_network_is_as_it_was():
     assert any("dynamics_reward_lstm" in name for name, _ in prefixed.named_parameters())
     out = plain.eval().recurrent_inference(plain.initial_inference(torch.randn(2, *shape)).hidden_state,
                                            torch.tensor([0, 1]))  # fmt: skip
-    assert out.reward_state is None and plain.lstm_horizon_len is None
+    assert type(out) is NetworkOutput and len(out) == 4 and plain.lstm_horizon_len is None
 
 
 def test_zero_init_heads_predict_a_zero_prefix():
@@ -180,7 +181,7 @@ class PrefixModel(nn.Module):
     def initial_inference(self, observation):
         s = observation[:, 0].long()
         zeros = torch.zeros(len(s))
-        return NetworkOutput(self.value_logits[s], two_hot_logits(zeros), self.policy_logits[s], observation.clone(),
+        return PrefixOutput(self.value_logits[s], two_hot_logits(zeros), self.policy_logits[s], observation.clone(),
                              torch.zeros(len(s), 2, 1))  # fmt: skip
 
     def step(self, s: torch.Tensor, a: torch.Tensor, state: torch.Tensor):
@@ -191,7 +192,7 @@ class PrefixModel(nn.Module):
     def recurrent_inference(self, hidden_state, action, reward_state):
         s = hidden_state[:, 0].long()
         nxt, prefix, new_state = self.step(s, action, reward_state)
-        return NetworkOutput(self.value_logits[nxt], two_hot_logits(prefix), self.policy_logits[nxt],
+        return PrefixOutput(self.value_logits[nxt], two_hot_logits(prefix), self.policy_logits[nxt],
                              nxt[:, None].float(), new_state)  # fmt: skip
 
 
@@ -411,7 +412,7 @@ def test_a_two_player_env_is_refused_before_the_run():
 def test_cartpole_trains_and_evaluates_with_a_value_prefix(tmp_path):
     """One short CartPole run with a worker process, the learner, the reanalyser (searching
     again) and the evaluator, all with the value prefix's network; its checkpoint loads into
-    that network."""
+    that network, and ``--evaluate --on-snapshot`` judges it on the run's buffer."""
     run_dir = tmp_path / "run"
     sets = ["training.min_buffer_steps=200", "training.batch_size=32", "mcts.num_simulations=6",
             "runtime.envs_per_worker=4", "replay.capacity=20000", "runtime.evaluation_interval_s=1",
@@ -437,3 +438,8 @@ def test_cartpole_trains_and_evaluates_with_a_value_prefix(tmp_path):
     network = algorithm_of(config).make_network(config, (4,), 2)
     network.load_state_dict(ckpt["network"])  # strict: the LSTM's weights are there
     assert "dynamics_reward_lstm.weight_ih" in ckpt["network"]
+    # the network judged on the run's own data: its prefixes against the prefix targets
+    assert main(["--evaluate", str(run_dir), "--on-snapshot", str(run_dir / "buffer")]) == 0
+    report = json.loads((run_dir / "snapshot_evaluation.json").read_text())
+    errors = [row["reward_error"] for row in report["per_step"][1:]]
+    assert errors and all(math.isfinite(e) for e in errors)
