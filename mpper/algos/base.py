@@ -198,9 +198,8 @@ class Algorithm(Generic[C]):
     # config -> the most hidden states one search keeps per root (MuZero: num_simulations + 1),
     # for an algorithm whose self-play network the inference server can serve
     # (``runtime/inference.py``: ``initial_inference``/``recurrent_inference`` returning value,
-    # reward and policy logits and a hidden state); None (the hook, or what it returns for a
-    # config): its workers run their network themselves
-    search_nodes: Callable[[C], int | None] | None = None
+    # reward and policy logits and a hidden state); None: its workers run their network themselves
+    search_nodes: Callable[[C], int] | None = None
     # config -> why a run of this config cannot train a two-player env (one line), or None
     two_player_refusal: Callable[[C], str | None] = lambda config: None
     description: str = ""

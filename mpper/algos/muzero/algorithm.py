@@ -83,8 +83,7 @@ ALGORITHM = Algorithm[MuZeroRunConfig](
     player_bytes=search_tree_bytes,
     play_against=evaluate_against_opponents,
     stored_moves=lambda config, moves: min(moves, config.muzero.game_segment_length or moves),
-    # the server keeps hidden states, not the value prefix's LSTM states
-    search_nodes=lambda config: None if config.muzero.value_prefix else config.mcts.num_simulations + 1,
+    search_nodes=lambda config: config.mcts.num_simulations + 1,
     # a value prefix sums the rewards of both players, whose signs the search flips ply by ply
     two_player_refusal=lambda config: ("muzero.value_prefix is for one-player envs (the prefix would sum both "
                                        "players' rewards)") if config.muzero.value_prefix else None,

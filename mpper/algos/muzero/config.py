@@ -102,7 +102,7 @@ class MuZeroConfig:
     value_prefix: bool = opt(False, None, "EfficientZero's value prefix: the dynamics' reward head is an LSTM over "
                              "the unroll that predicts the sum of the rewards since its last reset (every "
                              "lstm_horizon_len steps); the search turns prefixes back into rewards. One-player envs "
-                             "only; self-play's network in the workers (runtime.selfplay_inference not \"server\")")
+                             "only")
     lstm_horizon_len: int = opt(5, "[1, 1000]", "with value_prefix: the LSTM state and the summed rewards restart "
                                 "every this many dynamics steps, in training and in the search (EfficientZero: 5)")
     priority_update: str = opt("sampled", ("sampled", "unrolled"), 'new priorities after a step: "sampled" '
@@ -158,20 +158,12 @@ def _consistency_needs_projection(config: MuZeroRunConfig) -> str | None:
     return None
 
 
-def _value_prefix_needs_local_network(config: MuZeroRunConfig) -> str | None:
-    # The inference server keeps hidden states, not the value prefix's LSTM states, on its device.
-    if config.muzero.value_prefix and config.runtime.selfplay_inference == "server":
-        return 'needs runtime.selfplay_inference "worker" or "auto" (the inference server does not keep the LSTM state)'
-    return None
-
-
 CONFIG = AlgorithmConfig(
     MuZeroRunConfig,
     rules=(
         Rule(("muzero.symmetry_augmentation", "muzero.stacked_observations"), _symmetry_needs_no_stacking),
         Rule(("muzero.consistency_loss_weight", "network.projection_size"), _consistency_needs_projection),
         Rule(("muzero.game_segment_length", "muzero.stacked_observations"), _segments_need_no_stacking),
-        Rule(("muzero.value_prefix", "runtime.selfplay_inference"), _value_prefix_needs_local_network),
     ),
     # MuZero Unplugged: offline, reanalyse is where the targets come from; every reanalysed
     # episode is searched again, so both its policy and its value targets are the newest

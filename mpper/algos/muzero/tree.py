@@ -35,7 +35,8 @@ actions at the root and over all actions below it (the model does not know the r
 
 With EfficientZero's value prefix (a network whose ``lstm_horizon_len`` is set, see
 :mod:`.networks`), each node also keeps the LSTM state that produced its prefix, in a
-torch tensor (K, nodes, 2, H) beside the hidden states; step 2 passes the parent's, zeros
+torch tensor (K, nodes, 2, H) beside the hidden states (an inference server's network:
+tokens, zeros naming the zero state); step 2 passes the parent's, zeros
 where the parent's depth is a multiple of ``lstm_horizon_len`` (the root included), and
 step 3 stores the prefix and sets the node's reward to ``prefix(node) - prefix(parent)``,
 or ``prefix(node)`` where the parent's state was reset (EfficientZero's ctree,
@@ -245,7 +246,8 @@ class BatchedSearch:
                 parents = parent_t.to(device)
                 # the parent's LSTM state, zeros where the parent sits at a reset depth
                 at_reset = torch.from_numpy((tree.depth - 1) % horizon == 0).to(device)
-                state = reward_states[trees_t, parents].masked_fill(at_reset[:, None, None], 0.0)
+                state = reward_states[trees_t, parents]
+                state = state.masked_fill(at_reset.view(-1, *[1] * (state.dim() - 1)), 0)
                 out = network.recurrent_inference(hidden[trees_t, parents], action_t.to(device), state)
                 reward_states[:, sim + 1] = out.reward_state
             hidden[:, sim + 1] = out.hidden_state

@@ -375,17 +375,13 @@ def test_the_keys_default_off_and_build_the_run_network_and_targets():
     algorithm = algorithm_of(off)
     assert algorithm.make_network(off, (4,), 2).lstm_horizon_len is None
     assert algorithm.make_targets(off, 2).value_prefix_horizon is None
-    assert algorithm.search_nodes is not None and algorithm.search_nodes(off) == off.mcts.num_simulations + 1
     on = load_config("configs/cartpole.json", ["runtime.device=cpu", "muzero.value_prefix=true",
                                                "muzero.lstm_horizon_len=3"], check_env=False)  # fmt: skip
     assert algorithm.make_network(on, (4,), 2).lstm_horizon_len == 3
     assert algorithm.make_targets(on, 2).value_prefix_horizon == 3
-    assert algorithm.search_nodes(on) is None  # never served: "auto" keeps the network in the workers
 
 
 @pytest.mark.parametrize("sets, expected", [
-    (["muzero.value_prefix=true", "runtime.selfplay_inference=server", "runtime.workers=2"],
-     "muzero.value_prefix: needs runtime.selfplay_inference \"worker\" or \"auto\""),
     (["muzero.lstm_horizon_len=0"], "muzero.lstm_horizon_len"),
     (["network.lstm_hidden_size=0"], "network.lstm_hidden_size"),
 ])  # fmt: skip
@@ -410,21 +406,24 @@ def test_a_two_player_env_is_refused_before_the_run():
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_cartpole_trains_and_evaluates_with_a_value_prefix(tmp_path):
-    """One short CartPole run with a worker process, the learner, the reanalyser (searching
-    again) and the evaluator, all with the value prefix's network; its checkpoint loads into
-    that network, and ``--evaluate --on-snapshot`` judges it on the run's buffer."""
+    """One short CartPole run with a worker process served by the inference process, the
+    learner, the reanalyser (searching again) and the evaluator (their own networks), all with
+    the value prefix's network; its checkpoint loads into that network, and ``--evaluate
+    --on-snapshot`` judges it on the run's buffer."""
     run_dir = tmp_path / "run"
     sets = ["training.min_buffer_steps=200", "training.batch_size=32", "mcts.num_simulations=6",
             "runtime.envs_per_worker=4", "replay.capacity=20000", "runtime.evaluation_interval_s=1",
             "runtime.evaluation_episodes=2", "runtime.log_interval_s=1", "training.publish_interval=5",
             "env.max_episode_steps=100", "muzero.value_prefix=true", "muzero.lstm_horizon_len=2",
-            "network.lstm_hidden_size=8", "reanalyse.search_fraction=1.0"]  # fmt: skip
+            "network.lstm_hidden_size=8", "reanalyse.search_fraction=1.0",
+            "runtime.selfplay_inference=server"]  # fmt: skip
     args = [sys.executable, "run.py", "--config", "configs/cartpole.json", "--device", "cpu", "--run-dir",
             str(run_dir), "--workers", "1", "--max-train-steps", "40"]  # fmt: skip
     for s in sets:
         args += ["--set", s]
     proc = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=280)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert "inference" in json.loads((run_dir / "processes.json").read_text())  # self-play was served
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert records[-1]["event"] == "end" and records[-1]["learner"]["training_step"] == 40
     losses = [r["learner"]["reward_loss"] for r in records if "reward_loss" in (r["learner"] or {})]
