@@ -267,7 +267,7 @@ class ServedNetwork:
     def eval(self) -> ServedNetwork:
         return self
 
-    def initial_inference(self, observation: torch.Tensor) -> ServedOutput:
+    def initial_inference(self, observation: torch.Tensor) -> ServedOutput | ServedPrefixOutput:
         """Observations (B, *observation_shape) float32, B <= max_batch -> logits and the
         new hidden states' tokens (B, 1). Sent again to a restarted server."""
         obs = np.asarray(observation.detach().cpu(), dtype=np.float32)
