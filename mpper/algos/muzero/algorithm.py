@@ -57,8 +57,9 @@ _NODE_BYTES, _NODE_ACTION_BYTES = 6 * 8, 16
 
 def search_tree_bytes(config: MuZeroRunConfig, spec, model: MuZeroNetwork) -> int:
     """Bytes of one worker's search trees: ``envs_per_worker x (num_simulations + 1)``
-    nodes, each with its statistics, a prior and a child per action, and a hidden state
-    (its size from ``model`` built on torch's meta device)."""
+    nodes, each with its statistics, a prior and a child per action, a hidden state (its
+    size from ``model`` built on torch's meta device) and, with a value prefix, its prefix
+    and LSTM state."""
     hidden = config.network.encoding_size
     shape = stacked_shape(spec.observation_shape, config.muzero.stacked_observations)
     try:
@@ -66,7 +67,8 @@ def search_tree_bytes(config: MuZeroRunConfig, spec, model: MuZeroNetwork) -> in
     except (RuntimeError, NotImplementedError, TypeError):  # an op without a meta kernel
         pass
     nodes = config.runtime.envs_per_worker * (config.mcts.num_simulations + 1)
-    return nodes * (_NODE_BYTES + _NODE_ACTION_BYTES * spec.num_actions + 4 * hidden)
+    prefix = 8 + 4 * 2 * config.network.lstm_hidden_size if config.muzero.value_prefix else 0
+    return nodes * (_NODE_BYTES + _NODE_ACTION_BYTES * spec.num_actions + 4 * hidden + prefix)
 
 
 ALGORITHM = Algorithm[MuZeroRunConfig](
