@@ -400,6 +400,16 @@ def test_a_two_player_env_is_refused_before_the_run():
     run_env_spec(load_config("configs/tictactoe.json", ["runtime.device=cpu"], check_env=False))  # off: fine
 
 
+def test_the_command_line_refuses_a_two_player_value_prefix_in_one_line_and_writes_nothing(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    argv = ["--config", "configs/tictactoe.json", "--device", "cpu", "--run-dir", str(run_dir), "--set",
+            "muzero.value_prefix=true"]  # fmt: skip
+    assert main(argv) == 2
+    out, err = capsys.readouterr()
+    assert err.startswith("error: ") and len(err.splitlines()) == 1 and "muzero.value_prefix is for one-player" in err
+    assert not run_dir.exists()
+
+
 # ---- end to end ---------------------------------------------------------------------------------
 
 
