@@ -40,7 +40,7 @@ import torch
 from torch import nn
 
 from ..base import FlatWeights
-from .config import NetworkConfig
+from .config import MuZeroConfig, NetworkConfig
 
 __all__ = [
     "EPS",
@@ -631,7 +631,7 @@ def make_network(
     return network
 
 
-def lstm_horizon(muzero_config) -> int | None:
+def lstm_horizon(muzero_config: MuZeroConfig) -> int | None:
     """The value prefix's horizon a run's network is built with (``make_network``'s
     ``lstm_horizon_len``): ``muzero.lstm_horizon_len`` with ``muzero.value_prefix``, else None."""
     return muzero_config.lstm_horizon_len if muzero_config.value_prefix else None
