@@ -203,6 +203,8 @@ class Algorithm(Generic[C]):
     # (``runtime/inference.py``: ``initial_inference``/``recurrent_inference`` returning value,
     # reward and policy logits and a hidden state); None: its workers run their network themselves
     search_nodes: Callable[[C], int] | None = None
+    # config -> why a run of this config cannot train a two-player env (one line), or None
+    two_player_refusal: Callable[[C], str | None] = lambda config: None
     description: str = ""
 
     @property

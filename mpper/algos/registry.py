@@ -45,7 +45,8 @@ def run_env_spec(config: Config) -> EnvSpec:
     Raises ``ValueError`` when the env breaks the two-player contract; when it is a
     two-player env and the algorithm cannot train one (DQN reads neither ``to_play`` nor
     the legal-action mask: it would learn one Q-function for both players and play
-    illegal moves); when the algorithm trains through board symmetries (MuZero's
+    illegal moves), or the config cannot (``Algorithm.two_player_refusal``: MuZero's value
+    prefix); when the algorithm trains through board symmetries (MuZero's
     ``muzero.symmetry_augmentation``) and the env declares
     no valid symmetries (:mod:`mpper.envs.symmetry`).
     """
@@ -55,6 +56,9 @@ def run_env_spec(config: Config) -> EnvSpec:
         able = " or ".join(f'"{a.name}"' for a in ALGORITHMS.values() if a.two_player)
         raise ValueError(f'algorithm: "{algorithm.name}" cannot train the two-player env {config.env.id!r}: it '
                          f"ignores to_play and the legal-action mask; use {able}")  # fmt: skip
+    refusal = algorithm.two_player_refusal(config) if spec.two_player else None
+    if refusal is not None:
+        raise ValueError(f"the two-player env {config.env.id!r}: {refusal}")
     if algorithm.augments_symmetries(config):
         config_symmetries(config)
     return spec

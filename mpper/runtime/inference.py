@@ -20,13 +20,19 @@ The segment (:class:`InferenceSlots`, created and unlinked by the supervisor)::
       obs       float32 (slots, B, *obs)  initial requests: the network inputs
       tokens    int64 (slots, B)          recurrent requests: the parents' hidden-state tokens
       actions   int64 (slots, B)          recurrent requests: the actions
+      reward_tokens int64 (slots, B)      recurrent requests with a value prefix: the tokens of the
+                                          LSTM states to start from, -1 for zeros (a reset)
       logits    float32 (slots, B, 2(2S+1) + A)  response: value | reward | policy logits
       out_tokens int64 (slots, B)         response: the tokens of the new hidden states
 
 Hidden states stay on the server, in one tensor on its device, (slots, capacity,
 *hidden_shape), ``capacity`` = rows x (nodes per search); a worker holds only *tokens*,
 int64 positions in its slot's part of it, which its search stores and indexes as it
-would hidden states (the search's tree is written once, for either). An initial
+would hidden states (the search's tree is written once, for either). A network with
+MuZero's value prefix (``muzero.value_prefix``) has an LSTM state per node too: the
+server keeps it beside the hidden state, at the same position, and the worker's search
+holds it as ``token + 1`` (int64 (B, 1)), so that the zeros it writes where the LSTM is
+reset name the zero state (-1 in ``reward_tokens``). An initial
 inference starts the slot's hidden states again at position 0; each recurrent one
 appends. The other way, hidden states sent back and forth through the segment, costs
 two host copies of (rows, *hidden_shape) per simulation and on a GPU a device sync
@@ -73,7 +79,8 @@ from .roles import LatestWeights, pick_device
 from .setup import RunSetup
 
 __all__ = ["InferenceHandle", "InferenceServer", "InferenceSlots", "InferenceStopped", "SearchInterrupted",
-           "ServedNetwork", "ServedOutput", "ServedWeights", "run_inference", "serves_selfplay"]  # fmt: skip
+           "ServedNetwork", "ServedOutput", "ServedPrefixOutput", "ServedWeights", "run_inference",
+           "serves_selfplay"]  # fmt: skip
 
 _GENERATION, _SERVER_PID, _VERSION, _STEP, _CALLS, _CALL_ROWS = range(6)
 _REQ_SEQ, _RESP_SEQ, _REQ_GEN, _KIND, _ROWS, _STATUS = range(6)
@@ -101,6 +108,16 @@ class ServedOutput(NamedTuple):
     reward_logits: torch.Tensor  # (B, 2S+1)
     policy_logits: torch.Tensor  # (B, A)
     hidden_state: torch.Tensor  # (B, 1) int64: positions in the server's hidden states of this slot
+
+
+class ServedPrefixOutput(NamedTuple):
+    """``ServedOutput`` of a network with a value prefix (MuZero's ``PrefixOutput``)."""
+
+    value_logits: torch.Tensor  # (B, 2S+1)
+    reward_logits: torch.Tensor  # (B, 2S+1): the value prefix
+    policy_logits: torch.Tensor  # (B, A)
+    hidden_state: torch.Tensor  # (B, 1) int64 tokens
+    reward_state: torch.Tensor  # (B, 1) int64: token + 1 of the LSTM state on the server (0: zeros)
 
 
 def serves_selfplay(setup: RunSetup) -> bool:
@@ -131,6 +148,7 @@ class InferenceHandle:
     capacity: int  # hidden states the server keeps per slot
     server_bell: Any
     worker_bells: tuple
+    lstm_horizon_len: int | None = None  # the network's value prefix (MuZero's), None: none
 
     @property
     def logits_width(self) -> int:
@@ -142,7 +160,8 @@ def _layout(handle: InferenceHandle) -> tuple[list[tuple[str, tuple, Any, int]],
     s, b = handle.slots, handle.max_batch
     specs = [("header", (_HEADER,), np.int64), ("control", (s, _CONTROL), np.int64),
              ("obs", (s, b, *handle.observation_shape), np.float32), ("tokens", (s, b), np.int64),
-             ("actions", (s, b), np.int64), ("logits", (s, b, handle.logits_width), np.float32),
+             ("actions", (s, b), np.int64), ("reward_tokens", (s, b), np.int64),
+             ("logits", (s, b, handle.logits_width), np.float32),
              ("out_tokens", (s, b), np.int64)]  # fmt: skip
     layout: list[tuple[str, tuple, Any, int]] = []
     offset = 0
@@ -164,15 +183,16 @@ class InferenceSlots(shm_mod.SharedObject):
                   for name, shape, dtype, offset in _layout(handle)[0]}  # fmt: skip
         self.header, self.control = arrays["header"], arrays["control"]
         self.obs, self.tokens, self.actions = arrays["obs"], arrays["tokens"], arrays["actions"]
+        self.reward_tokens = arrays["reward_tokens"]
         self.logits, self.out_tokens = arrays["logits"], arrays["out_tokens"]
 
     @classmethod
     def create(cls, ctx, slots: int, max_batch: int, observation_shape, support_width: int, num_actions: int,
-               capacity: int) -> "InferenceSlots":  # fmt: skip
+               capacity: int, lstm_horizon_len: int | None = None) -> "InferenceSlots":  # fmt: skip
         """Create and own the segment (all zero: no server yet) and the doorbells."""
         handle = InferenceHandle("", slots, max_batch, tuple(int(x) for x in observation_shape), support_width,
                                  num_actions, capacity, ctx.Semaphore(0),
-                                 tuple(ctx.Semaphore(0) for _ in range(slots)))  # fmt: skip
+                                 tuple(ctx.Semaphore(0) for _ in range(slots)), lstm_horizon_len)  # fmt: skip
         nbytes = _layout(handle)[1]
         segment = shm_mod.create(nbytes, "inference", what=f"the inference slots ({slots} workers)")
         return cls(dataclasses.replace(handle, segment=segment.name), segment, owner=True)
@@ -186,7 +206,8 @@ class InferenceSlots(shm_mod.SharedObject):
         if search_nodes is None:
             raise ValueError(f"{setup.algorithm.name}'s self-play network cannot be served by the inference process")
         return cls.create(ctx, rt.workers, rt.envs_per_worker, network.observation_shape, network.full_support_size,
-                          network.num_actions, rt.envs_per_worker * search_nodes(setup.config))  # fmt: skip
+                          network.num_actions, rt.envs_per_worker * search_nodes(setup.config),
+                          getattr(network, "lstm_horizon_len", None))  # fmt: skip
 
     @classmethod
     def attach(cls, handle: InferenceHandle) -> "InferenceSlots":
@@ -215,6 +236,7 @@ class InferenceSlots(shm_mod.SharedObject):
         segment, self._segment = self._segment, None
         if segment is not None:
             self.header = self.control = self.obs = self.tokens = self.actions = self.logits = self.out_tokens = None
+            self.reward_tokens = None
             shm_mod.release(segment, unlink=self._owner)
 
 
@@ -224,7 +246,9 @@ class InferenceSlots(shm_mod.SharedObject):
 class ServedNetwork:
     """What a worker's search sees instead of a network: ``initial_inference(obs)`` and
     ``recurrent_inference(tokens, actions)``, answered by the server through slot
-    ``slot``; ``parameters()`` is empty, so the search keeps its trees on the CPU.
+    ``slot``; ``parameters()`` is empty, so the search keeps its trees on the CPU. With a
+    value prefix (``lstm_horizon_len``, the served network's), ``recurrent_inference``
+    takes and returns LSTM states as tokens (see the module docstring).
 
     ``stop``: the run's stop signal (``is_set()``); a wait it ends raises
     :class:`InferenceStopped`. A search under way when the server restarts raises
@@ -235,6 +259,7 @@ class ServedNetwork:
         self.slots, self.slot, self.stop = slots, slot, stop
         self.bell = slots.handle.worker_bells[slot]
         self.search_generation = -1  # the server generation that holds this slot's hidden states
+        self.lstm_horizon_len = slots.handle.lstm_horizon_len  # what the search reads
 
     def parameters(self):
         return iter(())
@@ -242,7 +267,7 @@ class ServedNetwork:
     def eval(self) -> ServedNetwork:
         return self
 
-    def initial_inference(self, observation: torch.Tensor) -> ServedOutput:
+    def initial_inference(self, observation: torch.Tensor) -> ServedOutput | ServedPrefixOutput:
         """Observations (B, *observation_shape) float32, B <= max_batch -> logits and the
         new hidden states' tokens (B, 1). Sent again to a restarted server."""
         obs = np.asarray(observation.detach().cpu(), dtype=np.float32)
@@ -256,9 +281,11 @@ class ServedNetwork:
                 self.search_generation = generation
                 return self._response(rows)
 
-    def recurrent_inference(self, hidden_state: torch.Tensor, action: torch.Tensor) -> ServedOutput:
+    def recurrent_inference(self, hidden_state: torch.Tensor, action: torch.Tensor,
+                            reward_state: torch.Tensor | None = None) -> ServedOutput | ServedPrefixOutput:  # fmt: skip
         """Tokens (B, 1) or (B,) int64 from earlier calls of this search, actions (B,) int64 ->
-        logits and the new hidden states' tokens (B, 1)."""
+        logits and the new hidden states' tokens (B, 1). With a value prefix, ``reward_state``
+        (B, 1) int64 holds token + 1 of each parent's LSTM state (0 or None: zeros)."""
         tokens = np.asarray(hidden_state.detach().cpu(), dtype=np.int64).reshape(-1)
         rows = self._rows(tokens.shape[0])
         if self.search_generation != self.slots.generation or not self.slots.server_alive():
@@ -266,6 +293,10 @@ class ServedNetwork:
             raise SearchInterrupted("the inference server restarted during the search")
         self.slots.tokens[self.slot, :rows] = tokens
         self.slots.actions[self.slot, :rows] = np.asarray(action.detach().cpu(), dtype=np.int64).reshape(-1)
+        if reward_state is None:
+            self.slots.reward_tokens[self.slot, :rows] = -1
+        else:
+            self.slots.reward_tokens[self.slot, :rows] = np.asarray(reward_state.cpu(), np.int64).reshape(-1) - 1
         if not self._request(RECURRENT, rows, self.search_generation):
             self._wait_for_server()
             raise SearchInterrupted("the inference server restarted during the search")
@@ -307,10 +338,13 @@ class ServedNetwork:
             if self.slots.generation != generation or not self.slots.server_alive():
                 return False
 
-    def _response(self, rows: int) -> ServedOutput:
+    def _response(self, rows: int) -> ServedOutput | ServedPrefixOutput:
         logits = torch.from_numpy(self.slots.logits[self.slot, :rows].copy())
         width = self.slots.handle.support_width
         tokens = torch.from_numpy(self.slots.out_tokens[self.slot, :rows].copy())[:, None]
+        if self.lstm_horizon_len is not None:  # the new LSTM states sit where the new hidden states do
+            return ServedPrefixOutput(logits[:, :width], logits[:, width : 2 * width], logits[:, 2 * width :], tokens,
+                                      tokens + 1)  # fmt: skip
         return ServedOutput(logits[:, :width], logits[:, width : 2 * width], logits[:, 2 * width :], tokens)
 
 
@@ -354,6 +388,11 @@ class InferenceServer:
         self.hidden_shape = tuple(probe.hidden_state.shape[1:])
         self.hidden = torch.empty((handle.slots * handle.capacity, *self.hidden_shape),
                                   dtype=probe.hidden_state.dtype, device=self.device)  # fmt: skip
+        # the value prefix's LSTM states, beside the hidden states (None: no value prefix)
+        self.reward_states: torch.Tensor | None = None
+        if getattr(probe, "reward_state", None) is not None:
+            self.reward_states = torch.zeros((handle.slots * handle.capacity, *probe.reward_state.shape[1:]),
+                                             dtype=probe.reward_state.dtype, device=self.device)  # fmt: skip
         self.filled = np.zeros(handle.slots, np.int64)  # hidden states held per slot
         self.generation = 0
         self.batches = self.requests = 0  # counted, for the tests and the benchmark
@@ -413,6 +452,10 @@ class InferenceServer:
             return True
         tokens = self.slots.tokens[slot, :rows]
         filled = self.filled[slot]
+        if self.reward_states is not None:
+            reward_tokens = self.slots.reward_tokens[slot, :rows]
+            if reward_tokens.min() < -1 or reward_tokens.max() >= filled:
+                return False
         return bool(tokens.min() >= 0 and tokens.max() < filled and filled + rows <= handle.capacity)
 
     def _rows(self, slots: list[int]) -> list[int]:
@@ -426,6 +469,8 @@ class InferenceServer:
         where = torch.as_tensor(np.concatenate([s * capacity + np.arange(n) for s, n in zip(slots, rows)]),
                                 device=self.device)  # fmt: skip
         self.hidden[where] = out.hidden_state
+        if self.reward_states is not None:
+            self.reward_states[where] = out.reward_state
         for s, n in zip(slots, rows):
             self.filled[s] = n
         self._scatter(slots, rows, out, [np.arange(n) for n in rows])
@@ -436,10 +481,20 @@ class InferenceServer:
         parents = np.concatenate([s * capacity + self.slots.tokens[s, :n] for s, n in zip(slots, rows)])
         actions = np.concatenate([self.slots.actions[s, :n] for s, n in zip(slots, rows)])
         hidden = self.hidden[torch.as_tensor(parents, device=self.device)]
-        out = self.network.recurrent_inference(hidden, torch.as_tensor(actions, device=self.device))
+        if self.reward_states is None:
+            out = self.network.recurrent_inference(hidden, torch.as_tensor(actions, device=self.device))
+        else:  # the LSTM states named, zeros for -1
+            reward_tokens = np.concatenate([self.slots.reward_tokens[s, :n] for s, n in zip(slots, rows)])
+            starts = np.concatenate([np.full(n, s * capacity) for s, n in zip(slots, rows)])
+            at = torch.as_tensor(starts + np.maximum(reward_tokens, 0), device=self.device)
+            keep = torch.as_tensor(reward_tokens >= 0, device=self.device)
+            states = self.reward_states[at] * keep.view(-1, *[1] * (self.reward_states.dim() - 1))
+            out = self.network.recurrent_inference(hidden, torch.as_tensor(actions, device=self.device), states)
         new_tokens = [self.filled[s] + np.arange(n) for s, n in zip(slots, rows)]
         where = np.concatenate([s * capacity + t for s, t in zip(slots, new_tokens)])
         self.hidden[torch.as_tensor(where, device=self.device)] = out.hidden_state
+        if self.reward_states is not None:
+            self.reward_states[torch.as_tensor(where, device=self.device)] = out.reward_state
         for s, n in zip(slots, rows):
             self.filled[s] += n
         self._scatter(slots, rows, out, new_tokens)

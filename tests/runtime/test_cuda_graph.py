@@ -27,16 +27,22 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
                                 reason="needs a CUDA device: torch.cuda.is_available() is false")  # fmt: skip
 
 STEPS = 20
-CONFIGS = {  # config file -> the module its env needs
+CONFIGS = {  # config file (+ a variant of VARIANTS) -> the module its env needs
     "cartpole.json": None,
     "minatar_breakout.json": "minatar",
     "atari_pong.json": "ale_py",
+    "cartpole.json+value_prefix": None,
+    "minatar_breakout.json+value_prefix": "minatar",
+}
+VARIANTS = {  # EfficientZero's value prefix: an LSTM in the unroll, reset every 2 steps
+    "value_prefix": ["muzero.value_prefix=true", "muzero.lstm_horizon_len=2", "network.lstm_hidden_size=16"],
 }
 _BATCHES: dict = {}
 
 
 def config_of(name: str, optimizer: str, **training):
-    config = load_config(ROOT / "configs" / name, check_env=False)
+    file, _, variant = name.partition("+")
+    config = load_config(ROOT / "configs" / file, VARIANTS[variant] if variant else [], check_env=False)
     return dataclasses.replace(config, training=dataclasses.replace(
         config.training, batch_size=32, optimizer=optimizer, momentum=0.9, lr_init=0.003 if optimizer == "adam" else 0.01,
         lr_decay_rate=0.5, lr_decay_steps=2, grad_clip=5.0, **training))  # fmt: skip
@@ -127,7 +133,7 @@ def test_the_captured_step_is_the_eager_step(name, optimizer, exact_float32):  #
     assert static.optimizer.param_groups[0]["fused"]
     if optimizer == "adam":
         assert static.optimizer.param_groups[0]["capturable"]
-    if name != "cartpole.json":  # conv nets on CUDA: NHWC
+    if not name.startswith("cartpole.json"):  # conv nets on CUDA: NHWC
         conv = next(m for m in static.network.modules() if isinstance(m, torch.nn.Conv2d))
         assert conv.weight.is_contiguous(memory_format=torch.channels_last)
 

@@ -38,15 +38,16 @@ from mpper.runtime.setup import RunSetup
 K, SIMS, ACTIONS, OBS = 3, 12, 2, (4,)
 
 
-def network_and_config(kind: str = "puct"):
-    config = load_config(ROOT / "configs" / "cartpole.json", [f"mcts.kind={kind}", f"mcts.num_simulations={SIMS}"])
+def network_and_config(kind: str = "puct", *overrides: str):
+    config = load_config(ROOT / "configs" / "cartpole.json", [f"mcts.kind={kind}", f"mcts.num_simulations={SIMS}",
+                                                              *overrides])  # fmt: skip
     torch.manual_seed(3)
     return ALGORITHM.make_network(config, OBS, ACTIONS).eval(), config
 
 
 def make_slots(ctx, slots: int, network, config) -> InferenceSlots:
     return InferenceSlots.create(ctx, slots, K, network.observation_shape, network.full_support_size, ACTIONS,
-                                 K * ALGORITHM.search_nodes(config))  # fmt: skip
+                                 K * ALGORITHM.search_nodes(config), network.lstm_horizon_len)  # fmt: skip
 
 
 class Never:
@@ -112,9 +113,14 @@ def test_a_run_the_server_cannot_serve_is_refused_in_one_line(config_file, overr
     assert message in str(refused.value) and "\n" not in str(refused.value)
 
 
-@pytest.mark.parametrize("kind", ["puct", "gumbel"])
-def test_searches_batched_across_workers_choose_as_the_network_in_each_worker(kind):
-    network, config = network_and_config(kind)
+# the value prefix: LSTM states kept on the server beside the hidden states, reset every 2 steps
+VALUE_PREFIX = ("muzero.value_prefix=true", "muzero.lstm_horizon_len=2", "network.lstm_hidden_size=8")
+
+
+@pytest.mark.parametrize("kind,overrides", [("puct", ()), ("gumbel", ()), ("puct", VALUE_PREFIX),
+                                            ("gumbel", VALUE_PREFIX)])  # fmt: skip
+def test_searches_batched_across_workers_choose_as_the_network_in_each_worker(kind, overrides):
+    network, config = network_and_config(kind, *overrides)
     rng = np.random.default_rng(0)
     observations = [rng.normal(size=(K, *OBS)).astype(np.float32) for _ in range(2)]
     local = [search(network, config, obs, seed) for seed, obs in enumerate(observations)]
@@ -127,6 +133,7 @@ def test_searches_batched_across_workers_choose_as_the_network_in_each_worker(ki
         serve_together(server, clients)
         assert server.largest_batch == 2 * K  # the batches spanned both workers
         assert server.batches == 1 + SIMS  # one initial, then one recurrent per simulation
+        assert (server.reward_states is not None) == bool(overrides)  # the LSTM states stay on the server
         assert slots.calls() == (1 + SIMS, (1 + SIMS) * 2 * K)  # what bench/selfplay.py reads
         for mine, theirs in zip(results, local):
             np.testing.assert_array_equal(mine.visit_counts, theirs.visit_counts)

@@ -12,7 +12,7 @@ from ...envs.symmetry import SymmetryAugmented
 from ..base import Algorithm
 from .arena import evaluate_against_opponents
 from .config import MuZeroRunConfig
-from .networks import MuZeroNetwork, make_network, stacked_shape
+from .networks import MuZeroNetwork, lstm_horizon, make_network, stacked_shape
 from .player import BatchedPlayer
 from .reanalyse import Reanalyser
 from .snapshot_eval import evaluate_muzero
@@ -24,8 +24,9 @@ __all__ = ["ALGORITHM"]
 
 def make_model(config: MuZeroRunConfig, observation_shape: tuple[int, ...], num_actions: int) -> MuZeroNetwork:
     """The MuZero network of ``config.network``, over ``muzero.stacked_observations``
-    stacked observations."""
-    return make_network(config.network, observation_shape, num_actions, config.muzero.stacked_observations)
+    stacked observations (with ``muzero.value_prefix``, the value prefix's LSTM)."""
+    return make_network(config.network, observation_shape, num_actions, config.muzero.stacked_observations,
+                        lstm_horizon(config.muzero))  # fmt: skip
 
 
 def make_player(config: MuZeroRunConfig, envs: list, network, explore: bool, seed: int,
@@ -45,6 +46,7 @@ def make_targets(config: MuZeroRunConfig, num_actions: int):
         num_actions=num_actions, stacked_observations=t.stacked_observations,
         next_observations=t.consistency_loss_weight > 0, off_policy_correction=t.off_policy_correction,
         total_training_steps=config.training.training_steps, auto_td_steps_ratio=t.auto_td_steps_ratio,
+        value_prefix_horizon=lstm_horizon(t),
     )  # fmt: skip
     if t.symmetry_augmentation:
         return SymmetryAugmented(targets, config_symmetries(config))
@@ -58,8 +60,9 @@ _NODE_BYTES, _NODE_ACTION_BYTES = 6 * 8, 16
 
 def search_tree_bytes(config: MuZeroRunConfig, spec, model: MuZeroNetwork) -> int:
     """Bytes of one worker's search trees: ``envs_per_worker x (num_simulations + 1)``
-    nodes, each with its statistics, a prior and a child per action, and a hidden state
-    (its size from ``model`` built on torch's meta device)."""
+    nodes, each with its statistics, a prior and a child per action, a hidden state (its
+    size from ``model`` built on torch's meta device) and, with a value prefix, its prefix
+    and LSTM state."""
     hidden = config.network.encoding_size
     shape = stacked_shape(spec.observation_shape, config.muzero.stacked_observations)
     try:
@@ -67,7 +70,8 @@ def search_tree_bytes(config: MuZeroRunConfig, spec, model: MuZeroNetwork) -> in
     except (RuntimeError, NotImplementedError, TypeError):  # an op without a meta kernel
         pass
     nodes = config.runtime.envs_per_worker * (config.mcts.num_simulations + 1)
-    return nodes * (_NODE_BYTES + _NODE_ACTION_BYTES * spec.num_actions + 4 * hidden)
+    prefix = 8 + 4 * 2 * config.network.lstm_hidden_size if config.muzero.value_prefix else 0
+    return nodes * (_NODE_BYTES + _NODE_ACTION_BYTES * spec.num_actions + 4 * hidden + prefix)
 
 
 ALGORITHM = Algorithm[MuZeroRunConfig](
@@ -85,5 +89,8 @@ ALGORITHM = Algorithm[MuZeroRunConfig](
     play_against=evaluate_against_opponents,
     stored_moves=lambda config, moves: min(moves, config.muzero.game_segment_length or moves),
     search_nodes=lambda config: config.mcts.num_simulations + 1,
+    # a value prefix sums the rewards of both players, whose signs the search flips ply by ply
+    two_player_refusal=lambda config: ("muzero.value_prefix is for one-player envs (the prefix would sum both "
+                                       "players' rewards)") if config.muzero.value_prefix else None,
     description="MuZero: learned model, batched MCTS, reanalyse",
 )

@@ -38,6 +38,8 @@ class NetworkConfig:
     # what muzero.consistency_loss_weight compares hidden states through.
     projection_size: int = opt(0, "[0, 8192]", "width of the projection and predictor heads of the consistency loss "
                                "(predictor bottleneck: half of it); 0: none")
+    lstm_hidden_size: int = opt(64, "[1, 4096]", "with muzero.value_prefix: width of the LSTM cell between the "
+                                "dynamics and the value-prefix head (EfficientZero: 512)")
 
 
 @dataclass
@@ -107,6 +109,12 @@ class MuZeroConfig:
     auto_td_steps_ratio: float = opt(0.3, "> 0", "off_policy_correction: tau, the share of training.training_steps "
                                      "by which data must age for its value horizon to shrink by one move "
                                      "(EfficientZero: 0.3)")
+    value_prefix: bool = opt(False, None, "EfficientZero's value prefix: the dynamics' reward head is an LSTM over "
+                             "the unroll that predicts the sum of the rewards since its last reset (every "
+                             "lstm_horizon_len steps); the search turns prefixes back into rewards. One-player envs "
+                             "only")
+    lstm_horizon_len: int = opt(5, "[1, 1000]", "with value_prefix: the LSTM state and the summed rewards restart "
+                                "every this many dynamics steps, in training and in the search (EfficientZero: 5)")
     priority_update: str = opt("sampled", ("sampled", "unrolled"), 'new priorities after a step: "sampled" '
                                '(|v - z| of each sampled position) or "unrolled" (of each of the K + 1 unrolled '
                                'positions, as muzero-general)')

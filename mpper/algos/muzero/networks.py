@@ -13,7 +13,17 @@ Read top-down:
    (``kind="residual"``, board games), each built from representation, dynamics
    (+ reward) and prediction functions as in muzero-general's ``models.py``.
 4. ``make_network``: from a ``NetworkConfig``, the observation shape, the number of
-   actions and the number of stacked past observations.
+   actions, the number of stacked past observations and, for EfficientZero's value
+   prefix, the LSTM's horizon.
+
+The value prefix (EfficientZero, Ye et al. 2021, section 4.2; ``muzero.value_prefix``):
+the dynamics' reward head becomes an LSTM cell over the unroll, fed the same features the
+reward head reads, whose output goes through the head's MLP to the support of the sum of
+the rewards since the last reset. Its state (h, c) starts at zero at the root and again
+after every ``lstm_horizon_len`` dynamics steps, in the training unroll and in the search
+(``tree.py`` turns prefixes back into rewards). ``recurrent_inference`` then takes the
+parent's LSTM state and returns a ``PrefixOutput``: the four fields of a
+``NetworkOutput`` (the reward logits the prefix's), then the new LSTM state.
 
 Shapes: B is the batch, S the support size (``2S+1`` bins), A the number of actions.
 Hidden states are min-max scaled to [0, 1] per sample (per sample and channel for the
@@ -30,7 +40,7 @@ import torch
 from torch import nn
 
 from ..base import FlatWeights
-from .config import NetworkConfig
+from .config import MuZeroConfig, NetworkConfig
 
 __all__ = [
     "EPS",
@@ -38,9 +48,11 @@ __all__ = [
     "FullyConnectedNetwork",
     "MuZeroNetwork",
     "NetworkOutput",
+    "PrefixOutput",
     "ResidualNetwork",
     "h",
     "h_inv",
+    "lstm_horizon",
     "make_network",
     "scalar_to_support",
     "scale_gradient",
@@ -144,6 +156,16 @@ class NetworkOutput(NamedTuple):
     hidden_state: torch.Tensor  # (B, *hidden_shape), min-max scaled to [0, 1]
 
 
+class PrefixOutput(NamedTuple):
+    """What a network with a value prefix returns: ``NetworkOutput``'s fields, then its LSTM state."""
+
+    value_logits: torch.Tensor  # (B, 2S+1)
+    reward_logits: torch.Tensor  # (B, 2S+1): the value prefix (0 from the initial inference)
+    policy_logits: torch.Tensor  # (B, A)
+    hidden_state: torch.Tensor  # (B, *hidden_shape), min-max scaled to [0, 1]
+    reward_state: torch.Tensor  # (B, 2, lstm_hidden_size): the LSTM's (h, c) after this step (zeros at the root)
+
+
 def min_max_scale(x: torch.Tensor, start_dim: int) -> torch.Tensor:
     """Scale ``x`` to [0, 1] over the dimensions from ``start_dim`` on, separately for
     each index of the leading ones. Like muzero-general, a range below 1e-5 gets 1e-5
@@ -165,7 +187,11 @@ class MuZeroNetwork(FlatWeights, nn.Module):
 
     # set by every subclass
     hidden_shape: tuple[int, ...]  # one hidden state's shape, without the batch dimension
-    dynamics_reward_network: nn.Module
+    dynamics_reward_network: nn.Module  # the reward head, or with a value prefix the MLP after the LSTM
+    # With a value prefix (``lstm_horizon_len`` not None): the LSTM cell on the reward head's
+    # features (subclasses' ``_reward_features``).
+    lstm_horizon_len: int | None
+    dynamics_reward_lstm: nn.LSTMCell | None
     prediction_value_network: nn.Module
     prediction_policy_network: nn.Module
 
@@ -184,6 +210,8 @@ class MuZeroNetwork(FlatWeights, nn.Module):
         self._zero_reward_logits = zero
         self.projection: nn.Module | None = None
         self.projection_predictor: nn.Module | None = None
+        self.lstm_horizon_len = None
+        self.dynamics_reward_lstm = None
 
     def add_projection(self, size: int) -> None:
         """EfficientZero's SimSiam heads for the consistency loss, on flattened hidden
@@ -213,6 +241,41 @@ class MuZeroNetwork(FlatWeights, nn.Module):
             nn.init.zeros_(last.weight)
             nn.init.zeros_(last.bias)
 
+    def add_value_prefix(self, lstm_horizon_len: int, lstm_hidden_size: int, features: int, hidden: list[int]) -> None:
+        """Replace the reward head by the value prefix's: an LSTM cell on the ``features``
+        the subclass's ``_reward_features`` gives, then an MLP of widths ``hidden`` to the
+        support (EfficientZero's ``lstm`` and ``fc`` after it)."""
+        self.lstm_horizon_len = lstm_horizon_len
+        self.dynamics_reward_lstm = nn.LSTMCell(features, lstm_hidden_size)
+        self.dynamics_reward_network = mlp(lstm_hidden_size, hidden, self.full_support_size)
+
+    def zero_reward_state(self, batch: int, like: torch.Tensor) -> torch.Tensor:
+        """The LSTM state at a reset: zeros (batch, 2, lstm_hidden_size) of ``like``'s dtype and device."""
+        assert self.dynamics_reward_lstm is not None
+        return like.new_zeros(batch, 2, self.dynamics_reward_lstm.hidden_size)
+
+    def _lstm_step(self, features: torch.Tensor, reward_state: torch.Tensor) -> torch.Tensor:
+        """One LSTM step: features (B, F), state (B, 2, H) -> the new state (B, 2, H)."""
+        assert self.dynamics_reward_lstm is not None
+        h, c = self.dynamics_reward_lstm(features, (reward_state[:, 0], reward_state[:, 1]))
+        return torch.stack([h, c], 1)
+
+    def value_prefix_unroll(self, features: torch.Tensor) -> torch.Tensor:
+        """The value-prefix logits (B, K, 2S+1) of K dynamics steps from a root, given each
+        step's reward features (B, K, F): the LSTM state starts at zero and is reset to
+        zero after steps ``lstm_horizon_len``, ``2 lstm_horizon_len``, ...; the head's MLP
+        runs once on all K outputs."""
+        assert self.lstm_horizon_len is not None
+        batch, k_steps = features.shape[:2]
+        state = self.zero_reward_state(batch, features)
+        outputs = []
+        for k in range(k_steps):
+            state = self._lstm_step(features[:, k], state)
+            outputs.append(state[:, 0])
+            if (k + 1) % self.lstm_horizon_len == 0:
+                state = torch.zeros_like(state)
+        return self.dynamics_reward_network(torch.stack(outputs, 1))
+
     def project(self, hidden_state: torch.Tensor, predict: bool) -> torch.Tensor:
         """Hidden states (N, *hidden_shape) -> (N, projection size): through the
         projection, then the predictor when ``predict`` (the dynamics' side of the
@@ -226,6 +289,18 @@ class MuZeroNetwork(FlatWeights, nn.Module):
     def representation(self, observation: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
+    def _next_state(self, hidden_state: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+        """The dynamics' next hidden state (B, *hidden_shape), before min-max scaling."""
+        raise NotImplementedError
+
+    def _scale(self, next_state: torch.Tensor) -> torch.Tensor:
+        """``_next_state``'s output min-max scaled as hidden states are."""
+        raise NotImplementedError
+
+    def _reward_features(self, next_state: torch.Tensor) -> torch.Tensor:
+        """With a value prefix: the LSTM's input (B, F) from the unscaled next state."""
+        raise NotImplementedError
+
     def dynamics(self, hidden_state: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         raise NotImplementedError
 
@@ -233,23 +308,42 @@ class MuZeroNetwork(FlatWeights, nn.Module):
         raise NotImplementedError
 
     # Inference ------------------------------------------------------------------------
-    def initial_inference(self, observation: torch.Tensor) -> NetworkOutput:
-        """Observations (B, *observation_shape) float32 -> NetworkOutput; the reward is
-        the support of 0 (nothing was received before the first observation)."""
+    def initial_inference(self, observation: torch.Tensor) -> NetworkOutput | PrefixOutput:
+        """Observations (B, *observation_shape) float32 -> NetworkOutput (PrefixOutput with
+        a value prefix, its LSTM state zeros); the reward is the support of 0 (nothing was
+        received before the first observation)."""
         hidden_state = self.representation(observation)
         policy_logits, value_logits = self.prediction(hidden_state)
         zero = self._zero_reward_logits
         if zero.device != observation.device or zero.dtype != value_logits.dtype:
             zero = self._zero_reward_logits = zero.to(observation.device, value_logits.dtype)
         reward_logits = zero.expand(observation.shape[0], -1)
-        return NetworkOutput(value_logits, reward_logits, policy_logits, hidden_state)
+        if self.lstm_horizon_len is None:
+            return NetworkOutput(value_logits, reward_logits, policy_logits, hidden_state)
+        reward_state = self.zero_reward_state(observation.shape[0], value_logits)
+        return PrefixOutput(value_logits, reward_logits, policy_logits, hidden_state, reward_state)
 
-    def recurrent_inference(self, hidden_state: torch.Tensor, action: torch.Tensor) -> NetworkOutput:
+    def recurrent_inference(self, hidden_state: torch.Tensor, action: torch.Tensor,
+                            reward_state: torch.Tensor | None = None) -> NetworkOutput | PrefixOutput:  # fmt: skip
         """Hidden states (B, *hidden_shape) and actions LongTensor (B,) -> NetworkOutput
-        for the next hidden state, with the reward of taking ``action``."""
-        next_hidden, reward_logits = self.dynamics(hidden_state, action)
+        for the next hidden state, with the reward of taking ``action``.
+
+        With a value prefix: ``reward_state`` (B, 2, lstm_hidden_size) is the parent's LSTM
+        state (None: zeros, a reset; the caller resets it every ``lstm_horizon_len``
+        steps); a PrefixOutput, whose reward logits are the value prefix's and which carries
+        the new LSTM state. Without one, ``reward_state`` is ignored."""
+        if self.lstm_horizon_len is None:
+            next_hidden, reward_logits = self.dynamics(hidden_state, action)
+            policy_logits, value_logits = self.prediction(next_hidden)
+            return NetworkOutput(value_logits, reward_logits, policy_logits, next_hidden)
+        next_state = self._next_state(hidden_state, action)
+        if reward_state is None:
+            reward_state = self.zero_reward_state(next_state.shape[0], next_state)
+        reward_state = self._lstm_step(self._reward_features(next_state), reward_state)
+        next_hidden = self._scale(next_state)
         policy_logits, value_logits = self.prediction(next_hidden)
-        return NetworkOutput(value_logits, reward_logits, policy_logits, next_hidden)
+        reward_logits = self.dynamics_reward_network(reward_state[:, 0])
+        return PrefixOutput(value_logits, reward_logits, policy_logits, next_hidden, reward_state)
 
     def unroll(self, observation: torch.Tensor, actions: torch.Tensor, between_steps: float = 0.5) -> Unrolled:
         """The training unroll: the initial inference on ``observation`` (B, *obs), then K
@@ -257,14 +351,22 @@ class MuZeroNetwork(FlatWeights, nn.Module):
         step returns reaches the next step through ``scale_gradient(h, between_steps)``
         (the MuZero pseudocode's 0.5), step 1 starts from the representation unscaled.
 
+        With a value prefix the reward logits are the value prefix's, the LSTM state
+        carried from step to step and reset to zero after every ``lstm_horizon_len`` steps.
+
         This is the reference form, one ``recurrent_inference`` per step; a subclass may
         batch the work differently for the same values and gradients."""
         out = self.initial_inference(observation)
         values, rewards, policies = [out.value_logits], [], [out.policy_logits]
         hidden = out.hidden_state
         hiddens = [hidden]
+        reward_state = None  # zeros
         for k in range(actions.shape[1]):
-            out = self.recurrent_inference(hidden if k == 0 else scale_gradient(hidden, between_steps), actions[:, k])
+            out = self.recurrent_inference(hidden if k == 0 else scale_gradient(hidden, between_steps), actions[:, k],
+                                           reward_state)  # fmt: skip
+            reward_state = None  # zeros: no value prefix, or a reset after this step
+            if isinstance(out, PrefixOutput) and (k + 1) % cast(int, self.lstm_horizon_len) != 0:
+                reward_state = out.reward_state
             hidden = out.hidden_state
             hiddens.append(hidden)
             values.append(out.value_logits)
@@ -298,7 +400,8 @@ class FullyConnectedNetwork(MuZeroNetwork):
     (B, encoding_size + A).
     """
 
-    def __init__(self, observation_shape, num_actions: int, support_size: int, encoding_size: int, hidden: list[int]):
+    def __init__(self, observation_shape, num_actions: int, support_size: int, encoding_size: int, hidden: list[int],
+                 lstm_horizon_len: int | None = None, lstm_hidden_size: int = 64):  # fmt: skip
         super().__init__(observation_shape, num_actions, support_size)
         self.encoding_size = encoding_size
         self.hidden_shape = (encoding_size,)
@@ -308,9 +411,20 @@ class FullyConnectedNetwork(MuZeroNetwork):
         self.dynamics_reward_network = mlp(encoding_size, hidden, self.full_support_size)
         self.prediction_policy_network = mlp(encoding_size, hidden, num_actions)
         self.prediction_value_network = mlp(encoding_size, hidden, self.full_support_size)
+        if lstm_horizon_len is not None:
+            self.add_value_prefix(lstm_horizon_len, lstm_hidden_size, encoding_size, hidden)
 
     def representation(self, observation):
         return min_max_scale(self.representation_network(observation.flatten(1)), 1)
+
+    def _next_state(self, hidden_state, action):
+        return self._dynamics_first_layer(hidden_state, self._action_terms(action.reshape(-1)))
+
+    def _scale(self, next_state):
+        return min_max_scale(next_state, 1)
+
+    def _reward_features(self, next_state):
+        return next_state  # the unscaled state, as the reward head's
 
     def _dynamics_first_layer(self, hidden_state: torch.Tensor, action_term: torch.Tensor) -> torch.Tensor:
         """The dynamics' state MLP on ``[hidden_state, one_hot(action)]`` (B, E + A), given
@@ -355,6 +469,8 @@ class FullyConnectedNetwork(MuZeroNetwork):
             states.append(hidden)
         if k_steps == 0:
             reward_logits = hidden.new_empty(batch, 0, self.full_support_size)
+        elif self.lstm_horizon_len is not None:
+            reward_logits = self.value_prefix_unroll(torch.stack(unscaled, 1))
         else:
             reward_logits = self.dynamics_reward_network(torch.stack(unscaled, 1))  # from the unscaled states
         hidden_states = torch.stack(states, 1)
@@ -425,6 +541,7 @@ class ResidualNetwork(MuZeroNetwork):
     def __init__(
         self, observation_shape, num_actions: int, support_size: int, encoding_size: int,
         hidden: list[int], blocks: int, reduced_channels: int, downsample: bool = False,
+        lstm_horizon_len: int | None = None, lstm_hidden_size: int = 64,
     ):  # fmt: skip
         super().__init__(observation_shape, num_actions, support_size)
         if len(observation_shape) != 3:
@@ -445,16 +562,29 @@ class ResidualNetwork(MuZeroNetwork):
         self.prediction_trunk = nn.Sequential(*[ResidualBlock(c) for _ in range(blocks)])
         self.prediction_value_network = nn.Sequential(nn.Conv2d(c, reduced_channels, 1), nn.Flatten(), mlp(head_size, hidden, self.full_support_size))  # fmt: skip
         self.prediction_policy_network = nn.Sequential(nn.Conv2d(c, reduced_channels, 1), nn.Flatten(), mlp(head_size, hidden, num_actions))  # fmt: skip
+        if lstm_horizon_len is not None:
+            # the reward head's 1x1 conv feeds the LSTM; its MLP follows the LSTM
+            self.dynamics_reward_encoder = nn.Sequential(nn.Conv2d(c, reduced_channels, 1), nn.Flatten())
+            self.add_value_prefix(lstm_horizon_len, lstm_hidden_size, head_size, hidden)
 
     def representation(self, observation):
         return min_max_scale(self.representation_network(observation), 2)
 
     def dynamics(self, hidden_state, action):
-        b, _, height, width = hidden_state.shape
-        plane = (action.to(hidden_state.dtype) / self.num_actions).view(b, 1, 1, 1).expand(b, 1, height, width)
-        next_hidden = self.dynamics_state_network(torch.cat([hidden_state, plane], dim=1))
+        next_hidden = self._next_state(hidden_state, action)
         reward_logits = self.dynamics_reward_network(next_hidden)
         return min_max_scale(next_hidden, 2), reward_logits
+
+    def _next_state(self, hidden_state, action):
+        b, _, height, width = hidden_state.shape
+        plane = (action.to(hidden_state.dtype) / self.num_actions).view(b, 1, 1, 1).expand(b, 1, height, width)
+        return self.dynamics_state_network(torch.cat([hidden_state, plane], dim=1))
+
+    def _scale(self, next_state):
+        return min_max_scale(next_state, 2)
+
+    def _reward_features(self, next_state):
+        return self.dynamics_reward_encoder(next_state)
 
     def prediction(self, hidden_state):
         x = self.prediction_trunk(hidden_state)
@@ -476,18 +606,21 @@ def stacked_shape(observation_shape: tuple[int, ...], stacked_observations: int)
 
 
 def make_network(
-    config: NetworkConfig, observation_shape: tuple[int, ...], num_actions: int, stacked_observations: int = 0
+    config: NetworkConfig, observation_shape: tuple[int, ...], num_actions: int, stacked_observations: int = 0,
+    lstm_horizon_len: int | None = None,
 ) -> MuZeroNetwork:
     """Build the network that ``config.kind`` names, for raw observations of shape
-    ``observation_shape`` (one env step, before stacking)."""
+    ``observation_shape`` (one env step, before stacking); with ``lstm_horizon_len``, with
+    the value prefix of ``network.lstm_hidden_size`` (see the module docstring)."""
     input_shape = stacked_shape(tuple(observation_shape), stacked_observations)
     network: MuZeroNetwork
     if config.kind == "fc":
-        network = FullyConnectedNetwork(input_shape, num_actions, config.support_size, config.encoding_size, list(config.hidden))  # fmt: skip
+        network = FullyConnectedNetwork(input_shape, num_actions, config.support_size, config.encoding_size,
+                                        list(config.hidden), lstm_horizon_len, config.lstm_hidden_size)  # fmt: skip
     elif config.kind == "residual":
         network = ResidualNetwork(
             input_shape, num_actions, config.support_size, config.encoding_size, list(config.hidden),
-            config.blocks, config.reduced_channels, config.downsample,
+            config.blocks, config.reduced_channels, config.downsample, lstm_horizon_len, config.lstm_hidden_size,
         )  # fmt: skip
     else:
         raise ValueError(f'network.kind must be "fc" or "residual", got {config.kind!r}')
@@ -496,3 +629,9 @@ def make_network(
     if config.projection_size > 0:
         network.add_projection(config.projection_size)
     return network
+
+
+def lstm_horizon(muzero_config: MuZeroConfig) -> int | None:
+    """The value prefix's horizon a run's network is built with (``make_network``'s
+    ``lstm_horizon_len``): ``muzero.lstm_horizon_len`` with ``muzero.value_prefix``, else None."""
+    return muzero_config.lstm_horizon_len if muzero_config.value_prefix else None

@@ -36,7 +36,7 @@ from ...envs.two_player import is_two_player
 from ...replay.buffer import EpisodeRef, ReplayBuffer
 from ..base import WeightSource
 from .config import MuZeroRunConfig
-from .networks import make_network, support_to_scalar
+from .networks import lstm_horizon, make_network, support_to_scalar
 from .search import make_search
 from .targets import REANALYSE_COUNTERS, stacked_observations
 
@@ -119,7 +119,8 @@ class Reanalyser:
         if device is None:
             device = "cuda" if config.runtime.device != "cpu" and torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)
-        self.network = make_network(config.network, obs_shape, self.num_actions, self.num_stacked).to(self.device)
+        self.network = make_network(config.network, obs_shape, self.num_actions, self.num_stacked,
+                                    lstm_horizon(config.muzero)).to(self.device)  # fmt: skip
         self.network.eval()
         self._flat = np.empty(self.network.num_flat_weights(), np.float32)
         if store.handle.num_weights != self._flat.shape[0]:

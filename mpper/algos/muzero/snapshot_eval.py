@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 import numpy as np
 import torch
 
 from ..base import SnapshotRun
 from .config import MuZeroRunConfig
-from .networks import make_network, support_to_scalar
+from .networks import PrefixOutput, lstm_horizon, make_network, support_to_scalar
 from .targets import MuZeroTargets
 
 __all__ = ["evaluate_muzero"]
@@ -18,7 +20,8 @@ def evaluate_muzero(run: SnapshotRun[MuZeroRunConfig]) -> dict:
 
     - value error ``|v_k - z_k|``: the predicted scalar value (support -> scalar) against
       the n-step value target (reanalysed value where stored), in return units;
-    - reward error ``|r_k - u_k|`` (k >= 1; step 0 predicts no reward), reward units;
+    - reward error ``|r_k - u_k|`` (k >= 1; step 0 predicts no reward), reward units (with
+      ``muzero.value_prefix``, of the value prefix against its target);
     - policy KL ``KL(pi_k || p_k)`` and cross-entropy ``-sum pi_k log p_k`` (nats) of the
       predicted policy p against the stored visit distribution pi.
 
@@ -29,9 +32,11 @@ def evaluate_muzero(run: SnapshotRun[MuZeroRunConfig]) -> dict:
     """
     cfg, t = run.config, run.config.muzero
     K, num_actions = t.num_unroll_steps, run.spec.num_actions
+    horizon = lstm_horizon(t)
     network = run.load_weights(make_network(cfg.network, run.spec.observation_shape, num_actions,
-                                            t.stacked_observations))  # fmt: skip
-    targets = MuZeroTargets(K, t.td_steps, cfg.mcts.discount, num_actions, t.stacked_observations)
+                                            t.stacked_observations, horizon))  # fmt: skip
+    targets = MuZeroTargets(K, t.td_steps, cfg.mcts.discount, num_actions, t.stacked_observations,
+                            value_prefix_horizon=horizon)  # fmt: skip
     support = cfg.network.support_size
     rng = np.random.default_rng(0)  # actions past an episode's end; those steps are masked out
     steps = np.arange(K + 1)
@@ -50,7 +55,11 @@ def evaluate_muzero(run: SnapshotRun[MuZeroRunConfig]) -> dict:
             out = network.initial_inference(torch.from_numpy(d["observation"]))
             for k in range(K + 1):
                 if k > 0:
-                    out = network.recurrent_inference(out.hidden_state, actions[:, k])
+                    # the value prefix's LSTM state, zeros (None) at the root and after each horizon
+                    carried = None
+                    if isinstance(out, PrefixOutput) and (k - 1) % cast(int, horizon) != 0:
+                        carried = out.reward_state
+                    out = network.recurrent_inference(out.hidden_state, actions[:, k], carried)
                     reward = support_to_scalar(out.reward_logits, support).numpy()
                     sums["reward_error"][k] += np.abs(reward - d["target_reward"][:, k])[has_reward[:, k]].sum()
                 value = support_to_scalar(out.value_logits, support).numpy()

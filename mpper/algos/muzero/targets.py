@@ -20,7 +20,7 @@ from ...replay.schema import Schema
 from ...replay.targets import gather_rows
 
 __all__ = ["REANALYSE_COUNTERS", "WEIGHTS_STEP", "MuZeroTargets", "latest_stacked_observation", "muzero_schema",
-           "stacked_observations"]
+           "stacked_observations", "value_prefix_targets"]
 
 # The buffer counters MuZero's schema declares: reanalysed episodes stored, and dropped
 # (rewritten since they were read).
@@ -166,6 +166,20 @@ def _muzero_kernel(
                     out_action[b, k] = min(int(random_uniform[b, k] * num_actions), num_actions - 1)
 
 
+def value_prefix_targets(target_reward: np.ndarray, lstm_horizon_len: int) -> np.ndarray:
+    """EfficientZero's value-prefix targets from the reward targets (B, K+1) of the unroll
+    (column k: the reward of the k-th action; column 0, before any action, is left as
+    it is and not trained): column k >= 1 becomes the sum of the rewards of steps
+    ``j0 + 1 .. k``, where ``j0`` is the last multiple of ``lstm_horizon_len`` below k, the
+    step after which the LSTM was last reset. Past an episode's end the rewards are 0,
+    so the sum holds until the next reset. A new array, same dtype."""
+    prefix = np.array(target_reward, copy=True)
+    for k in range(2, prefix.shape[1]):  # a loop over unroll depth, not over the batch
+        if (k - 1) % lstm_horizon_len != 0:
+            prefix[:, k] += prefix[:, k - 1]
+    return prefix
+
+
 def stacked_observations(
     observation: np.ndarray, action: np.ndarray, slots: np.ndarray, pos: np.ndarray,
     num_stacked: int, num_actions: int,
@@ -220,6 +234,9 @@ class MuZeroTargets:
     target_mask and policy_mask (B, K+1) float32: 0 for the unroll steps past the cut
     of a truncated episode, whose targets are not to be trained on (see the kernel).
 
+    With ``value_prefix_horizon`` (EfficientZero's value prefix, ``muzero.value_prefix``),
+    target_reward holds the value prefixes instead (:func:`value_prefix_targets`).
+
     With ``next_observations`` (the consistency loss) also next_observation
     (B, K, *stacked) float32, the (stacked) observation ``o_{t+k}`` for k = 1..K, and
     next_observation_mask (B, K) float32: 1 where ``t + k <= T`` (the observation
@@ -251,6 +268,7 @@ class MuZeroTargets:
     off_policy_correction: bool = False
     total_training_steps: int = 1  # T_total (training.training_steps)
     auto_td_steps_ratio: float = 0.3  # tau
+    value_prefix_horizon: int | None = None  # muzero.lstm_horizon_len with muzero.value_prefix
 
     def __post_init__(self):
         if self.num_unroll_steps < 0 or self.td_steps < 1 or self.num_actions < 1:
@@ -294,6 +312,8 @@ class MuZeroTargets:
             out["target_value"], out["target_reward"], out["target_policy"], out["actions"],
             out["gradient_scale"], out["target_mask"], out["policy_mask"],
         )  # fmt: skip
+        if self.value_prefix_horizon is not None:
+            out["target_reward"] = value_prefix_targets(out["target_reward"], self.value_prefix_horizon)
         if self.stack_on_device:
             self._add_frames(out, fields, slots, pos, np.asarray(moves))
             return out

@@ -33,6 +33,15 @@ its ``to_play``, which alternates down the tree, and a node's reward from the vi
 player who moved into it); priors are the softmax of the policy logits over the legal
 actions at the root and over all actions below it (the model does not know the rules).
 
+With EfficientZero's value prefix (a network whose ``lstm_horizon_len`` is set, see
+:mod:`.networks`), each node also keeps the LSTM state that produced its prefix, in a
+torch tensor (K, nodes, 2, H) beside the hidden states (an inference server's network:
+tokens, zeros naming the zero state); step 2 passes the parent's, zeros
+where the parent's depth is a multiple of ``lstm_horizon_len`` (the root included), and
+step 3 stores the prefix and sets the node's reward to ``prefix(node) - prefix(parent)``,
+or ``prefix(node)`` where the parent's state was reset (EfficientZero's ctree,
+``is_reset``). Everything after expansion reads rewards as ever.
+
 Why numba for steps 1 and 3: the work per tree level is tiny (K x A numbers), so
 vectorised numpy over K with a Python loop over depth paid a few dozen calls of fixed
 overhead per level and most of a search went to tree bookkeeping, the more so with the
@@ -84,7 +93,8 @@ class Tree:
 
     Per node (K, num_nodes): ``visit_count`` int64, ``value_sum``, ``reward`` (the root's
     stays 0), ``raw_value`` (the network's value of the node, before any backup; Gumbel's
-    completed Q-values need it), ``node_to_play`` int64. Per edge (K, num_nodes, A):
+    completed Q-values need it), ``node_to_play`` int64, ``value_prefix`` (the network's
+    value prefix of the node, with a value prefix; else 0). Per edge (K, num_nodes, A):
     ``prior``, ``children`` int64 (-1: not expanded). Per tree (K,): ``q_min``/``q_max``,
     the min-max statistics of every Q the backup has seen (pUCT's ``MinMaxStats``).
     The walk of the current simulation, written by a policy's ``select``: ``path``
@@ -100,6 +110,7 @@ class Tree:
         self.value_sum = np.zeros((k_trees, num_nodes))
         self.reward = np.zeros((k_trees, num_nodes))  # the root's stays 0: the support of 0
         self.raw_value = np.zeros((k_trees, num_nodes))
+        self.value_prefix = np.zeros((k_trees, num_nodes))  # the root's stays 0: nothing summed yet
         self.node_to_play = np.zeros((k_trees, num_nodes), dtype=np.int64)
         self.node_to_play[:, 0] = np.asarray(to_play, dtype=np.int64).reshape(k_trees)
         self.prior = np.zeros((k_trees, num_nodes, num_actions))
@@ -181,7 +192,9 @@ class BatchedSearch:
             network: anything with ``initial_inference(obs)`` and
                 ``recurrent_inference(hidden, action)`` returning a ``NetworkOutput``
                 (value and reward as support logits (K, 2S+1), policy logits (K, A)),
-                e.g. a ``MuZeroNetwork`` in eval mode (BatchNorm!).
+                e.g. a ``MuZeroNetwork`` in eval mode (BatchNorm!). One with a value
+                prefix (``lstm_horizon_len`` set) takes and returns the LSTM state too
+                (``recurrent_inference(hidden, action, reward_state)``); one-player only.
             observations: (K, *observation_shape) float32, stacked as the network expects.
             legal_actions: (K, A) bool; every row needs at least one legal action.
             to_play: (K,) int, the player to move at each root: 0 or 1 in two-player
@@ -199,6 +212,9 @@ class BatchedSearch:
             raise ValueError(f"legal_actions must be (K, {self.num_actions}) bool, got shape {legal.shape}")
         if not legal.any(axis=1).all():
             raise ValueError(f"legal_actions: roots {np.flatnonzero(~legal.any(axis=1)).tolist()} have no legal action")
+        horizon = int(getattr(network, "lstm_horizon_len", None) or 0)  # the value prefix's; 0: none
+        if horizon and self.two_player:
+            raise ValueError("a network with a value prefix (muzero.value_prefix) cannot search a two-player game")
         draws = self.draw(legal, add_exploration_noise, rng, root_noise, tie_break)
         param = next(iter(network.parameters()), None)
         device = param.device if param is not None else torch.device("cpu")
@@ -214,19 +230,32 @@ class BatchedSearch:
         hidden_shape = (k_trees, num_sims + 1, *out.hidden_state.shape[1:])
         hidden = torch.empty(hidden_shape, dtype=out.hidden_state.dtype, device=device)
         hidden[:, 0] = out.hidden_state
+        reward_states = None  # (K, nodes, 2, H): each node's LSTM state, with a value prefix
+        if horizon:
+            reward_states = out.reward_state.new_empty((k_trees, num_sims + 1, *out.reward_state.shape[1:]))
+            reward_states[:, 0] = out.reward_state
 
         trees_t = torch.arange(k_trees, device=device)
         parent_t, action_t = torch.from_numpy(tree.parent), torch.from_numpy(tree.action)  # views, refreshed by select
         max_tree_depth = 0
         for sim in range(num_sims):
             max_tree_depth = max(max_tree_depth, self.select(tree, draws))
-            out = network.recurrent_inference(hidden[trees_t, parent_t.to(device)], action_t.to(device))
+            if reward_states is None:
+                out = network.recurrent_inference(hidden[trees_t, parent_t.to(device)], action_t.to(device))
+            else:
+                parents = parent_t.to(device)
+                # the parent's LSTM state, zeros where the parent sits at a reset depth
+                at_reset = torch.from_numpy((tree.depth - 1) % horizon == 0).to(device)
+                state = reward_states[trees_t, parents]
+                state = state.masked_fill(at_reset.view(-1, *[1] * (state.dim() - 1)), 0)
+                out = network.recurrent_inference(hidden[trees_t, parents], action_t.to(device), state)
+                reward_states[:, sim + 1] = out.reward_state
             hidden[:, sim + 1] = out.hidden_state
             logits = torch.cat([out.value_logits, out.reward_logits, out.policy_logits], 1).cpu().numpy()
             _expand_and_backup(
                 sim + 1, logits, support_size, tree.parent, tree.action, tree.path, tree.depth, self.two_player,
                 self.config.discount, tree.children, tree.visit_count, tree.value_sum, tree.reward, tree.node_to_play,
-                tree.prior, tree.q_min, tree.q_max, tree.raw_value,
+                tree.prior, tree.q_min, tree.q_max, tree.raw_value, horizon, tree.value_prefix,
             )  # fmt: skip
 
         policy_target, actions = self.decide(tree, draws)
@@ -289,10 +318,16 @@ def _logits_to_scalar(logits, start, support_size):
 @numba.njit(cache=True, nogil=True)
 def _expand_and_backup(leaf, logits, support_size, parent, action, path, depth, two_player, discount,
                        children, visit_count, value_sum, reward, node_to_play, prior, q_min, q_max,
-                       raw_value):  # fmt: skip
+                       raw_value, lstm_horizon_len, value_prefix):  # fmt: skip
     """Create node ``leaf`` in every tree from the recurrent inference's ``logits``
     (K, value 2S+1 | reward 2S+1 | policy A), then back its value up the path.
     ``raw_value[k, leaf]`` keeps the network's value of the new node.
+
+    ``lstm_horizon_len`` > 0: the middle logits are the value prefix, kept in
+    ``value_prefix[k, leaf]``; the node's reward is it minus the parent's prefix, or the
+    prefix itself where the parent's depth (``depth[k] - 1``) is a multiple of
+    ``lstm_horizon_len`` (the LSTM was reset there: EfficientZero's ``is_reset``). 0: the
+    middle logits are the reward.
 
     Backup is muzero-general's ``backpropagate``: ``value`` is the return seen by the
     leaf's player; each node on the path adds it (negated where the node's player is
@@ -307,7 +342,12 @@ def _expand_and_backup(leaf, logits, support_size, parent, action, path, depth, 
         children[k, p, action[k]] = leaf
         value = _logits_to_scalar(logits[k], 0, support_size)
         raw_value[k, leaf] = value
-        reward[k, leaf] = _logits_to_scalar(logits[k], width, support_size)
+        r = _logits_to_scalar(logits[k], width, support_size)
+        if lstm_horizon_len > 0:
+            value_prefix[k, leaf] = r
+            if (depth[k] - 1) % lstm_horizon_len != 0:
+                r -= value_prefix[k, p]
+        reward[k, leaf] = r
         leaf_to_play = (node_to_play[k, p] + 1) % 2 if two_player else node_to_play[k, p]
         node_to_play[k, leaf] = leaf_to_play
         top = float(logits[k, 2 * width])

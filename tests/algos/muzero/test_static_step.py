@@ -82,13 +82,27 @@ def weights(trainer: MuZeroTrainer) -> list[torch.Tensor]:
 
 @pytest.mark.parametrize("optimizer", ["adam", "sgd"])
 def test_the_static_step_is_todays_step(case, optimizer):
+    """The static step gives the eager step's results (``check_static_equals_eager``)."""
+    name, buf = case
+    sets = [f"training.optimizer={optimizer}", "training.lr_decay_rate=0.5", "training.lr_decay_steps=2",
+            "training.grad_clip=1.0"]  # fmt: skip
+    check_static_equals_eager(name, buf, sets)
+
+
+def test_the_static_step_is_todays_step_with_a_value_prefix(case):
+    """The same with EfficientZero's value prefix: its LSTM in the unroll, its targets."""
+    name, buf = case
+    sets = ["muzero.value_prefix=true", "muzero.lstm_horizon_len=2", "network.lstm_hidden_size=8",
+            "training.grad_clip=1.0"]  # fmt: skip
+    eager = check_static_equals_eager(name, buf, sets)
+    assert eager.network.lstm_horizon_len == 2 and eager.network.dynamics_reward_lstm is not None
+
+
+def check_static_equals_eager(name: str, buf: ReplayBuffer, sets: list[str]) -> MuZeroTrainer:
     """Five updates on the same batches from the same weights: the static step, its
     results one call late, gives the eager step's losses, gradient norms and
     priorities, and the same weights (BatchNorm statistics included) and optimizer
     state after each update."""
-    name, buf = case
-    sets = [f"training.optimizer={optimizer}", "training.lr_decay_rate=0.5", "training.lr_decay_steps=2",
-            "training.grad_clip=1.0"]  # fmt: skip
     eager = make_trainer(config_of(name, *sets, "training.capture=off"), name)
     static = make_trainer(config_of(name, *sets, "training.capture=static"), name)
     assert eager.static is None and static.static is not None and static.static.mode == "static"
@@ -114,6 +128,7 @@ def test_the_static_step_is_todays_step(case, optimizer):
         for key, value in eager.optimizer.state[p_eager].items():
             torch.testing.assert_close(static.optimizer.state[p_static][key].float(), value.float(),
                                        rtol=1e-5, atol=1e-7)  # fmt: skip
+    return eager
 
 
 def test_train_step_waits_for_its_own_update(case):
