@@ -9,13 +9,17 @@ The curve is the run's evaluation records (10 greedy episodes each) against the 
 stored when they arrived, and against wall time; the result is the final evaluation: F
 greedy episodes of the final weights once the budget is spent (``final_evaluation.json``).
 A run that reaches ``--time-limit`` first ends there and says so (its env steps are then
-below the budget). Prints a table per game and the ratio of the median final returns
-(MuZero / DQN); writes ``env_steps.json`` and ``env_steps_<game>.png``.
+below the budget). ``--variant LABEL:KEY=VALUE,...`` adds MuZero runs with those overrides
+(an ablation: each variant's median beside plain MuZero's). Prints a table per game and the
+ratios of the median final returns (MuZero / DQN, variant / MuZero); writes
+``env_steps.json`` and ``env_steps_<game>.png``.
 
 Usage::
 
     python bench/env_steps.py --games breakout space_invaders --env-steps 100000 --seeds 0 1 2
     python bench/env_steps.py --games breakout --env-steps 25000 --seeds 0 --set muzero:training.samples_per_insert=8
+    python bench/env_steps.py --games breakout --env-steps 20000 --systems muzero \
+        --variant vp:muzero.value_prefix=true --variant opc:muzero.off_policy_correction=true
 """
 
 from __future__ import annotations
@@ -37,11 +41,14 @@ SYSTEMS = {"muzero": "configs/minatar_{game}.json", "dqn": "configs/minatar_{gam
 
 
 def run_one(out: Path, game: str, system: str, seed: int, args) -> dict:
-    """One run; its figures, curve and final evaluation."""
+    """One run of ``system`` (a key of SYSTEMS, or a variant's label: MuZero with its
+    overrides); its figures, curve and final evaluation."""
     run_dir = out / f"{system}-{game}-seed{seed}"
     subprocess.run(["rm", "-rf", str(run_dir)], check=True)
-    overrides = [o.split(":", 1)[1] for o in args.set if o.split(":", 1)[0] == system]
-    command = [sys.executable, "run.py", "--config", SYSTEMS[system].format(game=game), "--workers", str(args.workers),
+    base = system if system in SYSTEMS else "muzero"
+    overrides = [o.split(":", 1)[1] for o in args.set if o.split(":", 1)[0] == base]
+    overrides += args.variants.get(system, [])
+    command = [sys.executable, "run.py", "--config", SYSTEMS[base].format(game=game), "--workers", str(args.workers),
                "--seed", str(seed), "--env-steps", str(args.env_steps), "--device", "cpu", "--run-dir", str(run_dir),
                "--time-limit", f"{args.time_limit:g}",
                "--set", f"runtime.final_evaluation_episodes={args.final_episodes}",
@@ -69,20 +76,25 @@ def run_figures(run_dir: Path) -> dict:
             "final_mean": final["mean_return"], "final_returns": final["returns"]}  # fmt: skip
 
 
+def _ratio(medians: dict, top: str, bottom: str) -> float | None:
+    if top not in medians or bottom not in medians or medians[bottom]["median"] == 0:
+        return None
+    return medians[top]["median"] / medians[bottom]["median"]
+
+
 def summary(rows: list[dict]) -> dict[str, dict]:
-    """Per game: each system's median final return and seeds, and MuZero / DQN's ratio
-    of the medians (None without both, or with a DQN median of 0)."""
+    """Per game: each system's (and variant's) median final return and seeds, MuZero /
+    DQN's ratio of the medians, and each variant's ratio to plain MuZero (None without
+    both, or with a denominator of 0)."""
     out: dict[str, dict] = {}
     for game in dict.fromkeys(r["game"] for r in rows):
         medians = {}
-        for system in SYSTEMS:
+        for system in dict.fromkeys(r["system"] for r in rows):
             finals = [r["final_mean"] for r in rows if r["game"] == game and r["system"] == system]
             if finals:
                 medians[system] = {"median": statistics.median(finals), "seeds": len(finals)}
-        ratio = None
-        if "muzero" in medians and "dqn" in medians and medians["dqn"]["median"] != 0:
-            ratio = medians["muzero"]["median"] / medians["dqn"]["median"]
-        out[game] = {"medians": medians, "ratio": ratio}
+        variants = {v: _ratio(medians, v, "muzero") for v in medians if v not in SYSTEMS}
+        out[game] = {"medians": medians, "ratio": _ratio(medians, "muzero", "dqn"), "variants": variants}
     return out
 
 
@@ -96,6 +108,7 @@ def markdown(rows: list[dict], args) -> str:
     for game, s in summary(rows).items():
         medians = ", ".join(f"{k} {v['median']:.2f} ({v['seeds']} seeds)" for k, v in s["medians"].items())
         ratio = f"; MuZero / DQN {s['ratio']:.2f}x" if s["ratio"] is not None else ""
+        ratio += "".join(f"; {v} / MuZero {x:.2f}x" for v, x in s["variants"].items() if x is not None)
         lines.append(f"\n{game}: median final {medians}{ratio}")
     return "\n".join(lines) + "\n"
 
@@ -107,9 +120,10 @@ def plot(rows: list[dict], game: str, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
+    systems = list(dict.fromkeys([*SYSTEMS, *(r["system"] for r in rows)]))
     for r in (r for r in rows if r["game"] == game and r["curve"]):
         steps, seconds, returns = zip(*r["curve"])
-        color = f"C{list(SYSTEMS).index(r['system'])}"
+        color = f"C{systems.index(r['system'])}"
         label = r["system"] if r["seed"] == min(x["seed"] for x in rows if x["system"] == r["system"]) else None
         axes[0].plot(steps, returns, color=color, alpha=0.8, label=label)
         axes[1].plot([s / 60 for s in seconds], returns, color=color, alpha=0.8)
@@ -135,6 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--time-limit", type=float, default=7200.0, help="each run's --time-limit, a safety net")
     ap.add_argument("--set", action="append", default=[], metavar="SYSTEM:KEY=VALUE",
                     help="an override for one system's runs, e.g. muzero:training.samples_per_insert=8")
+    ap.add_argument("--variant", action="append", default=[], metavar="LABEL:KEY=VALUE[,KEY=VALUE]",
+                    help="MuZero runs with these overrides as well, labelled, e.g. vp:muzero.value_prefix=true")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "env_steps")
     args = ap.parse_args(argv)
     for o in args.set:
@@ -142,12 +158,20 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: --set {o}: expected SYSTEM:KEY=VALUE with SYSTEM one of {', '.join(SYSTEMS)}",
                   file=sys.stderr)  # fmt: skip
             return 2
+    args.variants = {}
+    for v in args.variant:
+        label, _, sets = v.partition(":")
+        if not label or label in SYSTEMS or label in args.variants or "=" not in sets:
+            print(f"error: --variant {v}: expected LABEL:KEY=VALUE[,KEY=VALUE] with a new label other than "
+                  f"{', '.join(SYSTEMS)}", file=sys.stderr)  # fmt: skip
+            return 2
+        args.variants[label] = sets.split(",")
     args.out.mkdir(parents=True, exist_ok=True)
     rows: list[dict] = []
     started = time.strftime("%Y-%m-%d %H:%M")
     for seed in args.seeds:
         for game in args.games:
-            for system in args.systems:
+            for system in [*args.systems, *args.variants]:
                 rows.append(run_one(args.out, game, system, seed, args))
                 r = rows[-1]
                 print(f"{game} {system} seed {seed}: final mean {r['final_mean']:.2f} at {r['env_steps']:,} env steps, "
