@@ -441,8 +441,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sections", default="learner,run,selfplay,compile", help="comma-separated, in this order")
     args = ap.parse_args(argv)
     if args.quick:
-        args.learner_seconds, args.selfplay_seconds = min(args.learner_seconds, 1.0), min(args.selfplay_seconds, 1.5)
-        args.run_seconds, args.cartpole_batch, args.workers = min(args.run_seconds, 8.0), 64, 1
+        args.learner_seconds, args.selfplay_seconds = min(args.learner_seconds, 0.5), min(args.selfplay_seconds, 1.0)
+        args.run_seconds, args.cartpole_batch, args.workers = min(args.run_seconds, 6.0), 64, 1
     report = Report(args.out, time.monotonic(), args.budget_s)
     report.data.update(args=" " + " ".join(sys.argv[1:] if argv is None else argv), date=time.strftime("%Y-%m-%d"),
                        wheels=install_wheels(), cpus=os.cpu_count())  # fmt: skip

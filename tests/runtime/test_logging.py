@@ -167,7 +167,7 @@ def test_periodic_videos_are_written_during_the_run(tmp_path):
 
     run_dir = tmp_path / "run"
     args = run_args(run_dir, "--workers", "0", "--max-train-steps", "30", "--seed", "2",
-                    "--set", "training.samples_per_insert=4", "--set", "runtime.evaluation_interval_s=0.1",
+                    "--set", "training.samples_per_insert=4", "--set", "runtime.evaluation_interval_s=1",
                     "--set", "runtime.video_every_evaluations=1")  # fmt: skip
     proc = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=250)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
