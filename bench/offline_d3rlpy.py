@@ -96,7 +96,8 @@ def main() -> None:
         evaluating += time.monotonic() - t0
         wall = time.monotonic() - started
         result["evaluations"].append(
-            {"steps": epoch * args.steps_per_evaluation, "mean_return": mean, "wall_s": round(wall, 2)}
+            {"steps": epoch * args.steps_per_evaluation, "mean_return": mean, "wall_s": round(wall, 2),
+             "unix_time": round(time.time(), 3)}
         )
         if mean >= args.solve:
             result.update(
@@ -104,6 +105,7 @@ def main() -> None:
                 wall_s=round(wall, 2),
                 training_s=round(wall - evaluating, 2),
                 steps=epoch * args.steps_per_evaluation,
+                solved_unix_time=round(time.time(), 3),
             )
             break
         if wall >= args.time_limit:
