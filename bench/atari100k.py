@@ -36,7 +36,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import gpu  # noqa: E402  (install_wheels, child_env, run_figures)
+import gpu  # noqa: E402  (install_wheels, child_env, read_records, run_figures)
 
 GAMES = ("pong", "breakout", "boxing")
 # --quick: a few hundred agent steps of each run, at sizes the CPU plays in seconds
@@ -67,12 +67,7 @@ def run_row(game: str, seed: int, run_dir: Path, command: list[str], code: int |
     metrics = run_dir / "metrics.jsonl"
     if not metrics.is_file():
         return {**row, "note": "no metrics.jsonl"}
-    records = []
-    for line in metrics.read_text().splitlines():
-        try:
-            records.append(json.loads(line))
-        except ValueError:  # a last line cut by a kill
-            continue
+    records = gpu.read_records(metrics)
     row.update(gpu.run_figures(metrics))
     row["curve"] = [(r["env_steps"], r["time_s"], r["evaluation"]["mean_return"]) for r in records
                     if r.get("event") == "evaluation" and "mean_return" in r.get("evaluation", {})]  # fmt: skip

@@ -367,15 +367,21 @@ def selfplay_figures(result: dict) -> dict:
 # ---- 3. a run with every process ---------------------------------------------------------------
 
 
-def run_figures(metrics_path: Path) -> dict:
-    """Training steps/s (once learning started), env steps/s (whole run) and the learner's
-    mean data-wait share, from a run's ``metrics.jsonl``."""
+def read_records(metrics_path: Path) -> list[dict]:
+    """A run's ``metrics.jsonl`` records, without a last line cut by a stop or a kill."""
     records = []
     for line in metrics_path.read_text().splitlines():
         try:
             records.append(json.loads(line))
-        except ValueError:  # a last line cut by the stop
+        except ValueError:
             continue
+    return records
+
+
+def run_figures(metrics_path: Path) -> dict:
+    """Training steps/s (once learning started), env steps/s (whole run) and the learner's
+    mean data-wait share, from a run's ``metrics.jsonl``."""
+    records = read_records(metrics_path)
     timed = [r for r in records if "time_s" in r]
     if len(timed) < 2:
         return {"note": f"{len(timed)} records in {metrics_path}"}
