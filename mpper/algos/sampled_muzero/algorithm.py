@@ -1,0 +1,61 @@
+"""Sampled MuZero's :class:`~mpper.algos.base.Algorithm`: the registry entry."""
+
+from __future__ import annotations
+
+from ..base import Algorithm
+from .config import SampledMCTSConfig, SampledMuZeroRunConfig
+from .networks import SampledMuZeroNetwork, make_network
+from .player import SampledPlayer
+from .reanalyse import SampledReanalyser
+from .snapshot_eval import evaluate_sampled
+from .targets import SampledTargets, sampled_schema
+from .trainer import SampledMuZeroTrainer
+
+__all__ = ["ALGORITHM"]
+
+
+def make_model(config: SampledMuZeroRunConfig, observation_shape: tuple[int, ...], action_dim: int) -> SampledMuZeroNetwork:
+    """The network of ``config.network`` for actions of ``action_dim`` dimensions."""
+    return make_network(config.network, observation_shape, action_dim)
+
+
+def make_player(config: SampledMuZeroRunConfig, envs: list, network, explore: bool, seed: int,
+                worker_id: int = 0) -> SampledPlayer:  # fmt: skip
+    return SampledPlayer(config, envs, network, explore, seed)
+
+
+def make_targets(config: SampledMuZeroRunConfig, action_dim: int) -> SampledTargets:
+    t = config.sampled_muzero
+    return SampledTargets(t.num_unroll_steps, t.td_steps, config.mcts.discount)
+
+
+def run_schema(config: SampledMuZeroRunConfig, observation_shape, action_dim: int, observation_dtype="float32"):
+    return sampled_schema(observation_shape, action_dim, config.mcts.num_sampled_actions, observation_dtype)
+
+
+def _player_bytes(config: SampledMuZeroRunConfig, spec, model) -> int:
+    """One worker's search trees: per node its statistics and K edges (prior, child, the
+    sampled action), and a hidden state."""
+    nodes = config.runtime.envs_per_worker * (config.mcts.num_simulations + 1)
+    k = config.mcts.num_sampled_actions
+    return nodes * (5 * 8 + k * (8 + 8 + 1 + 8 * spec.num_actions) + 4 * config.network.encoding_size)
+
+
+ALGORITHM = Algorithm[SampledMuZeroRunConfig](
+    name="sampled_muzero",
+    # the rows of a run hold K = mcts.num_sampled_actions root samples: config_schema; this is
+    # the schema at the default K, for callers that have no config
+    schema=lambda observation_shape, action_dim, dtype="float32": sampled_schema(
+        observation_shape, action_dim, SampledMCTSConfig().num_sampled_actions, dtype),
+    config_schema=run_schema,
+    make_network=make_model,
+    make_player=make_player,
+    make_targets=make_targets,
+    make_trainer=SampledMuZeroTrainer,
+    evaluate_snapshot=evaluate_sampled,
+    make_reanalyser=SampledReanalyser,
+    reanalyses=lambda config: config.reanalyse.enabled,
+    player_bytes=_player_bytes,
+    continuous_actions=True,
+    description="Sampled MuZero: continuous (Box) actions, K sampled actions per node, sampled-policy correction",
+)
