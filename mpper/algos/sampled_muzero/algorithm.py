@@ -15,8 +15,8 @@ __all__ = ["ALGORITHM"]
 
 
 def make_model(config: SampledMuZeroRunConfig, observation_shape: tuple[int, ...], action_dim: int) -> SampledMuZeroNetwork:
-    """The network of ``config.network`` for actions of ``action_dim`` dimensions."""
-    return make_network(config.network, observation_shape, action_dim)
+    """The network of ``config.sampled_network`` for actions of ``action_dim`` dimensions."""
+    return make_network(config.sampled_network, observation_shape, action_dim)
 
 
 def make_player(config: SampledMuZeroRunConfig, envs: list, network, explore: bool, seed: int,
@@ -26,19 +26,19 @@ def make_player(config: SampledMuZeroRunConfig, envs: list, network, explore: bo
 
 def make_targets(config: SampledMuZeroRunConfig, action_dim: int) -> SampledTargets:
     t = config.sampled_muzero
-    return SampledTargets(t.num_unroll_steps, t.td_steps, config.mcts.discount)
+    return SampledTargets(t.num_unroll_steps, t.td_steps, config.sampled_mcts.discount)
 
 
 def run_schema(config: SampledMuZeroRunConfig, observation_shape, action_dim: int, observation_dtype="float32"):
-    return sampled_schema(observation_shape, action_dim, config.mcts.num_sampled_actions, observation_dtype)
+    return sampled_schema(observation_shape, action_dim, config.sampled_mcts.num_sampled_actions, observation_dtype)
 
 
 def _player_bytes(config: SampledMuZeroRunConfig, spec, model) -> int:
     """One worker's search trees: per node its statistics and K edges (prior, child, the
     sampled action), and a hidden state."""
-    nodes = config.runtime.envs_per_worker * (config.mcts.num_simulations + 1)
-    k = config.mcts.num_sampled_actions
-    return nodes * (5 * 8 + k * (8 + 8 + 1 + 8 * spec.num_actions) + 4 * config.network.encoding_size)
+    nodes = config.runtime.envs_per_worker * (config.sampled_mcts.num_simulations + 1)
+    k = config.sampled_mcts.num_sampled_actions
+    return nodes * (5 * 8 + k * (8 + 8 + 1 + 8 * spec.num_actions) + 4 * config.sampled_network.encoding_size)
 
 
 ALGORITHM = Algorithm[SampledMuZeroRunConfig](
@@ -54,7 +54,7 @@ ALGORITHM = Algorithm[SampledMuZeroRunConfig](
     make_trainer=SampledMuZeroTrainer,
     evaluate_snapshot=evaluate_sampled,
     make_reanalyser=SampledReanalyser,
-    reanalyses=lambda config: config.reanalyse.enabled,
+    reanalyses=lambda config: config.sampled_reanalyse.enabled,
     player_bytes=_player_bytes,
     continuous_actions=True,
     description="Sampled MuZero: continuous (Box) actions, K sampled actions per node, sampled-policy correction",

@@ -2,7 +2,7 @@
 Complex Action Spaces"): ``network``, ``mcts``, ``sampled_muzero`` and ``reanalyse``, and
 :class:`SampledMuZeroRunConfig`, the whole config of a run with them as typed fields.
 
-Names follow the paper (K: ``mcts.num_sampled_actions``; beta, the sampling distribution:
+Names follow the paper (K: ``sampled_mcts.num_sampled_actions``; beta, the sampling distribution:
 the network's policy, at the root with ``root_sampling_temperature``) and, where MuZero
 has the same key, MuZero's (:mod:`mpper.algos.muzero.config`).
 """
@@ -82,30 +82,30 @@ class SampledMuZeroRunConfig(Config):
 
     algorithm: str = opt("sampled_muzero", None, "the algorithm to train; its own sections are the other keys of "
                          "the file")
-    network: SampledNetworkConfig = field(default_factory=SampledNetworkConfig)
-    mcts: SampledMCTSConfig = field(default_factory=SampledMCTSConfig)
+    sampled_network: SampledNetworkConfig = field(default_factory=SampledNetworkConfig)
+    sampled_mcts: SampledMCTSConfig = field(default_factory=SampledMCTSConfig)
     sampled_muzero: SampledMuZeroConfig = field(default_factory=SampledMuZeroConfig)
-    reanalyse: SampledReanalyseConfig = field(default_factory=SampledReanalyseConfig)
+    sampled_reanalyse: SampledReanalyseConfig = field(default_factory=SampledReanalyseConfig)
 
 
 def _no_gumbel(config: SampledMuZeroRunConfig) -> str | None:
-    if config.mcts.kind == "gumbel":
+    if config.sampled_mcts.kind == "gumbel":
         return ('Gumbel search over sampled actions is not implemented for "algorithm": "sampled_muzero"; '
                 'use "puct"')  # fmt: skip
     return None
 
 
 def _log_std_range(config: SampledMuZeroRunConfig) -> str | None:
-    n = config.network
+    n = config.sampled_network
     if n.min_log_std >= n.max_log_std:
-        return f"must be below network.max_log_std ({n.max_log_std}), got {n.min_log_std}"
+        return f"must be below sampled_network.max_log_std ({n.max_log_std}), got {n.min_log_std}"
     return None
 
 
 CONFIG = AlgorithmConfig(
     SampledMuZeroRunConfig,
     rules=(
-        Rule(("mcts.kind",), _no_gumbel),
-        Rule(("network.min_log_std", "network.max_log_std"), _log_std_range),
+        Rule(("sampled_mcts.kind",), _no_gumbel),
+        Rule(("sampled_network.min_log_std", "sampled_network.max_log_std"), _log_std_range),
     ),
 )

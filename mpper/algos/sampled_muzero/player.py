@@ -1,7 +1,7 @@
 """Sampled MuZero self-play and evaluation: N environments with a Box action space played
 together, one batched sampled search per move.
 
-Self-play explores (the root samples at ``mcts.root_sampling_temperature``, Dirichlet noise
+Self-play explores (the root samples at ``sampled_mcts.root_sampling_temperature``, Dirichlet noise
 over them, the played sample drawn from the visit counts at the scheduled temperature);
 evaluation plays the most visited sampled action of a search without noise. Actions are
 chosen in [-1, 1]^A and rescaled to the env's Box (``low + (a + 1) / 2 * (high - low)``)
@@ -64,8 +64,8 @@ class SampledPlayer:
         self.low, self.high = np.asarray(space.low, np.float64), np.asarray(space.high, np.float64)
         self.action_dim = int(np.prod(space.shape))
         self.shape = tuple(space.shape)
-        self.num_sampled = int(config.mcts.num_sampled_actions)
-        self.search = SampledSearch(config.mcts, self.action_dim, config.network.support_size)
+        self.num_sampled = int(config.sampled_mcts.num_sampled_actions)
+        self.search = SampledSearch(config.sampled_mcts, self.action_dim, config.sampled_network.support_size)
         self.rng = np.random.default_rng(seed)
         self.episodes = [self._reset(k, seed + k) for k in range(len(envs))]
 
@@ -79,7 +79,7 @@ class SampledPlayer:
     def step(self, progress: float = 0.0, training_step: int = 0) -> list[SampledEpisode]:
         """Search, act and step every env once; returns the episodes that ended (their
         envs reset and play on)."""
-        temperature = temperature_at(self.config.mcts.temperature_schedule, progress) if self.explore else 0.0
+        temperature = temperature_at(self.config.sampled_mcts.temperature_schedule, progress) if self.explore else 0.0
         observations = np.stack([self.network_input(ep) for ep in self.episodes])
         result = self.search.run(self.network, observations, self.explore, self.rng)
         chosen = choose(result.visit_counts, temperature, self.rng)
@@ -116,7 +116,7 @@ class SampledPlayer:
     @torch.inference_mode()
     def _values(self, observations: np.ndarray) -> np.ndarray:
         out = self.network.initial_inference(torch.as_tensor(np.asarray(observations, np.float32)))
-        return support_to_scalar(out.value_logits, self.config.network.support_size).numpy()
+        return support_to_scalar(out.value_logits, self.config.sampled_network.support_size).numpy()
 
     def stored(self, ep: SampledEpisode) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
         """(rows, raw initial priorities: |root value - n-step target| with
@@ -125,4 +125,4 @@ class SampledPlayer:
         if self.config.replay.initial_priority != "actor":
             return arrays, None
         t = self.config.sampled_muzero
-        return arrays, initial_priorities(arrays, t.td_steps, self.config.mcts.discount, ep.terminated)
+        return arrays, initial_priorities(arrays, t.td_steps, self.config.sampled_mcts.discount, ep.terminated)

@@ -25,11 +25,11 @@ class SampledReanalyser:
     def __init__(self, config: SampledMuZeroRunConfig, buf: ReplayBuffer, store: WeightSource) -> None:
         self.buf = buf
         self.store = store
-        self.batch_episodes = int(config.reanalyse.batch_episodes)
-        self.support_size = int(config.network.support_size)
+        self.batch_episodes = int(config.sampled_reanalyse.batch_episodes)
+        self.support_size = int(config.sampled_network.support_size)
         obs_shape = tuple(buf.fields["observation"].shape[1:])
         action_dim = int(buf.fields["action"].shape[1])
-        self.network = make_network(config.network, obs_shape, action_dim).eval()
+        self.network = make_network(config.sampled_network, obs_shape, action_dim).eval()
         self._flat = np.empty(self.network.num_flat_weights(), np.float32)
         if store.handle.num_weights != self._flat.shape[0]:
             raise ValueError(f"the weight store holds {store.handle.num_weights} parameters, "

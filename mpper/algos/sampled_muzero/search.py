@@ -2,7 +2,7 @@
 expanded node, with the sampled-policy correction.
 
 At each expanded node the search draws K actions from beta (the network's policy pi; at
-the root in self-play, pi at ``mcts.root_sampling_temperature``) and gives sampled action a
+the root in self-play, pi at ``sampled_mcts.root_sampling_temperature``) and gives sampled action a
 the prior ``beta_hat(a) / beta(a) * pi(a)``, normalised over the node's distinct samples,
 where beta_hat is the empirical distribution of the K samples (a drawn n times: n / K;
 its duplicates share one child). With beta = pi the prior is beta_hat.

@@ -19,8 +19,8 @@ def evaluate_sampled(run: SnapshotRun[SampledMuZeroRunConfig]) -> dict:
     against the n-step value target (return units) and the mean policy cross-entropy
     ``-sum_k n_k / N log pi(a_k)`` over the stored sampled root actions (nats)."""
     cfg = run.config
-    network = run.load_weights(make_network(cfg.network, run.spec.observation_shape, run.spec.num_actions))
-    targets = SampledTargets(0, cfg.sampled_muzero.td_steps, cfg.mcts.discount)
+    network = run.load_weights(make_network(cfg.sampled_network, run.spec.observation_shape, run.spec.num_actions))
+    targets = SampledTargets(0, cfg.sampled_muzero.td_steps, cfg.sampled_mcts.discount)
     rng = np.random.default_rng(0)
     value_error = cross_entropy = 0.0
     count = 0
@@ -28,7 +28,7 @@ def evaluate_sampled(run: SnapshotRun[SampledMuZeroRunConfig]) -> dict:
         for p in run.positions.batches(run.batch_size):
             d = targets.build(run.buffer.fields, p.slots, p.pos, p.moves, p.terminated, rng)
             out = network.initial_inference(torch.from_numpy(d["observation"]))
-            value = support_to_scalar(out.value_logits, cfg.network.support_size).numpy()
+            value = support_to_scalar(out.value_logits, cfg.sampled_network.support_size).numpy()
             value_error += float(np.abs(value - d["target_value"][:, 0]).sum())
             cross_entropy += float(sampled_policy_loss(network, out.policy_logits, torch.from_numpy(d["target_actions"][:, 0]),
                                                        torch.from_numpy(d["target_policy"][:, 0])).sum())  # fmt: skip
