@@ -44,8 +44,9 @@ def run_env_spec(config: Config) -> EnvSpec:
     into one line ``error: ...`` and exit code 2).
 
     Raises ``ValueError`` when the env's action space is not the kind the algorithm trains
-    (a Box for ``Algorithm.continuous_actions``, else Discrete); when the env breaks the two-player contract; when it is a
-    two-player env and the algorithm cannot train one (DQN reads neither ``to_play`` nor
+    (a Box for ``Algorithm.continuous_actions``, else Discrete); when the env breaks the
+    two-player contract; when it is a two-player env and the algorithm cannot train one
+    (DQN reads neither ``to_play`` nor
     the legal-action mask: it would learn one Q-function for both players and play
     illegal moves), or the config cannot (``Algorithm.two_player_refusal``: MuZero's value
     prefix); when the algorithm trains through board symmetries (MuZero's

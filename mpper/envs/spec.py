@@ -210,7 +210,10 @@ def env_spec(config: EnvConfig) -> EnvSpec:
         if is_two_player(env):
             check_two_player_env(env, config.id)
         dtype = np.dtype(np.float32) if space.dtype.kind == "f" else space.dtype
-        actions = int(np.prod(env.action_space.shape)) if continuous else int(cast(gym.spaces.Discrete, env.action_space).n)
+        if continuous:
+            actions = int(np.prod(cast(gym.spaces.Box, env.action_space).shape))
+        else:
+            actions = int(cast(gym.spaces.Discrete, env.action_space).n)
         return EnvSpec(tuple(space.shape), dtype, actions, is_two_player(env), _move_limit(env, config), continuous)
     finally:
         env.close()

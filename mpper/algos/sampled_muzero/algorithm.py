@@ -14,23 +14,33 @@ from .trainer import SampledMuZeroTrainer
 __all__ = ["ALGORITHM"]
 
 
-def make_model(config: SampledMuZeroRunConfig, observation_shape: tuple[int, ...], action_dim: int) -> SampledMuZeroNetwork:
+def make_model(config: SampledMuZeroRunConfig, observation_shape: tuple[int, ...],
+               action_dim: int) -> SampledMuZeroNetwork:  # fmt: skip
     """The network of ``config.sampled_network`` for actions of ``action_dim`` dimensions."""
     return make_network(config.sampled_network, observation_shape, action_dim)
 
 
 def make_player(config: SampledMuZeroRunConfig, envs: list, network, explore: bool, seed: int,
                 worker_id: int = 0) -> SampledPlayer:  # fmt: skip
+    """N envs played together, one batched sampled search per move."""
     return SampledPlayer(config, envs, network, explore, seed)
 
 
 def make_targets(config: SampledMuZeroRunConfig, action_dim: int) -> SampledTargets:
+    """The unroll targets of ``sampled_muzero``'s horizon and ``sampled_mcts.discount``."""
     t = config.sampled_muzero
     return SampledTargets(t.num_unroll_steps, t.td_steps, config.sampled_mcts.discount)
 
 
 def run_schema(config: SampledMuZeroRunConfig, observation_shape, action_dim: int, observation_dtype="float32"):
+    """The rows of a run of ``config``: K = ``sampled_mcts.num_sampled_actions`` root samples each."""
     return sampled_schema(observation_shape, action_dim, config.sampled_mcts.num_sampled_actions, observation_dtype)
+
+
+def default_schema(observation_shape, action_dim: int, observation_dtype="float32"):
+    """The schema at the default K, for callers that have no config; a run's rows hold K =
+    ``sampled_mcts.num_sampled_actions`` root samples (``run_schema``, the ``config_schema``)."""
+    return sampled_schema(observation_shape, action_dim, SampledMCTSConfig().num_sampled_actions, observation_dtype)
 
 
 def _player_bytes(config: SampledMuZeroRunConfig, spec, model) -> int:
@@ -43,10 +53,7 @@ def _player_bytes(config: SampledMuZeroRunConfig, spec, model) -> int:
 
 ALGORITHM = Algorithm[SampledMuZeroRunConfig](
     name="sampled_muzero",
-    # the rows of a run hold K = mcts.num_sampled_actions root samples: config_schema; this is
-    # the schema at the default K, for callers that have no config
-    schema=lambda observation_shape, action_dim, dtype="float32": sampled_schema(
-        observation_shape, action_dim, SampledMCTSConfig().num_sampled_actions, dtype),
+    schema=default_schema,
     config_schema=run_schema,
     make_network=make_model,
     make_player=make_player,

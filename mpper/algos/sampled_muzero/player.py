@@ -47,7 +47,8 @@ class SampledEpisode(EpisodeRows):
             "reward": np.asarray(self.reward, np.float32),
             "root_value": np.asarray(self.root_value + [self.final_value], np.float32),
             "child_visits": np.stack(self.child_visits + [np.zeros(num_sampled)]).astype(np.float32),
-            "sampled_actions": np.stack(self.sampled_actions + [np.zeros((num_sampled, action_dim))]).astype(np.float32),
+            "sampled_actions": np.stack(self.sampled_actions
+                                        + [np.zeros((num_sampled, action_dim))]).astype(np.float32),  # fmt: skip
         }
 
 

@@ -153,7 +153,8 @@ class SampledSearch:
 
     @torch.inference_mode()
     def run(self, network, observations: np.ndarray, explore: bool, rng: np.random.Generator, policy=None,
-            tie_break: np.ndarray | None = None, num_simulations: int | None = None) -> SampledSearchResult:  # fmt: skip
+            tie_break: np.ndarray | None = None,
+            num_simulations: int | None = None) -> SampledSearchResult:  # fmt: skip
         """Search N roots (``observations`` (N, *obs) float32) together. ``explore``: the
         root samples at ``root_sampling_temperature`` and gets Dirichlet noise (self-play);
         else beta = pi everywhere and no noise. ``tie_break`` (N, K): keys for exact ties
@@ -175,15 +176,15 @@ class SampledSearch:
             self._expand(trees, t, 0, params[t], policy, rng, temperature, explore)
         hidden = torch.empty((n, sims + 1, *out.hidden_state.shape[1:]), dtype=out.hidden_state.dtype, device=device)
         hidden[:, 0] = out.hidden_state
-        parents, edges, paths = np.zeros(n, np.int64), np.zeros(n, np.int64), []
+        parents, edges = np.zeros(n, np.int64), np.zeros(n, np.int64)
         for sim in range(sims):
-            paths = []
+            paths: list[list[int]] = []
             for t in range(n):
                 path, parents[t], edges[t] = self._select(trees, t, tie_break[t])
                 paths.append(path)
             taken = trees.actions[np.arange(n), parents, edges].astype(np.float32)
-            out = network.recurrent_inference(hidden[torch.arange(n, device=device), torch.from_numpy(parents).to(device)],
-                                              torch.from_numpy(taken).to(device))  # fmt: skip
+            parent_states = hidden[torch.arange(n, device=device), torch.from_numpy(parents).to(device)]
+            out = network.recurrent_inference(parent_states, torch.from_numpy(taken).to(device))
             leaf = sim + 1
             hidden[:, leaf] = out.hidden_state
             values = support_to_scalar_np(out.value_logits.cpu().numpy(), self.support_size)

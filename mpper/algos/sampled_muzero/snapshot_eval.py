@@ -30,8 +30,9 @@ def evaluate_sampled(run: SnapshotRun[SampledMuZeroRunConfig]) -> dict:
             out = network.initial_inference(torch.from_numpy(d["observation"]))
             value = support_to_scalar(out.value_logits, cfg.sampled_network.support_size).numpy()
             value_error += float(np.abs(value - d["target_value"][:, 0]).sum())
-            cross_entropy += float(sampled_policy_loss(network, out.policy_logits, torch.from_numpy(d["target_actions"][:, 0]),
-                                                       torch.from_numpy(d["target_policy"][:, 0])).sum())  # fmt: skip
+            loss = sampled_policy_loss(network, out.policy_logits, torch.from_numpy(d["target_actions"][:, 0]),
+                                       torch.from_numpy(d["target_policy"][:, 0]))  # fmt: skip
+            cross_entropy += float(loss.sum())
             count += len(p.slots)
             run.advance(len(p.slots))
     n = max(count, 1)

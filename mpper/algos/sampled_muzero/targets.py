@@ -81,10 +81,12 @@ class SampledTargets:
         for m in range(1, self.td_steps + 1):  # a loop over the horizon, not over the batch
             j = i + m
             take = before_end & (j <= big_t)
-            value += np.where(take, self.discount ** (m - 1) * fields["reward"][start[:, None] + np.minimum(j, big_t)], 0)
+            reward = fields["reward"][start[:, None] + np.minimum(j, big_t)]
+            value += np.where(take, self.discount ** (m - 1) * reward, 0)
         boot = i + self.td_steps
         inside = before_end & (boot < big_t)
-        value += np.where(inside, self.discount**self.td_steps * stored_value(start[:, None] + np.minimum(boot, big_t)), 0)
+        bootstrap = stored_value(start[:, None] + np.minimum(boot, big_t))
+        value += np.where(inside, self.discount**self.td_steps * bootstrap, 0)
         cut = before_end & (boot >= big_t)
         value += np.where(cut, self.discount ** (big_t - i).clip(0) * v_end, 0)
         value = np.where(i == big_t, v_end, value)
@@ -96,7 +98,8 @@ class SampledTargets:
             "policy_mask": before_end.astype(np.float32),
         }
         random_actions = rng.uniform(-1, 1, (batch, k1, action_dim))
-        out["actions"] = np.where(at_or_before_end[..., None], fields["action"][rows], random_actions).astype(np.float32)
+        stored_actions = fields["action"][rows]
+        out["actions"] = np.where(at_or_before_end[..., None], stored_actions, random_actions).astype(np.float32)
         out["target_policy"] = np.where(before_end[..., None], fields["child_visits"][rows], 0).astype(np.float32)
         out["target_actions"] = np.where(before_end[..., None, None], fields["sampled_actions"][rows],
                                          0).astype(np.float32)  # fmt: skip
@@ -109,6 +112,7 @@ def initial_priorities(arrays: dict[str, np.ndarray], td_steps: int, discount: f
     from the very builder the learner samples with (the rows serve as a tiny ring)."""
     moves = arrays["root_value"].shape[0] - 1
     slots = np.arange(moves, dtype=np.int64)
+    no_random_actions = np.random.default_rng(0)  # unroll 0: no step past the end
     built = SampledTargets(0, td_steps, discount).build(arrays, slots, slots, np.full(moves, moves),
-                                                         np.full(moves, terminated), np.random.default_rng(0))  # fmt: skip
+                                                         np.full(moves, terminated), no_random_actions)  # fmt: skip
     return np.abs(arrays["root_value"][:moves].astype(np.float64) - built["target_value"][:, 0])

@@ -23,9 +23,9 @@ def sampled_policy_loss(network: SampledMuZeroNetwork, policy_params: torch.Tens
     return -(target_policy * network.policy.log_prob(policy_params, target_actions)).sum(-1)
 
 
-def _mean(loss) -> float:
-    """The batch mean of a per-position loss (a tensor, or 0.0 where no term was added)."""
-    return float(torch.as_tensor(loss).detach().mean())
+def _mean(loss: torch.Tensor) -> float:
+    """The batch mean of a per-position loss."""
+    return float(loss.detach().mean())
 
 
 def _cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -47,7 +47,8 @@ class SampledMuZeroTrainer(Trainer[SampledMuZeroRunConfig]):
         support = self.network.support_size
         unroll = d["actions"].shape[1] - 1
         hidden = self.network.representation(d["observation"])
-        value_loss = reward_loss = policy_loss = entropy = 0.0
+        zero = torch.zeros(d["observation"].shape[0], device=self.device)
+        value_loss, reward_loss, policy_loss, entropy = zero, zero, zero, zero
         root_value = None
         for k in range(unroll + 1):
             if k > 0:
@@ -65,7 +66,8 @@ class SampledMuZeroTrainer(Trainer[SampledMuZeroRunConfig]):
                 entropy = entropy + self.network.policy.split(params)[1].sum(-1) * d["policy_mask"][:, k] * scale
             if k == 0:
                 root_value = support_to_scalar(value_logits.detach(), support)
-        per_position = cfg.value_loss_weight * value_loss + reward_loss + policy_loss - cfg.policy_entropy_weight * entropy
+        per_position = (cfg.value_loss_weight * value_loss + reward_loss + policy_loss
+                        - cfg.policy_entropy_weight * entropy)  # fmt: skip
         loss = (per_position * d["weights"]).mean()
         norm = self.backward(loss)
         total = float(loss.detach())
