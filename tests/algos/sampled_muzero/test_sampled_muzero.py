@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 
+import mpper
 from mpper import cli
 from mpper.algos.configs import config_from_dict, load_config
 from mpper.algos.muzero.config import MCTSConfig, NetworkConfig
@@ -261,6 +262,16 @@ def test_a_short_pendulum_run_trains_evaluates_and_resumes_with_its_float_action
     after = np.load(run_dir / "buffer" / "field.action.npy")
     kept = np.isin(before, after).mean()  # the resumed ring started from the saved float actions
     assert kept > 0.5
+    # the tools on the run: greedy episodes, the network judged on the snapshot, mpper.load
+    for args in (["--episodes", "1"], ["--on-snapshot", str(run_dir / "buffer")]):
+        proc = subprocess.run([sys.executable, "run.py", "--evaluate", str(run_dir), *args], cwd=ROOT,
+                              capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "policy_cross_entropy" in proc.stdout
+    agent = mpper.load(run_dir)
+    action = agent.act(np.array([1.0, 0.0, 0.0], np.float32))
+    assert action.dtype == np.float32 and action.shape == (1,) and -2.0 <= action[0] <= 2.0  # Pendulum's torque
+    assert agent.act(np.zeros((3, 3), np.float32)).shape == (3, 1)
 
 
 class BoxActionEnv(gym.Env):
