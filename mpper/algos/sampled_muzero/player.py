@@ -10,6 +10,7 @@ when the env is stepped; episodes store them as chosen.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -28,6 +29,17 @@ def to_env_action(actions: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.
     """Actions (..., A) in [-1, 1] -> the Box [low, high] (float32, clipped into it)."""
     scaled = low + (np.asarray(actions, np.float64) + 1.0) * 0.5 * (high - low)
     return np.clip(scaled, low, high).astype(np.float32)
+
+
+def _check_finite(observation, reward, move: int) -> None:
+    """ValueError (one line) when the env returned a NaN or infinite reward or observation:
+    stored, it would turn every loss that samples it into NaN (a physics simulation that
+    diverged does this)."""
+    if not math.isfinite(float(reward)):
+        raise ValueError(f"the env returned a non-finite reward ({reward}) at move {move}")
+    obs = np.asarray(observation)
+    if obs.dtype.kind == "f" and not np.isfinite(obs).all():
+        raise ValueError(f"the env returned a non-finite observation at move {move}")
 
 
 @dataclass
@@ -92,6 +104,7 @@ class SampledPlayer:
             ep.sampled_actions.append(result.actions[k])
             env_action = to_env_action(actions[k], self.low, self.high).reshape(self.shape)
             obs, reward, terminated, truncated, _ = env.step(env_action)
+            _check_finite(obs, reward, ep.game_moves + 1)
             ep.observation.append(as_stored(obs))
             ep.action.append(actions[k])
             ep.reward.append(float(reward))

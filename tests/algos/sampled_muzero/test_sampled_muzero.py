@@ -323,3 +323,28 @@ def test_sampled_muzero_refuses_a_discrete_env_naming_the_algorithms_that_train_
 def test_gumbel_search_is_refused_in_one_line():
     with pytest.raises(Exception, match="Gumbel search over sampled actions is not implemented"):
         load_config(ROOT / "configs" / "pendulum_sampled.json", ["sampled_mcts.kind=gumbel"])
+
+
+class DivergingEnv(BoxActionEnv):
+    """Returns a NaN reward (or observation) at its third move, as a diverged simulation can."""
+
+    def __init__(self, what: str):
+        super().__init__(-1.0, 1.0)
+        self.what, self.moves = what, 0
+
+    def step(self, action):
+        self.moves += 1
+        bad = self.moves == 3
+        obs = np.full(3, np.nan if bad and self.what == "observation" else 0.0, np.float32)
+        return obs, float("nan") if bad and self.what == "reward" else 0.0, False, False, {}
+
+
+@pytest.mark.parametrize("what", ["reward", "observation"])
+def test_a_non_finite_reward_or_observation_from_the_env_stops_self_play_in_one_line(what):
+    config = config_from_dict({"algorithm": "sampled_muzero"}, "x.json", TINY)
+    network = get_algorithm("sampled_muzero").make_network(config, (3,), 2).eval()
+    player = get_algorithm("sampled_muzero").make_player(config, [DivergingEnv(what)], network, True, 0)
+    player.step()
+    player.step()
+    with pytest.raises(ValueError, match=f"^the env returned a non-finite {what}.* at move 3$"):
+        player.step()
