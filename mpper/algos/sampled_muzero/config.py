@@ -27,8 +27,9 @@ class SampledNetworkConfig:
     support_size: int = opt(10, "[1, 10000]", "value/reward support is [-support_size, support_size]")
     action_encoding_size: int = opt(16, "[1, 4096]", "width of the linear encoder of the action vector that the "
                                     "dynamics take beside the hidden state")
-    min_log_std: float = opt(-5.0, "[-20, 0]", "the policy's log standard deviation (before tanh) is at least this")
-    max_log_std: float = opt(1.0, "[-5, 5]", "the policy's log standard deviation (before tanh) is at most this")
+    min_log_std: float = opt(-5.0, "[-20, 0]", "soft lower bound of the policy's log standard deviation (before "
+                             "tanh)")
+    max_log_std: float = opt(2.0, "[-5, 5]", "soft upper bound of the policy's log standard deviation (before tanh)")
 
 
 @dataclass

@@ -22,6 +22,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from ..base import FlatWeights
 from .config import SampledNetworkConfig
@@ -180,12 +181,14 @@ class SampledMuZeroNetwork(FlatWeights, nn.Module):
         return next_state, self.reward_net(next_state)
 
     def prediction(self, hidden_state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """-> (value logits (N, 2S+1), policy params (N, 2A): mean, log std in [min, max])."""
+        """-> (value logits (N, 2S+1), policy params (N, 2A): mean, log std softly bounded to
+        [min_log_std, max_log_std])."""
         raw = self.policy_net(hidden_state)
         mean, log_std = raw[:, : self.action_dim], raw[:, self.action_dim :]
-        # a smooth map into [min_log_std, max_log_std] (the log std never runs off)
-        span = self.max_log_std - self.min_log_std
-        log_std = self.min_log_std + 0.5 * span * (torch.tanh(log_std) + 1)
+        # soft bounds (the log std never runs off) that leave it near the raw output inside:
+        # an untrained head starts near std 1 before tanh, samples spread over the whole Box
+        log_std = self.max_log_std - F.softplus(self.max_log_std - log_std)
+        log_std = self.min_log_std + F.softplus(log_std - self.min_log_std)
         return self.value_net(hidden_state), torch.cat([mean, log_std], 1)
 
     def initial_inference(self, observation: torch.Tensor) -> NetworkOutput:
