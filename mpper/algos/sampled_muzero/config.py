@@ -34,12 +34,13 @@ class SampledNetworkConfig:
 
 @dataclass
 class SampledMCTSConfig:
-    """The pUCT search over K actions sampled at each expanded node, with the paper's
-    sampled-policy correction: the prior of sampled action a is beta_hat(a) / beta(a) * pi(a),
-    normalised over the node's samples."""
+    """The search (pUCT, or Gumbel MuZero's) over K actions sampled at each expanded node,
+    with the paper's sampled-policy correction: the prior of sampled action a is
+    beta_hat(a) / beta(a) * pi(a), normalised over the node's samples."""
 
-    kind: str = opt("puct", ("puct", "gumbel"), '"puct" (the paper\'s search); "gumbel" is refused: Gumbel search '
-                    "over sampled actions is not implemented")
+    kind: str = opt("puct", ("puct", "gumbel"), '"puct" (the paper\'s search) or "gumbel" (Gumbel MuZero over the '
+                    "sampled actions: Sequential Halving at the root, completed Q-values; the Dirichlet and "
+                    "temperature keys then do not apply)")
     num_simulations: int = opt(50, "[1, 100000]", "simulations (recurrent inferences) per move")
     num_sampled_actions: int = opt(16, "[1, 1024]", "K, the actions sampled from beta at each expanded node")
     root_sampling_temperature: float = opt(1.0, "> 0", "tau of the root's sampling distribution in self-play: beta "
@@ -50,6 +51,13 @@ class SampledMCTSConfig:
     pb_c_init: float = opt(1.25, ">= 0", "pUCT exploration constant")
     root_dirichlet_alpha: float = opt(0.25, "> 0", "Dirichlet noise concentration over the root's K samples")
     root_exploration_fraction: float = opt(0.25, "[0, 1]", "share of Dirichlet noise in the root priors")
+    max_num_considered_actions: int = opt(16, "[1, 100000]", "gumbel: the root samples Sequential Halving starts "
+                                          "from (at most num_sampled_actions)")
+    gumbel_scale: float = opt(1.0, ">= 0", "gumbel: scale of the root's Gumbel noise in self-play (0: greedy)")
+    c_visit: float = opt(50.0, ">= 0", "gumbel: sigma(q) = (c_visit + max visit count) * c_scale * q, q in [0, 1]")
+    c_scale: float = opt(0.1, "> 0", "gumbel: see c_visit")
+    gumbel_q_bounds: str = opt("node", ("node", "tree"), 'gumbel: the bounds that rescale completed Q to [0, 1]: '
+                               '"node", the node\'s own; "tree", the whole tree\'s Q-values')
     temperature_schedule: list = opt(
         [[0.0, 1.0], [0.5, 0.5], [0.75, 0.25]],
         SCHEDULE,
@@ -89,13 +97,6 @@ class SampledMuZeroRunConfig(Config):
     sampled_reanalyse: SampledReanalyseConfig = field(default_factory=SampledReanalyseConfig)
 
 
-def _no_gumbel(config: SampledMuZeroRunConfig) -> str | None:
-    if config.sampled_mcts.kind == "gumbel":
-        return ('Gumbel search over sampled actions is not implemented for "algorithm": "sampled_muzero"; '
-                'use "puct"')  # fmt: skip
-    return None
-
-
 def _log_std_range(config: SampledMuZeroRunConfig) -> str | None:
     n = config.sampled_network
     if n.min_log_std >= n.max_log_std:
@@ -106,7 +107,6 @@ def _log_std_range(config: SampledMuZeroRunConfig) -> str | None:
 CONFIG = AlgorithmConfig(
     SampledMuZeroRunConfig,
     rules=(
-        Rule(("sampled_mcts.kind",), _no_gumbel),
         Rule(("sampled_network.min_log_std", "sampled_network.max_log_std"), _log_std_range),
     ),
 )

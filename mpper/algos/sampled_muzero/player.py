@@ -95,7 +95,7 @@ class SampledPlayer:
         temperature = temperature_at(self.config.sampled_mcts.temperature_schedule, progress) if self.explore else 0.0
         observations = np.stack([self.network_input(ep) for ep in self.episodes])
         result = self.search.run(self.network, observations, self.explore, self.rng)
-        chosen = choose(result.visit_counts, temperature, self.rng)
+        chosen = choose(result.visit_counts, temperature, self.rng) if result.chosen is None else result.chosen
         actions = result.actions[np.arange(len(self.envs)), chosen].astype(np.float32)
         finished = []
         for k, (env, ep) in enumerate(zip(self.envs, self.episodes)):
@@ -123,7 +123,7 @@ class SampledPlayer:
         """The env actions (N, *action shape) float32 played without exploring: the most
         visited sampled action of a search without noise, rescaled to the Box."""
         result = self.search.run(self.network, np.asarray(observations, np.float32), False, self.rng)
-        chosen = choose(result.visit_counts, 0.0, self.rng)
+        chosen = choose(result.visit_counts, 0.0, self.rng) if result.chosen is None else result.chosen
         actions = result.actions[np.arange(len(observations)), chosen]
         return to_env_action(actions, self.low, self.high).reshape((len(observations), *self.shape))
 

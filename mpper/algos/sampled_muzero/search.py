@@ -13,6 +13,8 @@ set: ``score = P * sqrt(N(s)) / (1 + N(s, a)) * (c_init + log((N(s) + c_base + 1
 + Q_norm`` (Q_norm 0 for an unvisited child, min-max normalised once two values were seen),
 exact ties to the larger prior, then to the larger per-root tie key; Dirichlet noise over the
 root's distinct samples when exploring; backup ``value = r + discount * value``. One player.
+With ``sampled_mcts.kind: "gumbel"`` the selection and the decision are Gumbel MuZero's over
+the sampled actions (:mod:`.gumbel`).
 
 The trees are numpy arrays, walked in Python: K (tens) edges per node, not an action set,
 and one batched recurrent inference per simulation for all roots.
@@ -27,6 +29,7 @@ import numpy as np
 import torch
 
 from .config import SampledMCTSConfig
+from .gumbel import GumbelRoots
 from .networks import support_to_scalar_np
 
 __all__ = ["SampledSearch", "SampledSearchResult", "sampled_prior"]
@@ -58,6 +61,9 @@ class SampledSearchResult:
     root_values: np.ndarray  # (N,) float64: mean backed-up value of the root
     root_predicted_values: np.ndarray  # (N,) float64: the network's value of the root observation
     prior: np.ndarray  # (N, K) float64: the root's priors, after noise
+    # (N,) int64: the root sample the search chose (Gumbel); None: the player picks from the
+    # visit counts with its temperature (pUCT)
+    chosen: np.ndarray | None = None
 
 
 class _Trees:
@@ -67,6 +73,7 @@ class _Trees:
         self.visit_count = np.zeros((n, nodes), np.int64)
         self.value_sum = np.zeros((n, nodes))
         self.reward = np.zeros((n, nodes))
+        self.raw_value = np.zeros((n, nodes))  # the network's value of the node (Gumbel's completed Q)
         self.prior = np.zeros((n, nodes, k))
         self.valid = np.zeros((n, nodes, k), bool)
         self.children = np.full((n, nodes, k), -1, np.int64)
@@ -87,8 +94,8 @@ class SampledSearch:
     """
 
     def __init__(self, config: SampledMCTSConfig, action_dim: int, support_size: int):
-        if config.kind != "puct":
-            raise ValueError(f'mcts.kind {config.kind!r}: Sampled MuZero searches with "puct" only')
+        if config.kind not in ("puct", "gumbel"):
+            raise ValueError(f'sampled_mcts.kind must be "puct" or "gumbel", got {config.kind!r}')
         self.config = config
         self.action_dim = action_dim
         self.support_size = support_size
@@ -153,12 +160,13 @@ class SampledSearch:
 
     @torch.inference_mode()
     def run(self, network, observations: np.ndarray, explore: bool, rng: np.random.Generator, policy=None,
-            tie_break: np.ndarray | None = None,
-            num_simulations: int | None = None) -> SampledSearchResult:  # fmt: skip
+            tie_break: np.ndarray | None = None, num_simulations: int | None = None,
+            root_noise: np.ndarray | None = None) -> SampledSearchResult:  # fmt: skip
         """Search N roots (``observations`` (N, *obs) float32) together. ``explore``: the
-        root samples at ``root_sampling_temperature`` and gets Dirichlet noise (self-play);
-        else beta = pi everywhere and no noise. ``tie_break`` (N, K): keys for exact ties
-        (drawn from ``rng`` when None)."""
+        root samples at ``root_sampling_temperature`` and gets its noise (pUCT: Dirichlet
+        over the priors; Gumbel: Gumbel noise times ``gumbel_scale``, or ``root_noise``
+        (N, K) when given); else beta = pi everywhere and no noise. ``tie_break`` (N, K):
+        pUCT's keys for exact ties (drawn from ``rng`` when None)."""
         cfg = self.config
         policy = network.policy if policy is None else policy
         sims = int(num_simulations or cfg.num_simulations)
@@ -172,15 +180,23 @@ class SampledSearch:
         root_value = support_to_scalar_np(out.value_logits.cpu().numpy(), self.support_size)
         params = out.policy_logits.cpu().numpy().astype(np.float64)
         temperature = cfg.root_sampling_temperature if explore else 1.0
+        gumbel = cfg.kind == "gumbel"
+        trees.raw_value[:, 0] = root_value
         for t in range(n):
-            self._expand(trees, t, 0, params[t], policy, rng, temperature, explore)
+            self._expand(trees, t, 0, params[t], policy, rng, temperature, explore and not gumbel)
+        roots = None
+        if gumbel:
+            noise = np.zeros((n, self.k))
+            if explore:
+                noise = cfg.gumbel_scale * rng.gumbel(size=(n, self.k)) if root_noise is None else root_noise
+            roots = GumbelRoots(cfg, trees, np.asarray(noise, np.float64), sims, cfg.discount)
         hidden = torch.empty((n, sims + 1, *out.hidden_state.shape[1:]), dtype=out.hidden_state.dtype, device=device)
         hidden[:, 0] = out.hidden_state
         parents, edges = np.zeros(n, np.int64), np.zeros(n, np.int64)
         for sim in range(sims):
             paths: list[list[int]] = []
             for t in range(n):
-                path, parents[t], edges[t] = self._select(trees, t, tie_break[t])
+                path, parents[t], edges[t] = self._select(trees, t, tie_break[t]) if roots is None else roots.select(t)
                 paths.append(path)
             taken = trees.actions[np.arange(n), parents, edges].astype(np.float32)
             parent_states = hidden[torch.arange(n, device=device), torch.from_numpy(parents).to(device)]
@@ -193,13 +209,17 @@ class SampledSearch:
             for t in range(n):
                 trees.children[t, parents[t], edges[t]] = leaf
                 trees.reward[t, leaf] = rewards[t]
+                trees.raw_value[t, leaf] = values[t]
                 self._expand(trees, t, leaf, leaf_params[t], policy, rng, 1.0, False)
                 self._backup(trees, t, paths[t] + [leaf], float(values[t]))
         root_children = trees.children[:, 0]
         visits = np.where(root_children >= 0, np.take_along_axis(trees.visit_count, np.maximum(root_children, 0), 1), 0)
+        chosen, target = None, visits / np.maximum(visits.sum(1, keepdims=True), 1)
+        if roots is not None:
+            chosen, target = roots.decide()
         return SampledSearchResult(
             actions=trees.actions[:, 0].copy(), distinct=trees.valid[:, 0].copy(), visit_counts=visits,
-            policy_target=visits / np.maximum(visits.sum(1, keepdims=True), 1),
+            policy_target=target, chosen=chosen,
             root_values=trees.value_sum[:, 0] / np.maximum(trees.visit_count[:, 0], 1),
             root_predicted_values=root_value, prior=trees.prior[:, 0].copy(),
         )  # fmt: skip

@@ -20,6 +20,7 @@ import mpper
 from mpper import cli
 from mpper.algos.configs import config_from_dict, load_config
 from mpper.algos.muzero.config import MCTSConfig, NetworkConfig
+from mpper.algos.muzero.gumbel import GumbelMCTS
 from mpper.algos.muzero.mcts import BatchedMCTS
 from mpper.algos.muzero.networks import make_network as make_muzero_network
 from mpper.algos.registry import get_algorithm, run_env_spec
@@ -161,6 +162,39 @@ def test_a_search_sampling_every_action_gives_the_discrete_searchs_visits_and_va
     np.testing.assert_allclose(sampled.root_values, discrete.root_values, rtol=1e-6)
     np.testing.assert_allclose(sampled.policy_target, discrete.child_visits, rtol=1e-12)
     assert len({tuple(v) for v in discrete.visit_counts}) > 1  # the roots' searches differ
+
+
+@pytest.mark.parametrize("seed, explore, bounds", [(0, True, "node"), (1, False, "node"), (2, True, "tree")])
+def test_a_gumbel_search_sampling_every_action_gives_the_discrete_gumbel_searchs_result(seed, explore, bounds):
+    torch.manual_seed(seed)
+    inner = make_muzero_network(NetworkConfig(encoding_size=6, hidden=[16], support_size=5), (3,), N_POINTS, 0,
+                                None).eval()  # fmt: skip
+    rng = np.random.default_rng(seed)
+    observations = rng.normal(size=(4, 3)).astype(np.float32)
+    noise = rng.gumbel(size=(4, N_POINTS))
+    constants = dict(kind="gumbel", num_simulations=24, discount=0.95, max_num_considered_actions=4, c_visit=50.0,
+                     c_scale=0.1, gumbel_q_bounds=bounds)  # fmt: skip
+    discrete = GumbelMCTS(N_POINTS, MCTSConfig(**constants), 5).run(
+        inner, observations, np.ones((4, N_POINTS), bool), np.zeros(4, np.int64), explore, np.random.default_rng(0),
+        root_noise=noise)  # fmt: skip
+    sampled = SampledSearch(SampledMCTSConfig(num_sampled_actions=N_POINTS, **constants), 1, 5).run(
+        PointsNetwork(inner), observations, explore, np.random.default_rng(0), policy=PointsPolicy(), root_noise=noise)
+    np.testing.assert_array_equal(sampled.chosen, discrete.actions)
+    np.testing.assert_array_equal(sampled.visit_counts, discrete.visit_counts)
+    np.testing.assert_allclose(sampled.policy_target, discrete.policy_target, rtol=1e-5)
+    np.testing.assert_allclose(sampled.root_values, discrete.root_values, rtol=1e-6)
+
+
+def test_a_gumbel_self_play_move_plays_the_searchs_choice_and_stores_its_improved_policy():
+    config = config_from_dict({"algorithm": "sampled_muzero", "env": {"id": "Pendulum-v1"}}, "x.json",
+                              [*TINY, "sampled_mcts.kind=gumbel", "sampled_mcts.max_num_considered_actions=4"])
+    network = get_algorithm("sampled_muzero").make_network(config, (3,), 1).eval()
+    player = get_algorithm("sampled_muzero").make_player(config, [make_env(config.env)], network, True, 0)
+    player.step(0.0)
+    ep = player.episodes[0]
+    target = ep.child_visits[0]
+    assert target.sum() == pytest.approx(1.0) and (target > 0).all()  # softmax over every distinct sample
+    assert any((ep.sampled_actions[0][j].astype(np.float32) == ep.action[1]).all() for j in range(5))
 
 
 # ---- float actions in episodes, the ring and snapshots ---------------------------------------------
@@ -320,9 +354,6 @@ def test_sampled_muzero_refuses_a_discrete_env_naming_the_algorithms_that_train_
     assert not (tmp_path / "run").exists()
 
 
-def test_gumbel_search_is_refused_in_one_line():
-    with pytest.raises(Exception, match="Gumbel search over sampled actions is not implemented"):
-        load_config(ROOT / "configs" / "pendulum_sampled.json", ["sampled_mcts.kind=gumbel"])
 
 
 class DivergingEnv(BoxActionEnv):
