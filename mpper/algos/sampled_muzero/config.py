@@ -79,10 +79,16 @@ class SampledMuZeroConfig:
 
 @dataclass
 class SampledReanalyseConfig:
-    """The reanalyse process: stored value targets refreshed with the newest weights."""
+    """The reanalyse process: stored targets refreshed with the newest weights: values, and
+    for a share of the episodes the policy targets and root samples of a new search."""
 
-    enabled: bool = opt(True, None, "run the reanalyse process (values only)")
+    enabled: bool = opt(True, None, "run the reanalyse process")
     batch_episodes: int = opt(8, "[1, 100000]", "episodes refreshed per reanalyse batch")
+    search_fraction: float = opt(0.0, "[0, 1]", "share of reanalysed episodes searched again with the newest weights "
+                                 "(sampled_mcts.kind, with self-play's root noise): fresh root samples, policy "
+                                 "targets and root values for every position; the rest get the network's values only")
+    num_simulations: int | None = opt(None, "[1, 100000]", "simulations per reanalysed position; null: "
+                                      "sampled_mcts.num_simulations")
 
 
 @dataclass

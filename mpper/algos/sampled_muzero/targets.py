@@ -9,7 +9,8 @@ network's value of o_T, what a truncated episode bootstraps from).
 
 Targets per sampled position t and unroll step k = 0..K' (index i = t + k), MuZero's:
 value the n-step return (reanalysed values where stored), reward r_i, action a_i (column 0
-unused), the policy target at o_i for i < T; absorbing past a terminal, masked past a cut.
+unused), the policy target at o_i for i < T (a reanalysing search's samples and policy
+where stored); absorbing past a terminal, masked past a cut.
 The arithmetic is numpy over the whole batch, a loop over the n-step horizon only.
 """
 
@@ -41,6 +42,9 @@ def sampled_schema(observation_shape: Sequence[int], action_dim: int, num_sample
         "child_visits": ((k,), "float32"),
         "sampled_actions": ((k, action_dim), "float32"),
         "reanalysed_value": ((), "float32", float("nan")),  # NaN: not reanalysed yet
+        # a new search's root samples and policy target (NaN: not searched again yet)
+        "reanalysed_policy": ((k,), "float32", float("nan")),
+        "reanalysed_actions": ((k, action_dim), "float32", float("nan")),
     }
     return Schema(fields, counters=REANALYSE_COUNTERS)
 
@@ -100,9 +104,15 @@ class SampledTargets:
         random_actions = rng.uniform(-1, 1, (batch, k1, action_dim))
         stored_actions = fields["action"][rows]
         out["actions"] = np.where(at_or_before_end[..., None], stored_actions, random_actions).astype(np.float32)
-        out["target_policy"] = np.where(before_end[..., None], fields["child_visits"][rows], 0).astype(np.float32)
-        out["target_actions"] = np.where(before_end[..., None, None], fields["sampled_actions"][rows],
-                                         0).astype(np.float32)  # fmt: skip
+        policy, samples = fields["child_visits"][rows], fields["sampled_actions"][rows]
+        if "reanalysed_policy" in fields and "reanalysed_actions" in fields:
+            # a new search's, where every entry of both rows is stored (none NaN)
+            fresh_policy, fresh_samples = fields["reanalysed_policy"][rows], fields["reanalysed_actions"][rows]
+            fresh = ~np.isnan(fresh_policy).any(-1) & ~np.isnan(fresh_samples).any((-2, -1))
+            policy = np.where(fresh[..., None], fresh_policy, policy)
+            samples = np.where(fresh[..., None, None], fresh_samples, samples)
+        out["target_policy"] = np.where(before_end[..., None], policy, 0).astype(np.float32)
+        out["target_actions"] = np.where(before_end[..., None, None], samples, 0).astype(np.float32)
         return out
 
 

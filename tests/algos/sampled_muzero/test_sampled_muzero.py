@@ -30,6 +30,7 @@ from mpper.algos.sampled_muzero.targets import SampledTargets
 from mpper.algos.sampled_muzero.trainer import sampled_policy_loss
 from mpper.envs import make_env
 from mpper.replay.buffer import ReplayBuffer
+from mpper.runtime.weights import WeightStore
 
 ROOT = Path(__file__).resolve().parents[3]
 TINY = ["runtime.device=cpu", "sampled_mcts.num_simulations=6", "sampled_mcts.num_sampled_actions=5",
@@ -260,6 +261,45 @@ def test_float_actions_round_trip_through_an_episode_the_ring_and_a_snapshot(tmp
         batch = loaded.sample(8, 1.0, algorithm.make_targets(config, 1), rng=np.random.default_rng(0))
         assert batch.data["actions"].shape == (8, 6, 1) and batch.data["target_actions"].shape == (8, 6, 5, 1)
     buf.close()
+
+
+@pytest.mark.parametrize("search_fraction", [0.0, 1.0])
+def test_the_reanalyser_refreshes_values_and_with_a_search_the_samples_and_policies_the_targets_use(search_fraction):
+    config = config_from_dict({"algorithm": "sampled_muzero", "env": {"id": "Pendulum-v1", "max_episode_steps": 6}},
+                              "x.json", [*TINY, f"sampled_reanalyse.search_fraction={search_fraction}",
+                                         "sampled_reanalyse.batch_episodes=4"])  # fmt: skip
+    algorithm = get_algorithm("sampled_muzero")
+    spec = run_env_spec(config)
+    network = algorithm.make_network(config, spec.observation_shape, spec.num_actions).eval()
+    player = algorithm.make_player(config, [make_env(config.env) for _ in range(2)], network, True, 0)
+    episodes = []
+    while len(episodes) < 2:
+        episodes += player.step(0.5)
+    store = WeightStore.create(network.num_flat_weights())
+    try:
+        with ReplayBuffer.create(algorithm.run_schema(config, spec), 100, alpha=0.5) as buf:
+            for ep in episodes:
+                buf.add_episode(*player.stored(ep))
+            reanalyser = algorithm.make_reanalyser(config, buf, store)
+            store.publish(network.get_flat_weights(), training_step=1)
+            assert reanalyser.refresh_weights()
+            while reanalyser.episodes < 2:  # episodes are drawn at random, with repeats
+                reanalyser.step()
+            assert np.isfinite(buf.fields["reanalysed_value"][:14]).all()
+            searched = ~np.isnan(buf.fields["reanalysed_policy"][:14]).any(1)
+            # a search fills rows 0 .. T-1 of each episode (7 rows: 6 moves), never row T
+            assert searched.tolist() == ([True] * 6 + [False]) * 2 if search_fraction else not searched.any()
+            slots = np.array([0, 3, 7, 12])
+            out = algorithm.make_targets(config, 1).build(buf.fields, slots, slots % 7, np.full(4, 6),
+                                                          np.zeros(4, bool), np.random.default_rng(0))  # fmt: skip
+            source = "reanalysed" if search_fraction else "stored"
+            actions = buf.fields["reanalysed_actions" if search_fraction else "sampled_actions"][slots]
+            policy = buf.fields["reanalysed_policy" if search_fraction else "child_visits"][slots]
+            np.testing.assert_array_equal(out["target_actions"][:, 0], actions, err_msg=source)
+            np.testing.assert_array_equal(out["target_policy"][:, 0], policy, err_msg=source)
+            assert reanalyser.stats()["searched_episodes"] == (reanalyser.episodes if search_fraction else 0)
+    finally:
+        store.close()
 
 
 # ---- the command line: a short Pendulum run, resumed; refusals --------------------------------------
