@@ -18,7 +18,7 @@ import torch
 
 import mpper
 from mpper import cli
-from mpper.algos.configs import config_from_dict, load_config
+from mpper.algos.configs import config_from_dict
 from mpper.algos.muzero.config import MCTSConfig, NetworkConfig
 from mpper.algos.muzero.gumbel import GumbelMCTS
 from mpper.algos.muzero.mcts import BatchedMCTS
