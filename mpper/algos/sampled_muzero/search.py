@@ -101,11 +101,18 @@ class SampledSearch:
         self.support_size = support_size
         self.k = int(config.num_sampled_actions)
 
-    def _expand(self, trees: _Trees, tree: int, node: int, params: np.ndarray, policy, rng, temperature: float,
+    def _expand(self, trees: _Trees, nodes: np.ndarray, params: np.ndarray, policy, rng, temperature: float,
                 noise: bool) -> None:  # fmt: skip
-        actions, log_beta = policy.sample(params[None], self.k, rng, temperature)
-        log_pi = policy.log_prob_np(params[None], actions)[0]
-        prior, distinct = sampled_prior(actions[0], log_pi, log_beta[0])
+        """Node ``nodes[t]`` of every tree t: K samples from beta (policy ``params`` (N, P) at
+        ``temperature``), their corrected priors (with the root's noise when ``noise``)."""
+        actions, log_beta = policy.sample(params, self.k, rng, temperature)
+        log_pi = policy.log_prob_np(params, actions)
+        for t, node in enumerate(nodes):
+            self._set_edges(trees, t, int(node), actions[t], log_pi[t], log_beta[t], rng, noise)
+
+    def _set_edges(self, trees: _Trees, tree: int, node: int, actions: np.ndarray, log_pi: np.ndarray,
+                   log_beta: np.ndarray, rng, noise: bool) -> None:  # fmt: skip
+        prior, distinct = sampled_prior(actions, log_pi, log_beta)
         if noise:
             cfg = self.config
             gammas = rng.standard_gamma(cfg.root_dirichlet_alpha, size=self.k) * distinct
@@ -113,7 +120,7 @@ class SampledSearch:
             dirichlet = gammas / total if total > 0 else distinct / distinct.sum()
             prior = np.where(distinct, prior * (1 - cfg.root_exploration_fraction)
                              + dirichlet * cfg.root_exploration_fraction, 0.0)  # fmt: skip
-        trees.actions[tree, node] = actions[0]
+        trees.actions[tree, node] = actions
         trees.prior[tree, node] = prior
         trees.valid[tree, node] = distinct
 
@@ -182,8 +189,7 @@ class SampledSearch:
         temperature = cfg.root_sampling_temperature if explore else 1.0
         gumbel = cfg.kind == "gumbel"
         trees.raw_value[:, 0] = root_value
-        for t in range(n):
-            self._expand(trees, t, 0, params[t], policy, rng, temperature, explore and not gumbel)
+        self._expand(trees, np.zeros(n, np.int64), params, policy, rng, temperature, explore and not gumbel)
         roots = None
         if gumbel:
             noise = np.zeros((n, self.k))
@@ -206,11 +212,11 @@ class SampledSearch:
             values = support_to_scalar_np(out.value_logits.cpu().numpy(), self.support_size)
             rewards = support_to_scalar_np(out.reward_logits.cpu().numpy(), self.support_size)
             leaf_params = out.policy_logits.cpu().numpy().astype(np.float64)
+            self._expand(trees, np.full(n, leaf), leaf_params, policy, rng, 1.0, False)
             for t in range(n):
                 trees.children[t, parents[t], edges[t]] = leaf
                 trees.reward[t, leaf] = rewards[t]
                 trees.raw_value[t, leaf] = values[t]
-                self._expand(trees, t, leaf, leaf_params[t], policy, rng, 1.0, False)
                 self._backup(trees, t, paths[t] + [leaf], float(values[t]))
         root_children = trees.children[:, 0]
         visits = np.where(root_children >= 0, np.take_along_axis(trees.visit_count, np.maximum(root_children, 0), 1), 0)
