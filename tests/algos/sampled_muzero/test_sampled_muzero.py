@@ -346,6 +346,12 @@ def test_a_short_pendulum_run_trains_evaluates_and_resumes_with_its_float_action
     action = agent.act(np.array([1.0, 0.0, 0.0], np.float32))
     assert action.dtype == np.float32 and action.shape == (1,) and -2.0 <= action[0] <= 2.0  # Pendulum's torque
     assert agent.act(np.zeros((3, 3), np.float32)).shape == (3, 1)
+    # --collect plays Discrete-action envs only: one line, nothing written
+    proc = subprocess.run([sys.executable, "run.py", "--collect", str(run_dir), "--env-steps", "10", "--out",
+                           str(tmp_path / "collected")], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          check=False)  # fmt: skip
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "a continuous (Box) action space" in proc.stderr
+    assert not (tmp_path / "collected").exists()
 
 
 class BoxActionEnv(gym.Env):
