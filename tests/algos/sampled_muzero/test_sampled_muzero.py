@@ -239,28 +239,27 @@ def test_float_actions_round_trip_through_an_episode_the_ring_and_a_snapshot(tmp
     episodes = []
     while len(episodes) < 2:
         episodes += player.step(0.5)
-    buf = ReplayBuffer.create(algorithm.run_schema(config, spec), 100, alpha=0.5)
-    stored = [player.stored(ep) for ep in episodes]
-    for arrays, priorities in stored:
-        assert arrays["action"].dtype == np.float32 and arrays["action"].shape == (13, 1)
-        assert arrays["sampled_actions"].shape == (13, 5, 1)
-        assert len(np.unique(arrays["action"][1:])) > 1 and (np.abs(arrays["action"]) <= 1).all()
-        # each played action is one of the root's sampled actions
-        assert all((arrays["sampled_actions"][i] == arrays["action"][i + 1]).all(-1).any() for i in range(12))
-        buf.add_episode(arrays, priorities)
-    buf.save(tmp_path / "snap")
-    manifest = json.loads((tmp_path / "snap" / "manifest.json").read_text())
-    assert {f["name"]: f["dtype"] for f in manifest["schema"]}["action"] in ("float32", "<f4")
-    with ReplayBuffer.load(tmp_path / "snap", num_actions=spec.num_actions) as loaded:
-        refs = loaded.episodes()
-        assert len(refs) == 2
-        for ref, (arrays, _) in zip(refs, stored):
-            rows = loaded.read_episode(ref)
-            for name in ("action", "sampled_actions", "child_visits", "reward", "observation"):
-                np.testing.assert_array_equal(rows[name], arrays[name], err_msg=name)
-        batch = loaded.sample(8, 1.0, algorithm.make_targets(config, 1), rng=np.random.default_rng(0))
-        assert batch.data["actions"].shape == (8, 6, 1) and batch.data["target_actions"].shape == (8, 6, 5, 1)
-    buf.close()
+    with ReplayBuffer.create(algorithm.run_schema(config, spec), 100, alpha=0.5) as buf:
+        stored = [player.stored(ep) for ep in episodes]
+        for arrays, priorities in stored:
+            assert arrays["action"].dtype == np.float32 and arrays["action"].shape == (13, 1)
+            assert arrays["sampled_actions"].shape == (13, 5, 1)
+            assert len(np.unique(arrays["action"][1:])) > 1 and (np.abs(arrays["action"]) <= 1).all()
+            # each played action is one of the root's sampled actions
+            assert all((arrays["sampled_actions"][i] == arrays["action"][i + 1]).all(-1).any() for i in range(12))
+            buf.add_episode(arrays, priorities)
+        buf.save(tmp_path / "snap")
+        manifest = json.loads((tmp_path / "snap" / "manifest.json").read_text())
+        assert {f["name"]: f["dtype"] for f in manifest["schema"]}["action"] in ("float32", "<f4")
+        with ReplayBuffer.load(tmp_path / "snap", num_actions=spec.num_actions) as loaded:
+            refs = loaded.episodes()
+            assert len(refs) == 2
+            for ref, (arrays, _) in zip(refs, stored):
+                rows = loaded.read_episode(ref)
+                for name in ("action", "sampled_actions", "child_visits", "reward", "observation"):
+                    np.testing.assert_array_equal(rows[name], arrays[name], err_msg=name)
+            batch = loaded.sample(8, 1.0, algorithm.make_targets(config, 1), rng=np.random.default_rng(0))
+            assert batch.data["actions"].shape == (8, 6, 1) and batch.data["target_actions"].shape == (8, 6, 5, 1)
 
 
 @pytest.mark.parametrize("search_fraction", [0.0, 1.0])
