@@ -239,6 +239,7 @@ class Agent:
         self.mean_return = None if mean is None else float(mean)
         self.observation_shape = tuple(spec.observation_shape)
         self.num_actions = int(spec.num_actions)
+        self.continuous_actions = spec.continuous_actions  # act() returns float action vectors
         self.network = load_network(config, spec, state, self.checkpoint)
         env = make_env(config.env)  # the player reads the action space from it; act() never steps it
         try:
@@ -255,7 +256,8 @@ class Agent:
 
     def act(self, observation, action_mask=None, to_play=None):
         """The greedy action for one observation (an int), or for a batch (N, *shape) of
-        them (an (N,) int64 array). ``action_mask``: the legal actions, (A,) or (N, A)
+        them (an (N,) int64 array); for a continuous (Box) action space, a float32 action
+        vector of the Box's shape, or (N, *action shape). ``action_mask``: the legal actions, (A,) or (N, A)
         bool, when the env gives one (``info["action_mask"]``); ``to_play``: the player to
         move in a two-player game (0 or 1). ValueError for an observation of another shape."""
         from .algos.base import as_stored
@@ -277,6 +279,8 @@ class Agent:
         actions = self._player.greedy_actions(batch, legal, players)
         if self.sees_past:
             self._episode.action.append(int(actions[0]))  # the action that leads to the next observation
+        if self.continuous_actions:  # float action vectors in the env's Box
+            return np.asarray(actions[0] if single else actions, np.float32)
         return int(actions[0]) if single else np.asarray(actions, np.int64)
 
     def reset(self) -> None:

@@ -207,7 +207,7 @@ def _checked_train(config: Config, run_dir: Path, flag: str, resume: Path | None
         from .algos.registry import algorithm_of
         from .runtime.offline import OfflineError, check_sources
 
-        schema = algorithm_of(config).schema(spec.observation_shape, spec.num_actions, spec.observation_dtype)
+        schema = algorithm_of(config).run_schema(config, spec)
         try:
             check_sources(offline, config, spec, schema)
         except OfflineError as e:
@@ -315,8 +315,7 @@ def _check_resume(run_dir: Path, config, spec) -> str | None:
                           "initial_priority": buf.initial_priority}  # fmt: skip
                 # the fields the run's buffer stores, as --on-snapshot checks them: another dtype or
                 # shape would be copied into the new buffer's arrays, converted or broadcast, silently
-                expected = algorithm_of(config).schema(spec.observation_shape, spec.num_actions,
-                                                       spec.observation_dtype)  # fmt: skip
+                expected = algorithm_of(config).run_schema(config, spec)
                 check_schema(snapshot, run_dir, buf.schema, normalize_schema(expected),
                              getattr(expected, "optional", ()))  # fmt: skip
         except (SnapshotError, SnapshotMismatchError, OSError) as e:

@@ -109,7 +109,7 @@ MISTAKES = [
     ("env-factory-module-missing", _set("env", "id", "no_such_module_xyz:make_env"), [],
      ['{cfg}: env.id: module "no_such_module_xyz"', "cannot be found"]),
     ("env-kwargs-not-object", _set("env", "kwargs", "render"), [], ['{cfg}: env.kwargs: expected an object, got "render"']),
-    ("unknown-algorithm", _top("algorithm", "alphazero"), [], ['{cfg}: algorithm: expected one of "muzero", "dqn", got "alphazero"']),
+    ("unknown-algorithm", _top("algorithm", "alphazero"), [], ['{cfg}: algorithm: expected one of "muzero", "dqn", "sampled_muzero", got "alphazero"']),
     ("unknown-network-kind", _set("network", "kind", "mlp"), [], ['{cfg}: network.kind: expected one of "fc", "residual", got "mlp"']),
     ("unknown-optimizer", _set("training", "optimizer", "rmsprop"), [], ['{cfg}: training.optimizer: expected one of "adam", "sgd"']),
     ("unknown-device", _set("runtime", "device", "tpu"), [], ['{cfg}: runtime.device: expected one of "auto", "cpu", "cuda", got "tpu"']),

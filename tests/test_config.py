@@ -319,7 +319,7 @@ def test_cuda_check_uses_torch():
         ({"mcts": {"td_steps": 5}}, "x.json: mcts.td_steps: unknown key (did you mean muzero.td_steps?)"),
         ({"batch_size": 5}, "x.json: batch_size: unknown key (did you mean training.batch_size?)"),
         ({"runtime": {"num_workers": 2}}, "x.json: runtime.num_workers: unknown key (did you mean runtime.workers? "),
-        ({"algorithm": "muzer"}, 'x.json: algorithm: expected one of "muzero", "dqn", got "muzer" (did you mean "muzero"?)'),
+        ({"algorithm": "muzer"}, 'x.json: algorithm: expected one of "muzero", "dqn", "sampled_muzero", got "muzer" (did you mean "muzero"?)'),
         ({"training": {"optimizer": "Adam"}}, 'did you mean "adam"?'),
     ],
 )

@@ -166,7 +166,7 @@ class Algorithm(Generic[C]):
     ``C`` is its config class, which its functions take.
 
     Shapes: ``observation_shape`` is one env observation's shape, ``num_actions`` the
-    size of the discrete action space.
+    size of the discrete action space (of a continuous one: the action vector's length).
     """
 
     name: str
@@ -205,7 +205,19 @@ class Algorithm(Generic[C]):
     search_nodes: Callable[[C], int] | None = None
     # config -> why a run of this config cannot train a two-player env (one line), or None
     two_player_refusal: Callable[[C], str | None] = lambda config: None
+    # (config, observation_shape, num_actions, dtype) -> schema, for an algorithm whose rows
+    # depend on its config (Sampled MuZero: K root samples per row); None: ``schema``
+    config_schema: Callable[..., dict] | None = None
+    # whether it trains a bounded Box action space (then ``num_actions`` is the action
+    # vector's length A) instead of a Discrete one
+    continuous_actions: bool = False
     description: str = ""
+
+    def run_schema(self, config: C, spec: EnvSpec) -> dict:
+        """The schema of a run of ``config`` on an env like ``spec``."""
+        if self.config_schema is not None:
+            return self.config_schema(config, spec.observation_shape, spec.num_actions, spec.observation_dtype)
+        return self.schema(spec.observation_shape, spec.num_actions, spec.observation_dtype)
 
     @property
     def two_player(self) -> bool:

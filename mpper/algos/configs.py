@@ -15,6 +15,7 @@ from .. import config
 from ..config import AlgorithmConfig, Config, FieldSpec
 from .dqn.config import CONFIG as DQN
 from .muzero.config import CONFIG as MUZERO
+from .sampled_muzero.config import CONFIG as SAMPLED_MUZERO
 
 __all__ = [
     "ALGORITHM_CONFIGS",
@@ -27,7 +28,7 @@ __all__ = [
     "offline_overrides",
 ]
 
-ALGORITHM_CONFIGS: dict[str, AlgorithmConfig] = {"muzero": MUZERO, "dqn": DQN}
+ALGORITHM_CONFIGS: dict[str, AlgorithmConfig] = {"muzero": MUZERO, "dqn": DQN, "sampled_muzero": SAMPLED_MUZERO}
 
 
 def load_config(path: str | Path, overrides: Iterable[str] = (), workers: int | None = None, **kwargs) -> Config:

@@ -18,10 +18,11 @@ from ..envs import EnvSpec, config_symmetries, env_spec
 from .base import Algorithm
 from .dqn.algorithm import ALGORITHM as DQN
 from .muzero.algorithm import ALGORITHM as MUZERO
+from .sampled_muzero.algorithm import ALGORITHM as SAMPLED_MUZERO
 
 __all__ = ["ALGORITHMS", "algorithm_of", "get_algorithm", "load_run_checkpoint", "run_env_spec"]
 
-ALGORITHMS: dict[str, Algorithm] = {a.name: a for a in (MUZERO, DQN)}
+ALGORITHMS: dict[str, Algorithm] = {a.name: a for a in (MUZERO, DQN, SAMPLED_MUZERO)}
 
 
 def get_algorithm(name: str) -> Algorithm:
@@ -42,8 +43,10 @@ def run_env_spec(config: Config) -> EnvSpec:
     it: what a run checks before it starts anything (``run.py`` turns the ``ValueError``
     into one line ``error: ...`` and exit code 2).
 
-    Raises ``ValueError`` when the env breaks the two-player contract; when it is a
-    two-player env and the algorithm cannot train one (DQN reads neither ``to_play`` nor
+    Raises ``ValueError`` when the env's action space is not the kind the algorithm trains
+    (a Box for ``Algorithm.continuous_actions``, else Discrete); when the env breaks the
+    two-player contract; when it is a two-player env and the algorithm cannot train one
+    (DQN reads neither ``to_play`` nor
     the legal-action mask: it would learn one Q-function for both players and play
     illegal moves), or the config cannot (``Algorithm.two_player_refusal``: MuZero's value
     prefix); when the algorithm trains through board symmetries (MuZero's
@@ -52,6 +55,12 @@ def run_env_spec(config: Config) -> EnvSpec:
     """
     spec = env_spec(config.env)
     algorithm = algorithm_of(config)
+    if spec.continuous_actions != algorithm.continuous_actions:
+        kind = "a continuous (Box)" if spec.continuous_actions else "a Discrete"
+        able = " or ".join(f'"algorithm": "{a.name}"' for a in ALGORITHMS.values()
+                           if a.continuous_actions == spec.continuous_actions)  # fmt: skip
+        raise ValueError(f'algorithm: "{algorithm.name}" cannot train the env {config.env.id!r}, whose action space is '
+                         f"{kind} one; {able} trains it")  # fmt: skip
     if spec.two_player and not algorithm.two_player:
         able = " or ".join(f'"{a.name}"' for a in ALGORITHMS.values() if a.two_player)
         raise ValueError(f'algorithm: "{algorithm.name}" cannot train the two-player env {config.env.id!r}: it '

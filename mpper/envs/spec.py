@@ -127,22 +127,25 @@ def make_env_checked(config: EnvConfig, training: bool = False) -> gym.Env:
                           f"made ({type(exc).__name__}: {detail})") from exc  # fmt: skip
 
 
-SUPPORTED_SPACES = ("mpper supports a Discrete(n) action space starting at 0 and a Box observation space of at "
-                    "least one element with a bool, integer or float dtype")
+SUPPORTED_SPACES = ("mpper supports a Discrete(n) action space starting at 0 or a bounded float Box action space "
+                    "(\"algorithm\": \"sampled_muzero\"), and a Box observation space of at least one element with a "
+                    "bool, integer or float dtype")
 
 
 def check_spaces(observation_space, action_space, what: str) -> None:
     """ValueError, one line naming ``what``, the space and what mpper supports, unless the
     spaces are ones mpper trains on: actions ``Discrete(n)`` numbered from 0 (the networks'
-    outputs are actions 0..n-1), observations a numeric ``Box`` with at least one element
+    outputs are actions 0..n-1) or a float ``Box`` with finite bounds (which algorithm trains
+    which is the registry's check), observations a numeric ``Box`` with at least one element
     (stored as one array per step; any shape: flattened by the "fc" networks, (C, H, W) for
     the convolutional ones)."""
     hint = ""
-    if not isinstance(action_space, gym.spaces.Discrete):
-        if isinstance(action_space, gym.spaces.Box):
-            hint = "; continuous actions: discretise them in a wrapper (gymnasium.ActionWrapper)"
-        problem = f"its action space {action_space} is not Discrete{hint}"
-    elif int(action_space.start) != 0:
+    box_problem = _box_action_problem(action_space) if isinstance(action_space, gym.spaces.Box) else None
+    if isinstance(action_space, gym.spaces.Box) and box_problem is not None:
+        problem = f"its action space {action_space} {box_problem}"
+    elif not isinstance(action_space, (gym.spaces.Discrete, gym.spaces.Box)):
+        problem = f"its action space {action_space} is neither Discrete nor a bounded Box"
+    elif isinstance(action_space, gym.spaces.Discrete) and int(action_space.start) != 0:
         problem = (f"its action space {action_space} starts at {int(action_space.start)}; wrap the env so that "
                    "actions are numbered from 0")  # fmt: skip
     elif not isinstance(observation_space, gym.spaces.Box):
@@ -161,16 +164,31 @@ def check_spaces(observation_space, action_space, what: str) -> None:
     raise ValueError(f"{what}: {problem}; {SUPPORTED_SPACES}")
 
 
+def _box_action_problem(space: gym.spaces.Box) -> str | None:
+    """What keeps a Box action space from being trained (None: nothing): a non-float dtype,
+    no element, or a bound that is not finite (the policy's actions are rescaled into it)."""
+    if space.dtype is None or space.dtype.kind != "f":
+        return f"has dtype {space.dtype}, not a float one"
+    if int(np.prod(space.shape)) == 0:
+        return f"has shape {space.shape}, no element"
+    if not (np.isfinite(space.low).all() and np.isfinite(space.high).all()):
+        return "has an infinite or non-finite bound; wrap the env so that every action dimension is bounded"
+    if not (space.low < space.high).all():
+        return "has a dimension whose low bound is not below its high bound"
+    return None
+
+
 @dataclass(frozen=True)
 class EnvSpec:
     observation_shape: tuple[int, ...]
     observation_dtype: np.dtype
-    num_actions: int
+    num_actions: int  # Discrete(n): n; a Box action space: the length A of its flattened action vector
     two_player: bool = False  # env.unwrapped.two_player (checked against the contract)
     # the most moves a self-play episode can last (env.max_episode_steps, or the id's
     # registered limit, at most env.training_max_episode_steps); None when unknown: no
     # limit, or one counted in frames under frame skipping
     max_episode_steps: int | None = None
+    continuous_actions: bool = False  # a bounded Box action space (``num_actions`` its vector's length)
 
 
 def env_spec(config: EnvConfig) -> EnvSpec:
@@ -187,11 +205,16 @@ def env_spec(config: EnvConfig) -> EnvSpec:
     env = make_env_checked(config)
     try:
         check_spaces(env.observation_space, env.action_space, f"env {config.id!r}")
-        space, actions = cast(gym.spaces.Box, env.observation_space), cast(gym.spaces.Discrete, env.action_space)
+        space = cast(gym.spaces.Box, env.observation_space)
+        continuous = isinstance(env.action_space, gym.spaces.Box)
         if is_two_player(env):
             check_two_player_env(env, config.id)
         dtype = np.dtype(np.float32) if space.dtype.kind == "f" else space.dtype
-        return EnvSpec(tuple(space.shape), dtype, int(actions.n), is_two_player(env), _move_limit(env, config))
+        if continuous:
+            actions = int(np.prod(cast(gym.spaces.Box, env.action_space).shape))
+        else:
+            actions = int(cast(gym.spaces.Discrete, env.action_space).n)
+        return EnvSpec(tuple(space.shape), dtype, actions, is_two_player(env), _move_limit(env, config), continuous)
     finally:
         env.close()
 

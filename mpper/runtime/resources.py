@@ -81,7 +81,7 @@ def run_size(config: Config, spec: EnvSpec) -> RunSize:
     """What the run of ``config`` on an env like ``spec`` needs (see the module docstring)."""
     capacity = config.replay.capacity
     algorithm = algorithm_of(config)
-    buffer = segment_bytes(algorithm.schema(spec.observation_shape, spec.num_actions, spec.observation_dtype), capacity)
+    buffer = segment_bytes(algorithm.run_schema(config, spec), capacity)
     model = _meta_model(config, spec)
     parameters = sum(p.numel() for p in model.parameters())
     rt = config.runtime

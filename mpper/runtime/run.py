@@ -59,7 +59,7 @@ def create_buffer(cfg: Config, spec, mp_context=None) -> ReplayBuffer:
     so that the leaves of new episodes (whatever ``initial_priority`` gives them, "max"
     included) and of updated priorities obey the same clip."""
     algorithm = algorithm_of(cfg)
-    schema = algorithm.schema(spec.observation_shape, spec.num_actions, spec.observation_dtype)
+    schema = algorithm.run_schema(cfg, spec)
     r = cfg.replay
     return ReplayBuffer.create(schema, r.capacity, alpha=r.alpha, priority_eps=r.priority_eps,
                                priority_clip=algorithm.priority_clip(cfg), initial_priority=r.buffer_initial_priority,
@@ -74,7 +74,7 @@ def start_buffer(setup, mp_context=None) -> ReplayBuffer:
     snapshot = setup.resume_snapshot
     if snapshot is not None:  # an older snapshot may lack the schema's optional fields: they get their fill
         spec = setup.spec
-        schema = algorithm_of(setup.config).schema(spec.observation_shape, spec.num_actions, spec.observation_dtype)
+        schema = algorithm_of(setup.config).run_schema(setup.config, spec)
         optional = {name: schema[name] for name in getattr(schema, "optional", ())}
         return ReplayBuffer.load(snapshot, num_actions=spec.num_actions, mp_context=mp_context, add_fields=optional)
     buf = create_buffer(setup.config, setup.spec, mp_context)

@@ -68,6 +68,9 @@ def collect(run_dir: Path, env_steps: int, epsilon: float, out: Path, checkpoint
     spec = env_spec(config.env)
     if spec.two_player:
         raise CollectError(f"--collect {run_dir}: a two-player env ({config.env.id}); collection plays one-player envs")
+    if spec.continuous_actions:
+        raise CollectError(f"--collect {run_dir}: a continuous (Box) action space ({config.env.id}); collection plays "
+                           "Discrete-action envs")  # fmt: skip
     state = load_run_checkpoint(checkpoint, config, spec, follow_links=named)
     network = load_network(config, spec, state, checkpoint)
     count = max(1, min(config.runtime.envs_per_worker, env_steps))

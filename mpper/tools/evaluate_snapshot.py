@@ -99,7 +99,7 @@ def evaluate_on_snapshot(run_dir: Path, snapshot_dir: Path, checkpoint: Path | N
     started = time.monotonic()
     # memory-mapped, read-only; its stored actions checked against this env's (the network indexes by them)
     with ReplayBuffer.load(snapshot_dir, mmap=True, num_actions=spec.num_actions) as buf:
-        expected = algorithm.schema(spec.observation_shape, spec.num_actions, spec.observation_dtype)
+        expected = algorithm.run_schema(config, spec)
         check_schema(snapshot_dir, run_dir, buf.schema, normalize_schema(expected), getattr(expected, "optional", ()))
         positions = all_positions(buf)
         if len(positions) == 0:

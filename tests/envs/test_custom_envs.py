@@ -128,8 +128,9 @@ class SpaceEnv(gym.Env):
 
 BOX = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
 UNSUPPORTED = {
-    "box_actions": (BOX, gym.spaces.Box(-1.0, 1.0, (1,)), "is not Discrete; continuous actions: discretise"),
-    "multidiscrete_actions": (BOX, gym.spaces.MultiDiscrete([2, 3]), "MultiDiscrete([2 3]) is not Discrete"),
+    "unbounded_box_actions": (BOX, gym.spaces.Box(-np.inf, np.inf, (1,)), "has an infinite or non-finite bound"),
+    "integer_box_actions": (BOX, gym.spaces.Box(0, 3, (2,), np.int64), "not a float one"),
+    "multidiscrete_actions": (BOX, gym.spaces.MultiDiscrete([2, 3]), "MultiDiscrete([2 3]) is neither Discrete nor"),
     "actions_from_one": (BOX, gym.spaces.Discrete(3, start=1), "Discrete(3, start=1) starts at 1"),
     "discrete_observations": (gym.spaces.Discrete(5), gym.spaces.Discrete(2), "FlattenObservation"),
     "dict_observations": (gym.spaces.Dict({"a": BOX}), gym.spaces.Discrete(2), "is not a Box; gymnasium.wrappers"),
@@ -156,8 +157,9 @@ def test_each_unsupported_space_is_one_line_saying_what_is_supported(case, capsy
     assert out == "" and err.count("\n") == 1, err
     assert err.startswith("error: env 'test_custom_envs:make_space_env': its ")
     assert UNSUPPORTED[case][2] in err
-    assert err.rstrip().endswith("mpper supports a Discrete(n) action space starting at 0 and a Box observation "
-                                 "space of at least one element with a bool, integer or float dtype")  # fmt: skip
+    assert err.rstrip().endswith('mpper supports a Discrete(n) action space starting at 0 or a bounded float Box '
+                                 'action space ("algorithm": "sampled_muzero"), and a Box observation space of at '
+                                 'least one element with a bool, integer or float dtype')  # fmt: skip
     assert not (tmp_path / "run").exists()
 
 

@@ -1,0 +1,255 @@
+"""The Sampled MuZero search (Hubert et al. 2021): pUCT over K actions sampled at each
+expanded node, with the sampled-policy correction.
+
+At each expanded node the search draws K actions from beta (the network's policy pi; at
+the root in self-play, pi at ``sampled_mcts.root_sampling_temperature``) and gives sampled action a
+the prior ``beta_hat(a) / beta(a) * pi(a)``, normalised over the node's distinct samples,
+where beta_hat is the empirical distribution of the K samples (a drawn n times: n / K;
+its duplicates share one child). With beta = pi the prior is beta_hat.
+
+Everything else is MuZero's pUCT as :mod:`mpper.algos.muzero.mcts` runs it (muzero-general's
+``MCTS``, the paper's pseudocode), over a node's sampled actions instead of the whole action
+set: ``score = P * sqrt(N(s)) / (1 + N(s, a)) * (c_init + log((N(s) + c_base + 1) / c_base))
++ Q_norm`` (Q_norm 0 for an unvisited child, min-max normalised once two values were seen),
+exact ties to the larger prior, then to the larger per-root tie key; Dirichlet noise over the
+root's distinct samples when exploring; backup ``value = r + discount * value``. One player.
+With ``sampled_mcts.kind: "gumbel"`` the selection and the decision are Gumbel MuZero's over
+the sampled actions (:mod:`.gumbel`).
+
+The trees are numpy arrays, walked in Python: K (tens) edges per node, not an action set,
+and one batched recurrent inference per simulation for all roots.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .config import SampledMCTSConfig
+from .gumbel import GumbelRoots
+from .networks import support_to_scalar_np
+
+__all__ = ["SampledSearch", "SampledSearchResult", "sampled_prior"]
+
+
+def sampled_prior(actions: np.ndarray, log_pi: np.ndarray, log_beta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The sampled-policy correction at one node: for K sampled ``actions`` (K, A) with
+    log pi (K,) and log beta (K,) of each, (prior (K,) float64, distinct (K,) bool): the
+    first of each group of equal samples holds ``beta_hat(a) / beta(a) * pi(a)``
+    normalised over the distinct samples (beta_hat(a) = count(a) / K), its repeats prior 0
+    and ``distinct`` False."""
+    k = actions.shape[0]
+    _, first, inverse, counts = np.unique(actions, axis=0, return_index=True, return_inverse=True,
+                                          return_counts=True)  # fmt: skip
+    distinct = np.zeros(k, bool)
+    distinct[first] = True
+    beta_hat = counts[inverse.reshape(-1)] / k
+    log_weight = np.log(beta_hat) + log_pi - log_beta
+    weight = np.where(distinct, np.exp(log_weight - log_weight[distinct].max()), 0.0)
+    return weight / weight.sum(), distinct
+
+
+@dataclass
+class SampledSearchResult:
+    actions: np.ndarray  # (N, K, A) float64: the root's sampled actions, in [-1, 1]
+    distinct: np.ndarray  # (N, K) bool: False for a repeat of an earlier sample (no child of its own)
+    visit_counts: np.ndarray  # (N, K) int64: visits of each root child
+    policy_target: np.ndarray  # (N, K) float64: visit shares n_k / N over the root's samples
+    root_values: np.ndarray  # (N,) float64: mean backed-up value of the root
+    root_predicted_values: np.ndarray  # (N,) float64: the network's value of the root observation
+    prior: np.ndarray  # (N, K) float64: the root's priors, after noise
+    # (N,) int64: the root sample the search chose (Gumbel); None: the player picks from the
+    # visit counts with its temperature (pUCT)
+    chosen: np.ndarray | None = None
+
+
+class _Trees:
+    """N trees of ``nodes`` nodes with ``k`` edges each (node 0: the root)."""
+
+    def __init__(self, n: int, nodes: int, k: int, action_dim: int):
+        self.visit_count = np.zeros((n, nodes), np.int64)
+        self.value_sum = np.zeros((n, nodes))
+        self.reward = np.zeros((n, nodes))
+        self.raw_value = np.zeros((n, nodes))  # the network's value of the node (Gumbel's completed Q)
+        self.prior = np.zeros((n, nodes, k))
+        self.valid = np.zeros((n, nodes, k), bool)
+        self.children = np.full((n, nodes, k), -1, np.int64)
+        self.actions = np.zeros((n, nodes, k, action_dim))
+        self.q_min = np.full(n, np.inf)
+        self.q_max = np.full(n, -np.inf)
+
+
+class SampledSearch:
+    """The batched search of ``config`` (pUCT; ``num_sampled_actions`` K) for actions of
+    ``action_dim`` dimensions and value/reward supports of ``support_size``.
+
+    ``run(network, observations, explore, rng)`` needs a network with
+    ``initial_inference(obs)`` and ``recurrent_inference(hidden, actions (N, A) float32)``
+    returning value and reward support logits, policy parameters and a hidden state, and a
+    ``policy`` (the network's own unless given) with ``sample(params, K, rng, temperature)
+    -> (actions (N, K, A), log beta (N, K))`` and ``log_prob_np(params, actions) -> (N, K)``.
+    """
+
+    def __init__(self, config: SampledMCTSConfig, action_dim: int, support_size: int):
+        if config.kind not in ("puct", "gumbel"):
+            raise ValueError(f'sampled_mcts.kind must be "puct" or "gumbel", got {config.kind!r}')
+        self.config = config
+        self.action_dim = action_dim
+        self.support_size = support_size
+        self.k = int(config.num_sampled_actions)
+
+    def _expand(self, trees: _Trees, nodes: np.ndarray, params: np.ndarray, policy, rng, temperature: float,
+                noise: bool) -> None:  # fmt: skip
+        """Node ``nodes[t]`` of every tree t: K samples from beta (policy ``params`` (N, P) at
+        ``temperature``), their corrected priors (with the root's noise when ``noise``)."""
+        actions, log_beta = policy.sample(params, self.k, rng, temperature)
+        log_pi = policy.log_prob_np(params, actions)
+        for t, node in enumerate(nodes):
+            self._set_edges(trees, t, int(node), actions[t], log_pi[t], log_beta[t], rng, noise)
+
+    def _set_edges(self, trees: _Trees, tree: int, node: int, actions: np.ndarray, log_pi: np.ndarray,
+                   log_beta: np.ndarray, rng, noise: bool) -> None:  # fmt: skip
+        prior, distinct = sampled_prior(actions, log_pi, log_beta)
+        if noise:
+            cfg = self.config
+            gammas = rng.standard_gamma(cfg.root_dirichlet_alpha, size=self.k) * distinct
+            total = gammas.sum()
+            dirichlet = gammas / total if total > 0 else distinct / distinct.sum()
+            prior = np.where(distinct, prior * (1 - cfg.root_exploration_fraction)
+                             + dirichlet * cfg.root_exploration_fraction, 0.0)  # fmt: skip
+        trees.actions[tree, node] = actions
+        trees.prior[tree, node] = prior
+        trees.valid[tree, node] = distinct
+
+    def _select(self, trees: _Trees, tree: int, tie_break: np.ndarray) -> tuple[list[int], int, int]:
+        """Walk tree ``tree`` from its root by pUCT to an unexpanded child: (path of nodes,
+        parent, edge)."""
+        cfg = self.config
+        span = trees.q_max[tree] - trees.q_min[tree]
+        node, path = 0, [0]
+        while True:
+            n_parent = trees.visit_count[tree, node]
+            pb_c = (math.log((n_parent + cfg.pb_c_base + 1) / cfg.pb_c_base) + cfg.pb_c_init) * math.sqrt(n_parent)
+            best, best_score = -1, -np.inf
+            prior = trees.prior[tree, node]
+            for e in range(self.k):
+                if not trees.valid[tree, node, e]:
+                    continue
+                child = trees.children[tree, node, e]
+                n_child = trees.visit_count[tree, child] if child >= 0 else 0
+                score = pb_c * prior[e] / (n_child + 1)
+                if n_child > 0:
+                    q = trees.reward[tree, child] + cfg.discount * trees.value_sum[tree, child] / n_child
+                    if span > 0:
+                        q = (q - trees.q_min[tree]) / span
+                    score += q
+                if score > best_score or (score == best_score and (
+                        prior[e] > prior[best] or (prior[e] == prior[best] and tie_break[e] > tie_break[best]))):
+                    best, best_score = e, score
+            child = trees.children[tree, node, best]
+            if child < 0:
+                return path, node, best
+            node = int(child)
+            path.append(node)
+
+    def _backup(self, trees: _Trees, tree: int, path: list[int], value: float) -> None:
+        discount = self.config.discount
+        for node in reversed(path):
+            trees.visit_count[tree, node] += 1
+            trees.value_sum[tree, node] += value
+            q = trees.reward[tree, node] + discount * trees.value_sum[tree, node] / trees.visit_count[tree, node]
+            trees.q_min[tree] = min(trees.q_min[tree], q)
+            trees.q_max[tree] = max(trees.q_max[tree], q)
+            value = trees.reward[tree, node] + discount * value
+
+    @torch.inference_mode()
+    def run(self, network, observations: np.ndarray, explore: bool, rng: np.random.Generator, policy=None,
+            tie_break: np.ndarray | None = None, num_simulations: int | None = None,
+            root_noise: np.ndarray | None = None) -> SampledSearchResult:  # fmt: skip
+        """Search N roots (``observations`` (N, *obs) float32) together. ``explore``: the
+        root samples at ``root_sampling_temperature`` and gets its noise (pUCT: Dirichlet
+        over the priors; Gumbel: Gumbel noise times ``gumbel_scale``, or ``root_noise``
+        (N, K) when given); else beta = pi everywhere and no noise. ``tie_break`` (N, K):
+        pUCT's keys for exact ties (drawn from ``rng`` when None)."""
+        cfg = self.config
+        policy = network.policy if policy is None else policy
+        sims = int(num_simulations or cfg.num_simulations)
+        n = len(observations)
+        if tie_break is None:
+            tie_break = rng.random((n, self.k))
+        param = next(iter(network.parameters()), None)
+        device = param.device if param is not None else torch.device("cpu")
+        trees = _Trees(n, sims + 1, self.k, self.action_dim)
+        out = network.initial_inference(torch.as_tensor(np.asarray(observations, np.float32), device=device))
+        root_value = support_to_scalar_np(out.value_logits.cpu().numpy(), self.support_size)
+        params = out.policy_logits.cpu().numpy().astype(np.float64)
+        temperature = cfg.root_sampling_temperature if explore else 1.0
+        gumbel = cfg.kind == "gumbel"
+        trees.raw_value[:, 0] = root_value
+        self._expand(trees, np.zeros(n, np.int64), params, policy, rng, temperature, explore and not gumbel)
+        roots = None
+        if gumbel:
+            noise = np.zeros((n, self.k))
+            if explore:
+                noise = cfg.gumbel_scale * rng.gumbel(size=(n, self.k)) if root_noise is None else root_noise
+            roots = GumbelRoots(cfg, trees, np.asarray(noise, np.float64), sims, cfg.discount)
+        hidden = torch.empty((n, sims + 1, *out.hidden_state.shape[1:]), dtype=out.hidden_state.dtype, device=device)
+        hidden[:, 0] = out.hidden_state
+        parents, edges = np.zeros(n, np.int64), np.zeros(n, np.int64)
+        for sim in range(sims):
+            paths: list[list[int]] = []
+            for t in range(n):
+                path, parents[t], edges[t] = self._select(trees, t, tie_break[t]) if roots is None else roots.select(t)
+                paths.append(path)
+            taken = trees.actions[np.arange(n), parents, edges].astype(np.float32)
+            parent_states = hidden[torch.arange(n, device=device), torch.from_numpy(parents).to(device)]
+            out = network.recurrent_inference(parent_states, torch.from_numpy(taken).to(device))
+            leaf = sim + 1
+            hidden[:, leaf] = out.hidden_state
+            values = support_to_scalar_np(out.value_logits.cpu().numpy(), self.support_size)
+            rewards = support_to_scalar_np(out.reward_logits.cpu().numpy(), self.support_size)
+            leaf_params = out.policy_logits.cpu().numpy().astype(np.float64)
+            self._expand(trees, np.full(n, leaf), leaf_params, policy, rng, 1.0, False)
+            for t in range(n):
+                trees.children[t, parents[t], edges[t]] = leaf
+                trees.reward[t, leaf] = rewards[t]
+                trees.raw_value[t, leaf] = values[t]
+                self._backup(trees, t, paths[t] + [leaf], float(values[t]))
+        root_children = trees.children[:, 0]
+        visits = np.where(root_children >= 0, np.take_along_axis(trees.visit_count, np.maximum(root_children, 0), 1), 0)
+        chosen, target = None, visits / np.maximum(visits.sum(1, keepdims=True), 1)
+        if roots is not None:
+            chosen, target = roots.decide()
+        return SampledSearchResult(
+            actions=trees.actions[:, 0].copy(), distinct=trees.valid[:, 0].copy(), visit_counts=visits,
+            policy_target=target, chosen=chosen,
+            root_values=trees.value_sum[:, 0] / np.maximum(trees.visit_count[:, 0], 1),
+            root_predicted_values=root_value, prior=trees.prior[:, 0].copy(),
+        )  # fmt: skip
+
+
+def choose(visit_counts: np.ndarray, temperature: float, rng: np.random.Generator) -> np.ndarray:
+    """Root sample indices (N,) from visit counts (N, K): temperature 0, the most visited
+    (ties at random); else drawn with probability proportional to ``counts ** (1 / T)``."""
+    counts = np.asarray(visit_counts, np.float64)
+    if temperature == 0:
+        best = counts == counts.max(axis=1, keepdims=True)
+        return np.where(best, rng.random(counts.shape), -1.0).argmax(axis=1)
+    weights = (counts / np.maximum(counts.max(axis=1, keepdims=True), 1e-300)) ** (1.0 / temperature)
+    cumulative = np.cumsum(weights, axis=1)
+    draw = rng.random(counts.shape[0]) * cumulative[:, -1]
+    return np.minimum((cumulative <= draw[:, None]).sum(axis=1), counts.shape[1] - 1)
+
+
+def temperature_at(schedule: list, progress: float) -> float:
+    """The T of the last ``[fraction, T]`` entry whose fraction is <= ``progress`` (the
+    first entry's before it)."""
+    entries = sorted((float(f), float(t)) for f, t in schedule)
+    temperature = entries[0][1]
+    for fraction, t in entries:
+        if progress >= fraction:
+            temperature = t
+    return temperature
