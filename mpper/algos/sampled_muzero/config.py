@@ -110,9 +110,30 @@ def _log_std_range(config: SampledMuZeroRunConfig) -> str | None:
     return None
 
 
+def _workers_run_their_network(config: SampledMuZeroRunConfig) -> str | None:
+    if config.runtime.selfplay_inference == "server":
+        return 'Sampled MuZero\'s workers run their own network: use "auto" or "worker"'
+    return None
+
+
+def _eager_step(config: SampledMuZeroRunConfig) -> str | None:
+    capture = config.training.capture
+    if capture in ("auto", "off"):
+        return None
+    return f'Sampled MuZero trains with the eager step: expected "auto" or "off", got "{capture}"'
+
+
+def _fp32(config: SampledMuZeroRunConfig) -> str | None:
+    precision = config.training.precision
+    return None if precision == "fp32" else f'Sampled MuZero trains in float32: expected "fp32", got "{precision}"'
+
+
 CONFIG = AlgorithmConfig(
     SampledMuZeroRunConfig,
     rules=(
         Rule(("sampled_network.min_log_std", "sampled_network.max_log_std"), _log_std_range),
+        Rule(("runtime.selfplay_inference",), _workers_run_their_network),
+        Rule(("training.capture",), _eager_step),
+        Rule(("training.precision",), _fp32),
     ),
 )

@@ -390,6 +390,19 @@ def test_an_action_space_an_algorithm_cannot_train_is_one_line_exit_2_nothing_wr
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("key, value, expected", [
+    ("runtime.selfplay_inference", '"server"', 'Sampled MuZero\'s workers run their own network: use "auto" or "worker"'),
+    ("training.capture", '"static"', 'Sampled MuZero trains with the eager step: expected "auto" or "off", got "static"'),
+    ("training.precision", '"bf16"', 'Sampled MuZero trains in float32: expected "fp32", got "bf16"'),
+])  # fmt: skip
+def test_the_keys_of_the_gpu_paths_it_does_not_take_are_refused(key, value, expected):
+    from mpper.config import ConfigError
+
+    with pytest.raises(ConfigError, match=expected.replace("(", r"\(")):
+        config_from_dict({"algorithm": "sampled_muzero", key.split(".")[0]: {key.split(".")[1]: json.loads(value)}},
+                         check_env=False)  # fmt: skip
+
+
 def test_sampled_muzero_refuses_a_discrete_env_naming_the_algorithms_that_train_it(tmp_path, capsys):
     argv = ["--config", "pendulum_sampled", "--workers", "0", "--device", "cpu", "--run-dir", str(tmp_path / "run"),
             "--set", "env.id=CartPole-v1"]  # fmt: skip
