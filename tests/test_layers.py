@@ -10,7 +10,8 @@ Layers, lowest first (a module may import its own layer and the ones below):
 2. ``mpper.config``, ``mpper.config_files``: the config sections and their checks; reading
    config files (shipped names, ``"base"``);
 3. ``mpper.envs``, ``mpper.checkpoint``;
-4. ``mpper.algos``: each algorithm's folder imports ``mpper.algos.base`` and itself,
+4. ``mpper.algos``: each algorithm's folder imports ``mpper.algos.base``, the modules
+   beside the folders that algorithms share (``mpper.algos.muzero_family``) and itself,
    never another algorithm; only ``mpper.algos.registry`` (the algorithms) and
    ``mpper.algos.configs`` (their config sections) name them all;
 5. ``mpper.runtime``: processes, scheduling, the run directory;

@@ -46,33 +46,11 @@ from typing import NamedTuple
 import numba
 import numpy as np
 
+from ..muzero_family import considered_visits
 from .config import MCTSConfig
 from .tree import BatchedSearch, Tree, step_down
 
-__all__ = ["GumbelMCTS", "considered_visits", "considered_visits_table"]
-
-
-def considered_visits(max_num_considered_actions: int, num_simulations: int) -> list[int]:
-    """Sequential Halving's schedule (mctx's ``get_sequence_of_considered_visits``): the
-    visit count a root child must have to be visited at each of the ``num_simulations``
-    simulations, with ``max_num_considered_actions`` = m actions considered at first.
-
-    Rounds: the considered actions each get ``max(1, n // (ceil(log2 m) * considered))``
-    more visits, then the number considered halves (never below 2)."""
-    if max_num_considered_actions <= 1:
-        return list(range(num_simulations))
-    log2max = math.ceil(math.log2(max_num_considered_actions))
-    sequence: list[int] = []
-    visits = [0] * max_num_considered_actions
-    considered = max_num_considered_actions
-    while len(sequence) < num_simulations:
-        extra = max(1, int(num_simulations / (log2max * considered)))
-        for _ in range(extra):
-            sequence.extend(visits[:considered])
-            for i in range(considered):
-                visits[i] += 1
-        considered = max(2, considered // 2)
-    return sequence[:num_simulations]
+__all__ = ["GumbelMCTS", "considered_visits_table"]
 
 
 def considered_visits_table(max_num_considered_actions: int, num_simulations: int) -> np.ndarray:

@@ -34,7 +34,7 @@ import numpy as np
 
 from .tree import BatchedSearch, SearchResult, Tree, step_down
 
-__all__ = ["BatchedMCTS", "SearchResult", "select_action", "temperature_at"]
+__all__ = ["BatchedMCTS", "SearchResult", "select_action"]
 
 
 class PuctDraws(NamedTuple):
@@ -172,18 +172,3 @@ def select_action(visit_counts: np.ndarray, temperature: float, rng: np.random.G
     draw = rng.random(counts.shape[0]) * cumulative[:, -1]
     # The first action whose cumulative weight exceeds the draw; zero-weight actions never win.
     return np.minimum((cumulative <= draw[:, None]).sum(axis=1), counts.shape[1] - 1)
-
-
-def temperature_at(schedule: list, progress: float) -> float:
-    """Visit-count temperature at ``progress`` (fraction of the training steps done) for
-    ``MCTSConfig.temperature_schedule`` ``[[fraction, T], ...]``: the T of the last
-    entry whose fraction is <= progress (the first entry's T before it); a step function
-    like muzero-general's ``visit_softmax_temperature_fn``."""
-    entries = sorted((float(f), float(t)) for f, t in schedule)
-    if not entries:
-        raise ValueError("temperature_schedule is empty")
-    temperature = entries[0][1]
-    for fraction, t in entries:
-        if progress >= fraction:
-            temperature = t
-    return temperature

@@ -40,6 +40,7 @@ import torch
 from torch import nn
 
 from ..base import FlatWeights
+from ..muzero_family import EPS, h, h_inv, min_max_scale, mlp, scalar_to_support, support_to_scalar
 from .config import MuZeroConfig, NetworkConfig
 
 __all__ = [
@@ -61,72 +62,11 @@ __all__ = [
     "Unrolled",
 ]
 
-EPS = 0.001  # the epsilon of h(x); muzero-general and the paper use 0.001
 
 
 # --------------------------------------------------------------------------------------
 # 1. Value transform and categorical supports
 # --------------------------------------------------------------------------------------
-
-
-def h(x: torch.Tensor) -> torch.Tensor:
-    """``h(x) = sign(x) (sqrt(|x| + 1) - 1) + eps x``: squashes large returns so that a
-    small support (e.g. [-10, 10] for S = 10) covers them. Any shape."""
-    return torch.sign(x) * (torch.sqrt(torch.abs(x) + 1) - 1) + EPS * x
-
-
-def h_inv(y: torch.Tensor) -> torch.Tensor:
-    """Exact inverse of ``h``. Any shape.
-
-    Solving ``|y| = sqrt(|x|+1) - 1 + eps |x|`` for ``u = sqrt(|x|+1)`` gives
-    ``u = (sqrt(1 + 4 eps (|y| + 1 + eps)) - 1) / (2 eps)``. Written here as
-    ``2 (|y| + 1 + eps) / (sqrt(1 + 4 eps (|y| + 1 + eps)) + 1)`` (same value, multiplied
-    through by the conjugate) because the textbook form subtracts two numbers close to 1
-    and loses about 4 digits in float32 for small ``|y|``.
-    """
-    a = torch.abs(y) + 1 + EPS
-    u = 2 * a / (torch.sqrt(1 + 4 * EPS * a) + 1)
-    return torch.sign(y) * (u * u - 1)
-
-
-def scalar_to_support(x: torch.Tensor, support_size: int) -> torch.Tensor:
-    """Scalars (B,) -> two-hot target distributions (B, 2S+1) over ``h(x)``.
-
-    ``h(x)`` is clipped to [-S, S] and split between its two neighbouring integers in
-    proportion to the distance, so the expectation of the result is exactly ``h(x)``
-    (muzero-general's ``scalar_to_support``).
-    """
-    y = h(x.reshape(-1)).clamp(-support_size, support_size)
-    floor = y.floor()
-    upper = y - floor  # weight of the bin above floor
-    out = torch.zeros(y.shape[0], 2 * support_size + 1, dtype=x.dtype, device=x.device)
-    low = (floor + support_size).long()
-    out.scatter_(1, low.unsqueeze(1), (1 - upper).unsqueeze(1))
-    # At y == S the upper bin would be 2S+1 (out of range); its weight is 0 there anyway.
-    high = (low + 1).clamp(max=2 * support_size)
-    out.scatter_add_(1, high.unsqueeze(1), torch.where(low + 1 > 2 * support_size, 0.0, upper).unsqueeze(1))
-    return out
-
-
-_SUPPORT_CACHE: dict[tuple, torch.Tensor] = {}
-
-
-def _support(support_size: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """The bins ``[-S, ..., S]`` (2S+1,), cached: this runs twice per MCTS simulation."""
-    key = (support_size, dtype, device)
-    bins = _SUPPORT_CACHE.get(key)
-    if bins is None:
-        bins = torch.arange(-support_size, support_size + 1, dtype=dtype, device=device)
-        _SUPPORT_CACHE[key] = bins
-    return bins
-
-
-def support_to_scalar(logits: torch.Tensor, support_size: int) -> torch.Tensor:
-    """Logits (B, 2S+1) -> scalars (B,): expectation of the softmax over the bins,
-    then ``h_inv`` (muzero-general's ``support_to_scalar``)."""
-    probabilities = torch.softmax(logits, dim=1)
-    y = probabilities @ _support(support_size, probabilities.dtype, probabilities.device)
-    return h_inv(y)
 
 
 # --------------------------------------------------------------------------------------
@@ -164,17 +104,6 @@ class PrefixOutput(NamedTuple):
     policy_logits: torch.Tensor  # (B, A)
     hidden_state: torch.Tensor  # (B, *hidden_shape), min-max scaled to [0, 1]
     reward_state: torch.Tensor  # (B, 2, lstm_hidden_size): the LSTM's (h, c) after this step (zeros at the root)
-
-
-def min_max_scale(x: torch.Tensor, start_dim: int) -> torch.Tensor:
-    """Scale ``x`` to [0, 1] over the dimensions from ``start_dim`` on, separately for
-    each index of the leading ones. Like muzero-general, a range below 1e-5 gets 1e-5
-    added, so a constant hidden state stays finite (it becomes 0)."""
-    flat = x.flatten(start_dim)
-    low = flat.min(dim=-1, keepdim=True).values
-    scale = flat.max(dim=-1, keepdim=True).values - low
-    scale = torch.where(scale < 1e-5, scale + 1e-5, scale)
-    return ((flat - low) / scale).view_as(x)
 
 
 class MuZeroNetwork(FlatWeights, nn.Module):
@@ -379,17 +308,6 @@ class MuZeroNetwork(FlatWeights, nn.Module):
 # --------------------------------------------------------------------------------------
 # 3. The two architectures
 # --------------------------------------------------------------------------------------
-
-
-def mlp(input_size: int, hidden: list[int], output_size: int) -> nn.Sequential:
-    """Linear layers with ELU between them and none after the output (muzero-general)."""
-    sizes = [input_size, *hidden, output_size]
-    layers: list[nn.Module] = []
-    for i in range(len(sizes) - 1):
-        layers.append(nn.Linear(sizes[i], sizes[i + 1]))
-        if i < len(sizes) - 2:
-            layers.append(nn.ELU())
-    return nn.Sequential(*layers)
 
 
 class FullyConnectedNetwork(MuZeroNetwork):

@@ -19,8 +19,9 @@ import torch
 
 from ...envs.two_player import is_two_player
 from ..base import EpisodeRows, as_stored
+from ..muzero_family import temperature_at
 from .config import MuZeroRunConfig
-from .mcts import select_action, temperature_at
+from .mcts import select_action
 from .networks import support_to_scalar
 from .search import make_search
 from .targets import WEIGHTS_STEP, MuZeroTargets, latest_stacked_observation

@@ -67,8 +67,8 @@ import numba
 import numpy as np
 import torch
 
+from ..muzero_family import EPS, support_to_scalar
 from .config import MCTSConfig
-from .networks import EPS, support_to_scalar
 
 __all__ = ["BatchedSearch", "SearchResult", "Tree", "step_down"]
 

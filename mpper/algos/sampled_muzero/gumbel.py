@@ -20,29 +20,12 @@ import math
 
 import numpy as np
 
-__all__ = ["GumbelRoots", "considered_visits"]
+from ..muzero_family import considered_visits
+
+__all__ = ["GumbelRoots"]
 
 _TINY = np.finfo(np.float64).tiny
 _LOW_LOGIT = -1e9  # mctx's floor of the root score
-
-
-def considered_visits(max_num_considered_actions: int, num_simulations: int) -> list[int]:
-    """Sequential Halving's schedule (mctx's ``get_sequence_of_considered_visits``): the
-    visit count a root child must have to be visited at each simulation."""
-    if max_num_considered_actions <= 1:
-        return list(range(num_simulations))
-    log2max = math.ceil(math.log2(max_num_considered_actions))
-    sequence: list[int] = []
-    visits = [0] * max_num_considered_actions
-    considered = max_num_considered_actions
-    while len(sequence) < num_simulations:
-        extra = max(1, int(num_simulations / (log2max * considered)))
-        for _ in range(extra):
-            sequence.extend(visits[:considered])
-            for i in range(considered):
-                visits[i] += 1
-        considered = max(2, considered // 2)
-    return sequence[:num_simulations]
 
 
 def _log(p: float) -> float:

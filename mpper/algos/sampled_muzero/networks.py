@@ -25,45 +25,13 @@ from torch import nn
 from torch.nn import functional as F
 
 from ..base import FlatWeights
+from ..muzero_family import EPS, min_max_scale, mlp
 from .config import SampledNetworkConfig
 
-__all__ = ["EPS", "NetworkOutput", "SampledMuZeroNetwork", "SquashedGaussian", "h", "h_inv", "make_network",
-           "scalar_to_support", "support_to_scalar", "support_to_scalar_np"]
+__all__ = ["NetworkOutput", "SampledMuZeroNetwork", "SquashedGaussian", "make_network", "support_to_scalar_np"]
 
-EPS = 0.001  # the epsilon of h(x), as the MuZero paper's
 # Squashed actions are kept this far inside (-1, 1): atanh stays finite for a stored +-1.
 _EDGE = 1e-6
-
-
-def h(x: torch.Tensor) -> torch.Tensor:
-    """``h(x) = sign(x) (sqrt(|x| + 1) - 1) + eps x`` (MuZero's value transform). Any shape."""
-    return torch.sign(x) * (torch.sqrt(torch.abs(x) + 1) - 1) + EPS * x
-
-
-def h_inv(y: torch.Tensor) -> torch.Tensor:
-    """The exact inverse of ``h``, in the form that keeps float32 digits for small ``|y|``."""
-    a = torch.abs(y) + 1 + EPS
-    u = 2 * a / (torch.sqrt(1 + 4 * EPS * a) + 1)
-    return torch.sign(y) * (u * u - 1)
-
-
-def scalar_to_support(x: torch.Tensor, support_size: int) -> torch.Tensor:
-    """Scalars (N,) -> two-hot distributions (N, 2S+1) over ``h(x)`` clipped to [-S, S]."""
-    y = h(x.reshape(-1)).clamp(-support_size, support_size)
-    floor = y.floor()
-    upper = y - floor
-    low = (floor + support_size).long()
-    out = torch.zeros(y.shape[0], 2 * support_size + 1, dtype=x.dtype, device=x.device)
-    out.scatter_(1, low.unsqueeze(1), (1 - upper).unsqueeze(1))
-    high = (low + 1).clamp(max=2 * support_size)
-    out.scatter_add_(1, high.unsqueeze(1), torch.where(low + 1 > 2 * support_size, 0.0, upper).unsqueeze(1))
-    return out
-
-
-def support_to_scalar(logits: torch.Tensor, support_size: int) -> torch.Tensor:
-    """Logits (..., 2S+1) -> scalars (...): the softmax's expectation over [-S, S], then ``h_inv``."""
-    bins = torch.arange(-support_size, support_size + 1, dtype=logits.dtype, device=logits.device)
-    return h_inv(torch.softmax(logits, dim=-1) @ bins)
 
 
 def support_to_scalar_np(logits: np.ndarray, support_size: int) -> np.ndarray:
@@ -74,23 +42,6 @@ def support_to_scalar_np(logits: np.ndarray, support_size: int) -> np.ndarray:
     a = np.abs(y) + 1 + EPS
     u = 2 * a / (np.sqrt(1 + 4 * EPS * a) + 1)
     return np.sign(y) * (u * u - 1)
-
-
-def min_max_scale(x: torch.Tensor) -> torch.Tensor:
-    """Each row of ``x`` (N, D) scaled to [0, 1] (a range below 1e-5 gets 1e-5 added)."""
-    low = x.min(dim=1, keepdim=True).values
-    scale = x.max(dim=1, keepdim=True).values - low
-    scale = torch.where(scale < 1e-5, scale + 1e-5, scale)
-    return (x - low) / scale
-
-
-def mlp(input_size: int, hidden: list[int], output_size: int) -> nn.Sequential:
-    layers: list[nn.Module] = []
-    sizes = [input_size, *hidden]
-    for a, b in zip(sizes[:-1], sizes[1:]):
-        layers += [nn.Linear(a, b), nn.ELU()]
-    layers.append(nn.Linear(sizes[-1], output_size))
-    return nn.Sequential(*layers)
 
 
 class NetworkOutput(NamedTuple):
@@ -172,12 +123,12 @@ class SampledMuZeroNetwork(FlatWeights, nn.Module):
         self.policy_net = mlp(size, config.hidden, 2 * action_dim)
 
     def representation(self, observation: torch.Tensor) -> torch.Tensor:
-        return min_max_scale(self.representation_net(observation.flatten(1).float()))
+        return min_max_scale(self.representation_net(observation.flatten(1).float()), 1)
 
     def dynamics(self, hidden_state: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(N, size), actions (N, A) in [-1, 1] -> (next hidden state, reward logits)."""
         x = torch.cat([hidden_state, self.action_encoder(action.float())], 1)
-        next_state = min_max_scale(self.dynamics_net(x))
+        next_state = min_max_scale(self.dynamics_net(x), 1)
         return next_state, self.reward_net(next_state)
 
     def prediction(self, hidden_state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -17,9 +17,9 @@ import numpy as np
 import torch
 
 from ..base import EpisodeRows, as_stored
+from ..muzero_family import support_to_scalar, temperature_at
 from .config import SampledMuZeroRunConfig
-from .networks import support_to_scalar
-from .search import SampledSearch, choose, temperature_at
+from .search import SampledSearch, choose
 from .targets import initial_priorities
 
 __all__ = ["SampledEpisode", "SampledPlayer", "to_env_action"]

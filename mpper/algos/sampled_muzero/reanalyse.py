@@ -17,8 +17,9 @@ import torch
 
 from ...replay.buffer import ReplayBuffer
 from ..base import WeightSource
+from ..muzero_family import support_to_scalar
 from .config import SampledMuZeroRunConfig
-from .networks import make_network, support_to_scalar
+from .networks import make_network
 from .search import SampledSearch
 from .targets import REANALYSE_COUNTERS
 

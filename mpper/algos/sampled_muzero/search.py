@@ -242,14 +242,3 @@ def choose(visit_counts: np.ndarray, temperature: float, rng: np.random.Generato
     cumulative = np.cumsum(weights, axis=1)
     draw = rng.random(counts.shape[0]) * cumulative[:, -1]
     return np.minimum((cumulative <= draw[:, None]).sum(axis=1), counts.shape[1] - 1)
-
-
-def temperature_at(schedule: list, progress: float) -> float:
-    """The T of the last ``[fraction, T]`` entry whose fraction is <= ``progress`` (the
-    first entry's before it)."""
-    entries = sorted((float(f), float(t)) for f, t in schedule)
-    temperature = entries[0][1]
-    for fraction, t in entries:
-        if progress >= fraction:
-            temperature = t
-    return temperature

@@ -6,8 +6,9 @@ import numpy as np
 import torch
 
 from ..base import SnapshotRun
+from ..muzero_family import support_to_scalar
 from .config import SampledMuZeroRunConfig
-from .networks import make_network, support_to_scalar
+from .networks import make_network
 from .targets import SampledTargets
 from .trainer import sampled_policy_loss
 

@@ -10,8 +10,9 @@ import torch
 
 from ...replay.buffer import Batch
 from ..base import Trainer
+from ..muzero_family import scalar_to_support, support_to_scalar
 from .config import SampledMuZeroRunConfig
-from .networks import SampledMuZeroNetwork, scalar_to_support, support_to_scalar
+from .networks import SampledMuZeroNetwork
 
 __all__ = ["SampledMuZeroTrainer", "sampled_policy_loss"]
 

@@ -25,9 +25,10 @@ import torch
 from mctx._src import qtransforms, seq_halving
 
 from mpper.algos.muzero.config import MCTSConfig
-from mpper.algos.muzero.gumbel import GumbelMCTS, considered_visits
+from mpper.algos.muzero.gumbel import GumbelMCTS
 from mpper.algos.muzero.networks import NetworkOutput, support_to_scalar
 from mpper.algos.muzero.search import make_search
+from mpper.algos.muzero_family import considered_visits
 
 pytestmark = pytest.mark.timeout(300)
 

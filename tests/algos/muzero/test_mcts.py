@@ -19,8 +19,9 @@ import torch
 from torch import nn
 
 from mpper.algos.muzero.config import MCTSConfig, NetworkConfig
-from mpper.algos.muzero.mcts import BatchedMCTS, select_action, temperature_at
+from mpper.algos.muzero.mcts import BatchedMCTS, select_action
 from mpper.algos.muzero.networks import NetworkOutput, make_network, scalar_to_support, support_to_scalar
+from mpper.algos.muzero_family import temperature_at
 
 SUPPORT = 5
 
