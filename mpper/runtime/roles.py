@@ -21,6 +21,7 @@ the roles take turns in one process, self-play optionally in worker processes) a
 
 from __future__ import annotations
 
+import copy
 import sys
 import time
 from collections.abc import Callable
@@ -352,6 +353,7 @@ class Evaluation:
         None if ``stop`` was set first."""
         count = self.config.runtime.final_evaluation_episodes
         assert count is not None
+        network = self._searching_device(network)
         envs = evaluation_envs(self.config, "final-evaluation", count)
         try:
             evaluation = evaluate(self.config, network, self.setup.seeds.final_evaluation(), stop, envs, episodes=count)
@@ -361,6 +363,16 @@ class Evaluation:
         if evaluation is None:
             return None
         return {"training_step": training_step, "env_steps": env_steps, "episodes": count, **evaluation}
+
+    def _searching_device(self, network):
+        """``network``, or for an algorithm whose player searches with a network on any
+        device (MuZero's, as the inference server and the reanalyser run it) a copy on the
+        learner's device when that is CUDA: the final evaluation's many simulations (32
+        Atari games of 50 simulations a move) are played on the GPU, not the CPU."""
+        device = pick_device(self.config.runtime.device)
+        if device.type == "cpu" or self.setup.algorithm.search_nodes is None:
+            return network
+        return copy.deepcopy(network).to(device)
 
     def film(self, network, training_step: int, stop=None) -> None:
         """The periodic video of the round just played (its first episode, same seed)."""

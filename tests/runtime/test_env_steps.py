@@ -116,3 +116,23 @@ def test_a_run_stops_at_its_env_step_budget(tmp_path):
     with ReplayBuffer.load(run_dir / "buffer", mmap=True) as snapshot:
         assert snapshot.counters["steps"] >= stored
     assert json.loads((run_dir / "config.json").read_text())["training"]["env_steps"] == BUDGET
+
+
+@pytest.mark.parametrize("config", ["cartpole", "cartpole_dqn"])
+def test_the_final_evaluation_searches_on_cuda_only_where_there_is_one_and_a_search(tmp_path, config):
+    """MuZero's final evaluation plays on the learner's CUDA device, when there is one;
+    on the CPU, and for DQN (no search), it plays the network it was given."""
+    import torch
+
+    from mpper.algos.configs import load_config
+    from mpper.runtime.roles import Evaluation
+    from mpper.runtime.setup import RunSetup
+    from mpper.runtime.weights import WeightStore
+
+    setup = RunSetup.create(load_config(ROOT / "configs" / f"{config}.json"), tmp_path / "run")
+    network = setup.make_network()
+    with WeightStore.create(network.num_flat_weights()) as store:
+        played = Evaluation(setup, store)._searching_device(network)
+    on_cuda = torch.cuda.is_available() and config == "cartpole"
+    assert (played is network) is not on_cuda
+    assert next(played.parameters()).device.type == ("cuda" if on_cuda else "cpu")
