@@ -6,13 +6,16 @@ the command that needs them, through :func:`require`.
 
 Env families whose packages register their gymnasium ids only on request (MinAtar's
 ``MinAtar/...``, the Arcade Learning Environment's ``ALE/...``) are registered by
-:func:`register_env_family` when an env id names their namespace.
+:func:`register_env_family` when an env id names their namespace. gymnasium's own MuJoCo
+envs (``HalfCheetah-v5``, ...) are always registered but need the ``mujoco`` package
+(the ``mujoco`` extra), which the same function asks for when an env id is one of them.
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
+import warnings
 from types import ModuleType
 
 __all__ = ["ENV_FAMILIES", "MissingExtraError", "installed", "register_env_family", "require"]
@@ -55,10 +58,18 @@ ENV_FAMILIES = {
 }
 
 
+# gymnasium's MuJoCo envs: registered ids whose entry point is in this package
+MUJOCO_ENTRY_POINTS = "gymnasium.envs.mujoco."
+
+
 def register_env_family(env_id: str) -> bool:
     """Register the gymnasium ids of the family ``env_id``'s namespace names (``MinAtar/``
-    or ``ALE/``), importing its package; False for any other id. MissingExtraError
-    naming the extra when the package is not installed. Idempotent, per process."""
+    or ``ALE/``), importing its package; for one of gymnasium's MuJoCo ids, import
+    ``mujoco``; False for any other id. MissingExtraError naming the extra when the
+    package is not installed. Idempotent, per process."""
+    if _is_gymnasium_mujoco(env_id):
+        _warn_through_python(require("mujoco", "mujoco", "mujoco", f"the env {env_id!r}"))
+        return True
     namespace = env_id.split("/", 1)[0] if "/" in env_id else None
     if namespace not in ENV_FAMILIES:
         return False
@@ -73,3 +84,28 @@ def register_env_family(env_id: str) -> bool:
     else:
         gymnasium.register_envs(found)
     return True
+
+
+def _is_gymnasium_mujoco(env_id: str) -> bool:
+    """Whether ``env_id`` is registered with an entry point among gymnasium's MuJoCo envs."""
+    if "/" in env_id or ":" in env_id:
+        return False
+    import gymnasium
+
+    found = gymnasium.envs.registry.get(env_id)
+    entry_point = getattr(found, "entry_point", None)
+    return isinstance(entry_point, str) and entry_point.startswith(MUJOCO_ENTRY_POINTS)
+
+
+def _mujoco_warning(message: str) -> None:
+    warnings.warn(f"MuJoCo: {message}", RuntimeWarning, stacklevel=2)
+
+
+def _warn_through_python(mujoco: ModuleType) -> None:
+    """MuJoCo's own warning handler prints and also appends to MUJOCO_LOG.TXT in the current
+    directory (mujoco 4 warns of a deprecated attribute of HalfCheetah-v5's model), which
+    would leave a file wherever a run starts: its warnings go to Python's ``warnings``
+    instead (shown once per place, as Python's are). A handler someone else set is kept."""
+    getter = getattr(mujoco, "get_mju_user_warning", None)
+    if getter is not None and getter() is None:
+        mujoco.set_mju_user_warning(_mujoco_warning)

@@ -30,6 +30,11 @@ class SampledNetworkConfig:
     min_log_std: float = opt(-5.0, "[-20, 0]", "soft lower bound of the policy's log standard deviation (before "
                              "tanh)")
     max_log_std: float = opt(2.0, "[-5, 5]", "soft upper bound of the policy's log standard deviation (before tanh)")
+    normalize_observations: bool = opt(False, None, "normalise observations with running per-value mean and "
+                                       "variance statistics inside the network (updated by the learner from each "
+                                       "batch; carried with the weights)")
+    observation_clip: float = opt(10.0, "> 0", "normalize_observations: the normalised values are clipped to "
+                                  "[-observation_clip, observation_clip]")
 
 
 @dataclass

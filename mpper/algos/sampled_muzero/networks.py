@@ -27,6 +27,7 @@ from torch.nn import functional as F
 from ..base import FlatWeights
 from ..muzero_family import EPS, min_max_scale, mlp
 from .config import SampledNetworkConfig
+from .normalizer import RunningObservationNormalizer
 
 __all__ = ["NetworkOutput", "SampledMuZeroNetwork", "SquashedGaussian", "make_network", "support_to_scalar_np"]
 
@@ -104,7 +105,9 @@ def _log_jacobian_np(actions: np.ndarray) -> np.ndarray:
 
 class SampledMuZeroNetwork(FlatWeights, nn.Module):
     """Representation h(o), dynamics g(s, a) -> (s', r), prediction f(s) -> (v, policy
-    params), all MLPs over flat inputs. ``action_dim``: A of the env's Box."""
+    params), all MLPs over flat inputs. ``action_dim``: A of the env's Box. With
+    ``normalize_observations``, ``observation_normalizer`` (running statistics, buffers) sits in
+    front of the representation; the learner updates it (:meth:`update_observation_statistics`)."""
 
     def __init__(self, observation_shape: tuple[int, ...], action_dim: int, config: SampledNetworkConfig):
         super().__init__()
@@ -115,6 +118,9 @@ class SampledMuZeroNetwork(FlatWeights, nn.Module):
         self.policy = SquashedGaussian(action_dim)
         width = 2 * config.support_size + 1
         size = config.encoding_size
+        # running observation statistics (buffers, not parameters) in front of the representation
+        self.observation_normalizer = (RunningObservationNormalizer(math.prod(observation_shape), config.observation_clip)
+                                       if config.normalize_observations else None)  # fmt: skip
         self.representation_net = mlp(math.prod(observation_shape), config.hidden, size)
         self.action_encoder = nn.Linear(action_dim, config.action_encoding_size)
         self.dynamics_net = mlp(size + config.action_encoding_size, config.hidden, size)
@@ -123,7 +129,18 @@ class SampledMuZeroNetwork(FlatWeights, nn.Module):
         self.policy_net = mlp(size, config.hidden, 2 * action_dim)
 
     def representation(self, observation: torch.Tensor) -> torch.Tensor:
-        return min_max_scale(self.representation_net(observation.flatten(1).float()), 1)
+        """Observations (N, *observation_shape), raw (normalised here when
+        ``sampled_network.normalize_observations``) -> hidden states (N, encoding_size)."""
+        x = observation.flatten(1).float()
+        if self.observation_normalizer is not None:
+            x = self.observation_normalizer(x)
+        return min_max_scale(self.representation_net(x), 1)
+
+    def update_observation_statistics(self, observations: torch.Tensor) -> None:
+        """Fold a batch of raw observations (N, *observation_shape) into the normaliser's
+        statistics (the learner's, before its forward pass); nothing without normalisation."""
+        if self.observation_normalizer is not None:
+            self.observation_normalizer.update(observations)
 
     def dynamics(self, hidden_state: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(N, size), actions (N, A) in [-1, 1] -> (next hidden state, reward logits)."""

@@ -47,6 +47,8 @@ class SampledMuZeroTrainer(Trainer[SampledMuZeroRunConfig]):
         cfg = self.config.sampled_muzero
         support = self.network.support_size
         unroll = d["actions"].shape[1] - 1
+        # the statistics first, from the root observations: this batch is normalised with them
+        self.network.update_observation_statistics(d["observation"])
         hidden = self.network.representation(d["observation"])
         zero = torch.zeros(d["observation"].shape[0], device=self.device)
         value_loss, reward_loss, policy_loss, entropy = zero, zero, zero, zero
