@@ -98,14 +98,20 @@ def _is_gymnasium_mujoco(env_id: str) -> bool:
 
 
 def _mujoco_warning(message: str) -> None:
-    warnings.warn(f"MuJoCo: {message}", RuntimeWarning, stacklevel=2)
+    # a deprecation in a model file (gymnasium's HalfCheetah-v5 under mujoco 4) is the model's
+    # maintainers' to act on: a DeprecationWarning, which Python shows only when asked (-W)
+    # (raised here, in mpper, not at the env's line in gymnasium, whose filter shows its own
+    # DeprecationWarnings)
+    category = DeprecationWarning if "deprecated" in message else RuntimeWarning
+    warnings.warn(f"MuJoCo: {message}", category, stacklevel=1)
 
 
 def _warn_through_python(mujoco: ModuleType) -> None:
     """MuJoCo's own warning handler prints and also appends to MUJOCO_LOG.TXT in the current
     directory (mujoco 4 warns of a deprecated attribute of HalfCheetah-v5's model), which
     would leave a file wherever a run starts: its warnings go to Python's ``warnings``
-    instead (shown once per place, as Python's are). A handler someone else set is kept."""
+    instead (shown once per place, as Python's are; deprecations hidden unless asked for).
+    A handler someone else set is kept."""
     getter = getattr(mujoco, "get_mju_user_warning", None)
     if getter is not None and getter() is None:
         mujoco.set_mju_user_warning(_mujoco_warning)
