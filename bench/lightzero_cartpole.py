@@ -32,16 +32,23 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import signal
-import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "bench" / "results"
+from peer_runs import (
+    LIGHTZERO,
+    RESULTS,
+    earlier_runs,
+    fresh_dir,
+    read_json,
+    record_lightzero_evaluations,
+    run_child,
+    run_mpper,
+    solve_report,
+    to_return,
+)
+
 STOP = 200.0
 
 
@@ -49,79 +56,32 @@ STOP = 200.0
 
 
 def lz_child(seed: int, out: Path) -> None:
-    import tensorboardX
     from lzero.entry import train_muzero
     from zoo.classic_control.cartpole.config.cartpole_muzero_config import create_config, main_config
 
     main_config.policy.cuda = False
     main_config.exp_name = "lz"  # LightZero writes under "./{exp_name}": the child runs in ``out``
-    evals: list[dict] = []
-    add_scalar = tensorboardX.SummaryWriter.add_scalar
+    record_lightzero_evaluations(out)
     t0 = time.monotonic()
-
-    def recording_add_scalar(self, tag, value, global_step=None, *args, **kwargs):
-        if tag == "evaluator_step/reward_mean":
-            evals.append({"time_s": time.monotonic() - t0, "env_steps": int(global_step), "mean_return": float(value)})
-            (out / "evals.json").write_text(json.dumps(evals))
-        return add_scalar(self, tag, value, global_step, *args, **kwargs)
-
-    tensorboardX.SummaryWriter.add_scalar = recording_add_scalar
     train_muzero([main_config, create_config], seed=seed, max_env_step=int(1e5))
     (out / "done.json").write_text(json.dumps({"time_s": time.monotonic() - t0}))
 
 
 def run_lightzero(seed: int, python: str, time_limit: float) -> dict:
-    out = RESULTS / f"lightzero-cartpole-seed{seed}"
-    subprocess.run(["rm", "-rf", str(out)], check=True)
-    out.mkdir(parents=True)
-    launched = time.time()
-    with open(out / "log.txt", "w") as log:
-        proc = subprocess.Popen([python, str(Path(__file__).resolve()), "--lz-child", str(seed), "--out", str(out)],
-                                cwd=out, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
-        try:
-            proc.wait(timeout=time_limit)
-        except subprocess.TimeoutExpired:
-            pass
-        finally:
-            if proc.poll() is None:  # its env subprocesses share its process group: end them all
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-    evals = json.loads((out / "evals.json").read_text()) if (out / "evals.json").exists() else []
-    solved = next((e for e in evals if e["mean_return"] >= STOP), None)
-    result = {"system": "LightZero 0.2.0", "seed": seed, "solved": solved is not None, "curve": evals,
-              "wall_s_total": time.time() - launched}  # fmt: skip
-    if solved:
-        result |= {"wall_s": solved["time_s"], "env_steps": solved["env_steps"]}
-    return result
+    out = fresh_dir(RESULTS / f"lightzero-cartpole-seed{seed}")
+    wall = run_child(python, str(Path(__file__).resolve()), ["--lz-child", str(seed), "--out", str(out)], out,
+                     time_limit)  # fmt: skip
+    result = {"system": LIGHTZERO, "seed": seed, "curve": read_json(out / "evals.json", []), "wall_s_total": wall}
+    return to_return(result, STOP)
 
 
 # ---- mpper ----------------------------------------------------------------------------------
 
 
-def run_mpper(seed: int, config: str, workers: int, overrides, time_limit: float) -> dict:
-    run_dir = RESULTS / f"mpper-cartpole-v0-seed{seed}"
-    subprocess.run(["rm", "-rf", str(run_dir)], check=True)
-    cmd = [sys.executable, "run.py", "--config", config, "--workers", str(workers), "--seed", str(seed),
-           "--run-dir", str(run_dir), "--time-limit", str(time_limit), "--device", "cpu",
-           "--set", "env.id=CartPole-v0", "--set", f"runtime.solve_return={STOP}",
-           *(a for o in overrides for a in ("--set", o))]  # fmt: skip
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} exited with {proc.returncode}:\n{proc.stderr[-3000:]}")
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
-    evals = [r for r in records if r["event"] == "evaluation" and "mean_return" in r["evaluation"]]  # not stopped early
-    solved = next((r for r in evals if r["evaluation"]["mean_return"] >= STOP), None)
-    result = {"system": f"mpper --workers {workers}", "seed": seed, "solved": solved is not None,
-              "curve": [{"time_s": r["time_s"], "env_steps": r["env_steps"],
-                         "mean_return": r["evaluation"]["mean_return"]} for r in evals]}  # fmt: skip
-    if solved:
-        result |= {"wall_s": solved["time_s"], "env_steps": solved["env_steps"],
-                   "training_steps": solved["evaluation"]["training_step"]}  # fmt: skip
-    return result
-
-
-def median_or_inf(values: list[float]) -> float:
-    return statistics.median(values) if values else float("inf")
+def run_mpper_side(seed: int, config: str, workers: int, overrides, time_limit: float) -> dict:
+    sets = ["env.id=CartPole-v0", f"runtime.solve_return={STOP}", *overrides]
+    run = run_mpper(RESULTS / f"mpper-cartpole-v0-seed{seed}", config, seed, time_limit, workers, sets)
+    return to_return({"system": f"mpper --workers {workers}", "seed": seed, **run}, STOP)
 
 
 def report(results: list[dict], args) -> None:
@@ -129,26 +89,8 @@ def report(results: list[dict], args) -> None:
     sets += f" --lz-results {args.lz_results}" if args.lz_results else ""
     seeds = " ".join(str(s) for s in sorted({r["seed"] for r in results}))
     print(f"# CartPole-v0 to a mean of {STOP:g}: `python bench/lightzero_cartpole.py --seeds {seeds} --workers "
-          f"{args.workers}{sets}` ({time.strftime('%Y-%m-%d')})\n")
-    print("| seed | system | solved | wall s | env steps |")
-    print("|---|---|---|---|---|")
-    for r in sorted(results, key=lambda r: (r["seed"], r["system"])):
-        cells = f"{r['wall_s']:.1f} | {r['env_steps']:,}" if r["solved"] else "- | -"
-        print(f"| {r['seed']} | {r['system']} | {'yes' if r['solved'] else 'no'} | {cells} |")
-    print("\nMedians (a run that did not solve counts as infinite):\n")
-    medians = {}
-    for system in dict.fromkeys(r["system"] for r in results):
-        rs = [r for r in results if r["system"] == system]
-        inf = float("inf")
-        wall = median_or_inf([r["wall_s"] if r["solved"] else inf for r in rs])
-        steps = median_or_inf([r["env_steps"] if r["solved"] else inf for r in rs])
-        medians[system] = (wall, steps)
-        print(f"- {system}: {sum(r['solved'] for r in rs)}/{len(rs)} solved, median wall {wall:.1f} s, "
-              f"median env steps {steps:,.0f}")
-    lz = medians.get("LightZero 0.2.0")
-    for system, (wall, steps) in medians.items():
-        if lz and system != "LightZero 0.2.0":
-            print(f"\n{system} against LightZero: env steps {steps / lz[1]:.2f}x, wall time {wall / lz[0]:.3f}x")
+          f"{args.workers}{sets}` ({time.strftime('%Y-%m-%d')})\n")  # fmt: skip
+    print("\n".join(solve_report(results, STOP)))
 
 
 def main() -> int:
@@ -171,18 +113,14 @@ def main() -> int:
         lz_child(args.lz_child, Path(args.out))
         return 0
     RESULTS.mkdir(parents=True, exist_ok=True)
-    earlier = json.loads(Path(args.lz_results).read_text()) if args.lz_results else []
-    results = [r for r in earlier if r["system"] == "LightZero 0.2.0" and r["seed"] in args.seeds]
-    missing = sorted(set(args.seeds) - {r["seed"] for r in results})
-    if args.lz_results and missing:
-        raise SystemExit(f"{args.lz_results}: no LightZero run of seeds {missing}")
+    results = earlier_runs(args.lz_results, LIGHTZERO, args.seeds)
     out = RESULTS / f"{args.tag}.json"
     for seed in args.seeds:
         if args.lz_python and not args.lz_results:
             print(f"seed {seed}: LightZero ...", file=sys.stderr, flush=True)
             results.append(run_lightzero(seed, args.lz_python, args.time_limit))
         print(f"seed {seed}: mpper ...", file=sys.stderr, flush=True)
-        results.append(run_mpper(seed, args.config, args.workers, args.overrides, args.time_limit))
+        results.append(run_mpper_side(seed, args.config, args.workers, args.overrides, args.time_limit))
         out.write_text(json.dumps(results, indent=1))
     report(results, args)
     return 0
