@@ -5,8 +5,10 @@ MuJoCo v5 envs) trains with SB3's default hyperparameters (MlpPolicy of 256x256,
 3e-4, batch 256, buffer 1e6, one update per env step, automatic entropy), except
 ``learning_starts``: 10,000 on HalfCheetah and Hopper as the rl-zoo sets it, SB3's default
 of 100 elsewhere (``--sac-learning-starts`` to change it). It runs on the CPU
-(``device="cpu"``) with ``--sac-threads`` torch threads (default: the machine's cores, as a
-single-process learner may use them all). Every ``--eval-interval`` seconds of its training
+(``device="cpu"``) with ``--sac-threads`` torch threads, default 1, as each of mpper's
+processes has (``runtime.torch_threads``): SAC is one process whose updates of a small MLP
+gain little from a second thread, and on a 2-core machine whose other core is busy two
+threads stall each other. Every ``--eval-interval`` seconds of its training
 clock it plays 10 deterministic episodes on an env of its own (new seeds each round); the
 clock stops during evaluations, so SAC's budget is spent on collecting and updating only.
 It stops when its training clock reaches the budget (``--minutes``), or, with a solve return
@@ -42,7 +44,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -128,6 +129,12 @@ def sac_child(args, out: Path) -> None:
     (out / "final.json").write_text(json.dumps(final))
 
 
+def sac_settings(args) -> dict:
+    """What SAC's run was given, kept with its results (a later ``--sac-results`` reports them)."""
+    return {"env": args.env, "minutes": args.minutes, "learning_starts": args.sac_learning_starts,
+            "torch_threads": args.sac_threads, "eval_interval_s": args.eval_interval}  # fmt: skip
+
+
 def run_sac(seed: int, args) -> dict:
     out = fresh_dir(RESULTS / f"sac-{args.env}-seed{seed}")
     child = ["--sac-child", str(seed), "--out", str(out), "--env", args.env, "--minutes", str(args.minutes),
@@ -139,7 +146,7 @@ def run_sac(seed: int, args) -> dict:
     final = read_json(out / "final.json", None)
     return summary({"system": SAC, "seed": seed, "curve": read_json(out / "evals.json", []), "final": final,
                     "end": final and {k: final[k] for k in ("time_s", "env_steps", "training_steps")},
-                    "wall_s_total": wall}, args.solve_return)  # fmt: skip
+                    "wall_s_total": wall, "settings": sac_settings(args)}, args.solve_return)  # fmt: skip
 
 
 def run_mpper_side(seed: int, args) -> dict:
@@ -214,7 +221,7 @@ def main() -> int:
         help="SAC: seconds of training clock between evaluations (default: mpper's config's, per env)",
     )
     ap.add_argument("--sac-learning-starts", type=int, default=None, help="SAC: random steps before updates")
-    ap.add_argument("--sac-threads", type=int, default=os.cpu_count(), help="SAC: torch threads")
+    ap.add_argument("--sac-threads", type=int, default=1, help="SAC: torch threads")
     ap.add_argument("--solve-return", type=float, default=None, help="SAC: stop at an evaluation reaching it")
     ap.add_argument("--tag", default=None, help="name of the results JSON under bench/results (default: sac_ENV)")
     ap.add_argument("--config", default=None, help="mpper's config (default: the env's)")
@@ -255,9 +262,12 @@ def main() -> int:
     print(f"# {args.env}, {args.minutes:g} min a run: `python bench/sac_mujoco.py --env {args.env} --minutes "
           f"{args.minutes:g} --seeds {seeds} --config {args.config}{sets}` ({time.strftime('%Y-%m-%d')})\n")  # fmt: skip
     print("\n".join(table(results, args.solve_return)))
-    print(f"\nSAC: SB3 defaults, learning_starts {args.sac_learning_starts:,}, {args.sac_threads} torch threads, "
-          f"evaluated every {args.eval_interval:g} s of its training clock (stopped while it evaluates); "
-          f"every evaluation of every run: {out.relative_to(RESULTS.parents[1])}")  # fmt: skip
+    for settings in dict.fromkeys(json.dumps(r["settings"]) for r in results if "settings" in r):
+        sac = json.loads(settings)
+        print(f"\nSAC: SB3's defaults with learning_starts {sac['learning_starts']:,}, torch threads "
+              f"{sac['torch_threads']}, {sac['minutes']:g} min of training clock, evaluated every "
+              f"{sac['eval_interval_s']:g} s of it (the clock stops while it evaluates)")  # fmt: skip
+    print(f"\n(every evaluation of every run: {out.relative_to(RESULTS.parents[1])})")
     return 0
 
 
