@@ -17,7 +17,11 @@ calls ``train_muzero_with_gym_env`` instead, which ignores that env and wraps ol
 Pendulum-v1 without scaling the actions: at most half the torque.) ``train_muzero(seed=S)``
 runs in a child process whose every evaluation (the ``evaluator_step/reward_mean`` scalar
 it logs, with the collector's env steps) is recorded with the time since ``train_muzero``
-was called (its env subprocesses' start-up in, its imports not).
+was called (its env subprocesses' start-up in, its imports not). Its main process, where
+the search and the updates run, has ``--lz-threads`` torch threads (default 1, as each of
+mpper's processes has, ``runtime.torch_threads``; 0 leaves torch's default of one per core):
+on a 2-core machine whose other core is busy, two threads stall each other and
+LightZero runs many times slower than on one.
 
 How each side's return is measured:
 
@@ -67,8 +71,9 @@ from peer_runs import (
 STOP = -200.0
 
 
-def lz_child(seed: int, out: Path, eval_freq: int | None) -> None:
+def lz_child(seed: int, out: Path, eval_freq: int | None, threads: int) -> None:
     """In LightZero's venv: train its shipped config, changed as the module's docstring says."""
+    import torch
     from lzero.entry import train_muzero
     from zoo.classic_control.pendulum.config import pendulum_cont_sampled_efficientzero_config as shipped
 
@@ -78,6 +83,8 @@ def lz_child(seed: int, out: Path, eval_freq: int | None) -> None:
     main_config.env.stop_value = STOP
     if eval_freq is not None:
         main_config.policy.eval_freq = eval_freq
+    if threads:
+        torch.set_num_threads(threads)
     record_lightzero_evaluations(out)
     t0 = time.monotonic()
     train_muzero([main_config, create_config], seed=seed, model_path=main_config.policy.model_path,
@@ -85,9 +92,10 @@ def lz_child(seed: int, out: Path, eval_freq: int | None) -> None:
     (out / "done.json").write_text(json.dumps({"time_s": time.monotonic() - t0}))
 
 
-def run_lightzero(seed: int, python: str, time_limit: float, eval_freq: int | None) -> dict:
+def run_lightzero(seed: int, python: str, time_limit: float, eval_freq: int | None, threads: int) -> dict:
     out = fresh_dir(RESULTS / f"lightzero-pendulum-seed{seed}")
-    args = ["--lz-child", str(seed), "--out", str(out), *(["--lz-eval-freq", str(eval_freq)] if eval_freq else [])]
+    args = ["--lz-child", str(seed), "--out", str(out), *(["--lz-eval-freq", str(eval_freq)] if eval_freq else []),
+            "--lz-threads", str(threads)]  # fmt: skip
     wall = run_child(python, str(Path(__file__).resolve()), args, out, time_limit)
     done = read_json(out / "done.json", None)
     result = {"system": LIGHTZERO, "seed": seed, "curve": read_json(out / "evals.json", []), "wall_s_total": wall,
@@ -130,6 +138,8 @@ def main() -> int:
         metavar="UPDATES",
         help="LightZero: evaluate every UPDATES updates instead of its config's 2,000 (for a smoke run)",
     )
+    ap.add_argument("--lz-threads", type=int, default=1,
+                    help="LightZero: torch threads of its main process (0: torch's default, the machine's cores)")
     ap.add_argument("--no-mpper", action="store_true", help="run LightZero only")
     ap.add_argument("--tag", default="lightzero_pendulum", help="name of the results JSON under bench/results")
     ap.add_argument("--config", default="configs/pendulum_sampled.json")
@@ -147,7 +157,7 @@ def main() -> int:
     ap.add_argument("--out", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.lz_child is not None:
-        lz_child(args.lz_child, Path(args.out), args.lz_eval_freq)
+        lz_child(args.lz_child, Path(args.out), args.lz_eval_freq, args.lz_threads)
         return 0
     RESULTS.mkdir(parents=True, exist_ok=True)
     results = earlier_runs(args.lz_results, LIGHTZERO, args.seeds)
@@ -155,7 +165,7 @@ def main() -> int:
     for seed in args.seeds:
         if args.lz_python and not args.lz_results:
             print(f"seed {seed}: LightZero ...", file=sys.stderr, flush=True)
-            results.append(run_lightzero(seed, args.lz_python, args.time_limit, args.lz_eval_freq))
+            results.append(run_lightzero(seed, args.lz_python, args.time_limit, args.lz_eval_freq, args.lz_threads))
             out.write_text(json.dumps(results, indent=1))
         if not args.no_mpper:
             print(f"seed {seed}: mpper ...", file=sys.stderr, flush=True)

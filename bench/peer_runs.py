@@ -129,9 +129,10 @@ def median_or_inf(values: list[float]) -> float:
     return statistics.median(values) if values else float("inf")
 
 
-def ratio(a: float, b: float) -> str:
-    """``a / b`` to three places, or "-" where either is infinite (a run that did not reach the return)."""
-    return f"{a / b:.3f}" if a != float("inf") and b != float("inf") and b else "-"
+def ratio(a: float, b: float, unit: str = "") -> str:
+    """``a / b`` to three places and ``unit``, or "-" where either is infinite (a run that did
+    not reach the return)."""
+    return f"{a / b:.3f}{unit}" if a != float("inf") and b != float("inf") and b else "-"
 
 
 def solve_report(results: list[dict], stop: float, peer: str = LIGHTZERO) -> list[str]:
@@ -168,8 +169,8 @@ def solve_report(results: list[dict], stop: float, peer: str = LIGHTZERO) -> lis
     if peer in medians:
         for system in others:
             (wall, steps), (peer_wall, peer_steps) = medians[system], medians[peer]
-            lines.append(f"\n{system} against {peer}, medians: wall time {ratio(wall, peer_wall)}x, "
-                         f"env steps {ratio(steps, peer_steps)}x")  # fmt: skip
+            lines.append(f"\n{system} against {peer}, medians: wall time {ratio(wall, peer_wall, 'x')}, "
+                         f"env steps {ratio(steps, peer_steps, 'x')}")  # fmt: skip
     return lines
 
 

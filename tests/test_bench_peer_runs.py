@@ -52,6 +52,8 @@ def test_solve_report_without_the_peer_gives_the_medians_alone():
     lines = peer_runs.solve_report(runs("mpper", (0, None, None)), -200.0)
     assert "- mpper: 0/1 reached -200, median wall inf s, median env steps inf" in lines
     assert not any("against" in line for line in lines)
+    unreached = peer_runs.solve_report(runs("mpper", (0, None, None)) + runs(peer_runs.LIGHTZERO, (0, 9.0, 90)), -200.0)
+    assert "\nmpper against LightZero 0.2.0, medians: wall time -, env steps -" in unreached
 
 
 def test_earlier_runs_takes_the_peers_runs_of_the_seeds_and_refuses_a_missing_seed(tmp_path):
