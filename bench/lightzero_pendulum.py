@@ -97,11 +97,12 @@ def run_lightzero(seed: int, python: str, time_limit: float, eval_freq: int | No
     args = ["--lz-child", str(seed), "--out", str(out), *(["--lz-eval-freq", str(eval_freq)] if eval_freq else []),
             "--lz-threads", str(threads)]  # fmt: skip
     wall = run_child(python, str(Path(__file__).resolve()), args, out, time_limit)
-    done = read_json(out / "done.json", None)
-    result = {"system": LIGHTZERO, "seed": seed, "curve": read_json(out / "evals.json", []), "wall_s_total": wall,
-              "ended": "stop value or env-step budget" if done else "time limit (or crash: see its log.txt)"}  # fmt: skip
+    evals = read_json(out / "evals.json", [])
+    ended = "stop value or env-step budget" if (out / "done.json").exists() else "time limit (or crash: its log.txt)"
     # LightZero's stop needs an update first: its evaluation of the untrained network does not count
-    return to_return(result | {"curve": [e for e in result["curve"] if e["training_steps"] != 0]}, STOP)
+    untrained = next((e for e in evals if e["training_steps"] == 0), None)
+    return to_return({"system": LIGHTZERO, "seed": seed, "curve": [e for e in evals if e["training_steps"] != 0],
+                      "untrained_evaluation": untrained, "wall_s_total": wall, "ended": ended}, STOP)  # fmt: skip
 
 
 def run_mpper_side(seed: int, args) -> dict:
@@ -115,6 +116,10 @@ def report(results: list[dict], args) -> None:
     sets = f" --config {args.config}" + "".join(f" --set {o}" for o in args.overrides)
     sets += f" --workers {args.workers}" if args.workers else ""
     sets += f" --lz-results {args.lz_results}" if args.lz_results else ""
+    if args.lz_python and not args.lz_results:
+        sets += f" --lz-threads {args.lz_threads}" + (
+            f" --lz-eval-freq {args.lz_eval_freq}" if args.lz_eval_freq else ""
+        )
     seeds = " ".join(str(s) for s in sorted({r["seed"] for r in results}))
     print(f"# Pendulum-v1 to a mean greedy return of {STOP:g}: `python bench/lightzero_pendulum.py --seeds {seeds}"
           f"{sets} --time-limit {args.time_limit:g}` ({time.strftime('%Y-%m-%d')})\n")  # fmt: skip
@@ -138,8 +143,12 @@ def main() -> int:
         metavar="UPDATES",
         help="LightZero: evaluate every UPDATES updates instead of its config's 2,000 (for a smoke run)",
     )
-    ap.add_argument("--lz-threads", type=int, default=1,
-                    help="LightZero: torch threads of its main process (0: torch's default, the machine's cores)")
+    ap.add_argument(
+        "--lz-threads",
+        type=int,
+        default=1,
+        help="LightZero: torch threads of its main process (0: torch's default, the machine's cores)",
+    )
     ap.add_argument("--no-mpper", action="store_true", help="run LightZero only")
     ap.add_argument("--tag", default="lightzero_pendulum", help="name of the results JSON under bench/results")
     ap.add_argument("--config", default="configs/pendulum_sampled.json")
