@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from mpper.algos.muzero_family import considered_visits
+from mpper.algos.sampled_muzero.config import SampledMCTSConfig
 from mpper.algos.sampled_muzero.networks import support_to_scalar_np
 from mpper.algos.sampled_muzero.search import SampledSearchResult
 
@@ -149,7 +150,9 @@ class ReferenceGumbelRoots:
         return chosen, policy
 
 
-def reference_sampled_prior(actions: np.ndarray, log_pi: np.ndarray, log_beta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def reference_sampled_prior(
+    actions: np.ndarray, log_pi: np.ndarray, log_beta: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """The sampled-policy correction at one node: for K sampled ``actions`` (K, A) with
     log pi (K,) and log beta (K,) of each, (prior (K,) float64, distinct (K,) bool): the
     first of each group of equal samples holds ``beta_hat(a) / beta(a) * pi(a)``
@@ -246,8 +249,10 @@ class ReferenceSampledSearch:
                     if span > 0:
                         q = (q - trees.q_min[tree]) / span
                     score += q
-                if score > best_score or (score == best_score and (
-                        prior[e] > prior[best] or (prior[e] == prior[best] and tie_break[e] > tie_break[best]))):
+                if score > best_score or (
+                    score == best_score
+                    and (prior[e] > prior[best] or (prior[e] == prior[best] and tie_break[e] > tie_break[best]))
+                ):
                     best, best_score = e, score
             child = trees.children[tree, node, best]
             if child < 0:
