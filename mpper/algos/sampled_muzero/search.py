@@ -16,8 +16,16 @@ root's distinct samples when exploring; backup ``value = r + discount * value``.
 With ``sampled_mcts.kind: "gumbel"`` the selection and the decision are Gumbel MuZero's over
 the sampled actions (:mod:`.gumbel`).
 
-The trees are numpy arrays, walked in Python: K (tens) edges per node, not an action set,
-and one batched recurrent inference per simulation for all roots.
+Layout, as MuZero's search (:mod:`mpper.algos.muzero.tree`): N trees of arrays indexed by
+(tree, node) or (tree, node, edge), node ``s + 1`` the one simulation ``s`` expands in every
+tree; one batched recurrent inference per simulation for all roots, in torch. The tree work
+of a simulation is compiled (numba, cached on disk): one kernel walks every tree down to an
+unexpanded child (pUCT here, Gumbel's in :mod:`.gumbel`), one finds each new node's repeated
+samples, one backs the leaves' values up. What the search draws (the samples, Dirichlet
+gammas, Gumbel noise, tie keys) is drawn in numpy, in the order of the plain loop version of
+these rules, and the arithmetic follows that version operation for operation, with numpy
+doing the logarithms, exponentials and sums it does there: the same seeds give the same
+search.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numba
 import numpy as np
 import torch
 
@@ -32,24 +41,31 @@ from .config import SampledMCTSConfig
 from .gumbel import GumbelRoots
 from .networks import support_to_scalar_np
 
-__all__ = ["SampledSearch", "SampledSearchResult", "sampled_prior"]
+__all__ = ["SampledSearch", "SampledSearchResult", "choose", "corrected_priors", "sampled_prior"]
+
+
+def corrected_priors(actions: np.ndarray, log_pi: np.ndarray, log_beta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The sampled-policy correction at N nodes: for K sampled ``actions`` (N, K, A) per
+    node with log pi (N, K) and log beta (N, K) of each, (prior (N, K) float64, distinct
+    (N, K) bool): the first of each group of equal samples holds ``beta_hat(a) / beta(a) *
+    pi(a)`` normalised over the node's distinct samples (beta_hat(a) = count(a) / K), its
+    repeats prior 0 and ``distinct`` False."""
+    actions = np.ascontiguousarray(actions, np.float64)
+    n, k = actions.shape[:2]
+    counts = np.empty((n, k), np.int64)
+    distinct = np.empty((n, k), bool)
+    _count_samples(actions, counts, distinct)
+    log_weight = np.log(counts / k) + log_pi - log_beta
+    top = np.where(distinct, log_weight, -np.inf).max(1, keepdims=True)
+    weight = np.where(distinct, np.exp(log_weight - top), 0.0)
+    return weight / weight.sum(1, keepdims=True), distinct
 
 
 def sampled_prior(actions: np.ndarray, log_pi: np.ndarray, log_beta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The sampled-policy correction at one node: for K sampled ``actions`` (K, A) with
-    log pi (K,) and log beta (K,) of each, (prior (K,) float64, distinct (K,) bool): the
-    first of each group of equal samples holds ``beta_hat(a) / beta(a) * pi(a)``
-    normalised over the distinct samples (beta_hat(a) = count(a) / K), its repeats prior 0
-    and ``distinct`` False."""
-    k = actions.shape[0]
-    _, first, inverse, counts = np.unique(actions, axis=0, return_index=True, return_inverse=True,
-                                          return_counts=True)  # fmt: skip
-    distinct = np.zeros(k, bool)
-    distinct[first] = True
-    beta_hat = counts[inverse.reshape(-1)] / k
-    log_weight = np.log(beta_hat) + log_pi - log_beta
-    weight = np.where(distinct, np.exp(log_weight - log_weight[distinct].max()), 0.0)
-    return weight / weight.sum(), distinct
+    """:func:`corrected_priors` at one node: ``actions`` (K, A), log pi (K,), log beta (K,)
+    -> (prior (K,) float64, distinct (K,) bool)."""
+    prior, distinct = corrected_priors(np.asarray(actions)[None], np.asarray(log_pi)[None], np.asarray(log_beta)[None])
+    return prior[0], distinct[0]
 
 
 @dataclass
@@ -67,7 +83,9 @@ class SampledSearchResult:
 
 
 class _Trees:
-    """N trees of ``nodes`` nodes with ``k`` edges each (node 0: the root)."""
+    """N trees of ``nodes`` nodes with ``k`` edges each (node 0: the root), and the walk of
+    the current simulation: ``path[t, :depth[t]]`` the nodes from the root down to the new
+    leaf's ``parent[t]``, reached through its edge ``edge[t]``."""
 
     def __init__(self, n: int, nodes: int, k: int, action_dim: int):
         self.visit_count = np.zeros((n, nodes), np.int64)
@@ -75,11 +93,16 @@ class _Trees:
         self.reward = np.zeros((n, nodes))
         self.raw_value = np.zeros((n, nodes))  # the network's value of the node (Gumbel's completed Q)
         self.prior = np.zeros((n, nodes, k))
+        self.log_prior = np.zeros((n, nodes, k))  # numpy's log of ``prior``: Gumbel's logits below the root
         self.valid = np.zeros((n, nodes, k), bool)
         self.children = np.full((n, nodes, k), -1, np.int64)
         self.actions = np.zeros((n, nodes, k, action_dim))
         self.q_min = np.full(n, np.inf)
         self.q_max = np.full(n, -np.inf)
+        self.path = np.zeros((n, nodes + 1), np.int64)
+        self.depth = np.zeros(n, np.int64)
+        self.parent = np.zeros(n, np.int64)
+        self.edge = np.zeros(n, np.int64)
 
 
 class SampledSearch:
@@ -101,69 +124,28 @@ class SampledSearch:
         self.support_size = support_size
         self.k = int(config.num_sampled_actions)
 
-    def _expand(self, trees: _Trees, nodes: np.ndarray, params: np.ndarray, policy, rng, temperature: float,
+    def _expand(self, trees: _Trees, node: int, params: np.ndarray, policy, rng, temperature: float,
                 noise: bool) -> None:  # fmt: skip
-        """Node ``nodes[t]`` of every tree t: K samples from beta (policy ``params`` (N, P) at
-        ``temperature``), their corrected priors (with the root's noise when ``noise``)."""
+        """Node ``node`` of every tree: K samples from beta (policy ``params`` (N, P) at
+        ``temperature``), their corrected priors (with the root's Dirichlet noise when
+        ``noise``, one row of K gammas per tree)."""
         actions, log_beta = policy.sample(params, self.k, rng, temperature)
         log_pi = policy.log_prob_np(params, actions)
-        for t, node in enumerate(nodes):
-            self._set_edges(trees, t, int(node), actions[t], log_pi[t], log_beta[t], rng, noise)
-
-    def _set_edges(self, trees: _Trees, tree: int, node: int, actions: np.ndarray, log_pi: np.ndarray,
-                   log_beta: np.ndarray, rng, noise: bool) -> None:  # fmt: skip
-        prior, distinct = sampled_prior(actions, log_pi, log_beta)
+        prior, distinct = corrected_priors(actions, log_pi, log_beta)
         if noise:
             cfg = self.config
-            gammas = rng.standard_gamma(cfg.root_dirichlet_alpha, size=self.k) * distinct
-            total = gammas.sum()
-            dirichlet = gammas / total if total > 0 else distinct / distinct.sum()
+            gammas = rng.standard_gamma(cfg.root_dirichlet_alpha, size=distinct.shape) * distinct
+            totals = gammas.sum(1, keepdims=True)
+            dirichlet = np.where(totals > 0, gammas / np.where(totals > 0, totals, 1.0),
+                                 distinct / distinct.sum(1, keepdims=True))  # fmt: skip
             prior = np.where(distinct, prior * (1 - cfg.root_exploration_fraction)
                              + dirichlet * cfg.root_exploration_fraction, 0.0)  # fmt: skip
-        trees.actions[tree, node] = actions
-        trees.prior[tree, node] = prior
-        trees.valid[tree, node] = distinct
-
-    def _select(self, trees: _Trees, tree: int, tie_break: np.ndarray) -> tuple[list[int], int, int]:
-        """Walk tree ``tree`` from its root by pUCT to an unexpanded child: (path of nodes,
-        parent, edge)."""
-        cfg = self.config
-        span = trees.q_max[tree] - trees.q_min[tree]
-        node, path = 0, [0]
-        while True:
-            n_parent = trees.visit_count[tree, node]
-            pb_c = (math.log((n_parent + cfg.pb_c_base + 1) / cfg.pb_c_base) + cfg.pb_c_init) * math.sqrt(n_parent)
-            best, best_score = -1, -np.inf
-            prior = trees.prior[tree, node]
-            for e in range(self.k):
-                if not trees.valid[tree, node, e]:
-                    continue
-                child = trees.children[tree, node, e]
-                n_child = trees.visit_count[tree, child] if child >= 0 else 0
-                score = pb_c * prior[e] / (n_child + 1)
-                if n_child > 0:
-                    q = trees.reward[tree, child] + cfg.discount * trees.value_sum[tree, child] / n_child
-                    if span > 0:
-                        q = (q - trees.q_min[tree]) / span
-                    score += q
-                if score > best_score or (score == best_score and (
-                        prior[e] > prior[best] or (prior[e] == prior[best] and tie_break[e] > tie_break[best]))):
-                    best, best_score = e, score
-            child = trees.children[tree, node, best]
-            if child < 0:
-                return path, node, best
-            node = int(child)
-            path.append(node)
-
-    def _backup(self, trees: _Trees, tree: int, path: list[int], value: float) -> None:
-        discount = self.config.discount
-        for node in reversed(path):
-            trees.visit_count[tree, node] += 1
-            trees.value_sum[tree, node] += value
-            q = trees.reward[tree, node] + discount * trees.value_sum[tree, node] / trees.visit_count[tree, node]
-            trees.q_min[tree] = min(trees.q_min[tree], q)
-            trees.q_max[tree] = max(trees.q_max[tree], q)
-            value = trees.reward[tree, node] + discount * value
+        trees.actions[:, node] = actions
+        trees.prior[:, node] = prior
+        trees.valid[:, node] = distinct
+        if self.config.kind == "gumbel":
+            with np.errstate(divide="ignore"):
+                trees.log_prior[:, node] = np.log(prior)
 
     @torch.inference_mode()
     def run(self, network, observations: np.ndarray, explore: bool, rng: np.random.Generator, policy=None,
@@ -180,6 +162,7 @@ class SampledSearch:
         n = len(observations)
         if tie_break is None:
             tie_break = rng.random((n, self.k))
+        tie_break = np.ascontiguousarray(tie_break, np.float64)
         param = next(iter(network.parameters()), None)
         device = param.device if param is not None else torch.device("cpu")
         trees = _Trees(n, sims + 1, self.k, self.action_dim)
@@ -189,7 +172,7 @@ class SampledSearch:
         temperature = cfg.root_sampling_temperature if explore else 1.0
         gumbel = cfg.kind == "gumbel"
         trees.raw_value[:, 0] = root_value
-        self._expand(trees, np.zeros(n, np.int64), params, policy, rng, temperature, explore and not gumbel)
+        self._expand(trees, 0, params, policy, rng, temperature, explore and not gumbel)
         roots = None
         if gumbel:
             noise = np.zeros((n, self.k))
@@ -198,26 +181,28 @@ class SampledSearch:
             roots = GumbelRoots(cfg, trees, np.asarray(noise, np.float64), sims, cfg.discount)
         hidden = torch.empty((n, sims + 1, *out.hidden_state.shape[1:]), dtype=out.hidden_state.dtype, device=device)
         hidden[:, 0] = out.hidden_state
-        parents, edges = np.zeros(n, np.int64), np.zeros(n, np.int64)
+        trees_np, trees_t = np.arange(n), torch.arange(n, device=device)
+        discount = float(cfg.discount)
         for sim in range(sims):
-            paths: list[list[int]] = []
-            for t in range(n):
-                path, parents[t], edges[t] = self._select(trees, t, tie_break[t]) if roots is None else roots.select(t)
-                paths.append(path)
-            taken = trees.actions[np.arange(n), parents, edges].astype(np.float32)
-            parent_states = hidden[torch.arange(n, device=device), torch.from_numpy(parents).to(device)]
+            if roots is None:
+                _puct_select(trees.children, trees.visit_count, trees.value_sum, trees.reward, trees.prior, trees.valid,
+                             trees.q_min, trees.q_max, tie_break, discount, float(cfg.pb_c_base), float(cfg.pb_c_init),
+                             trees.path, trees.depth, trees.parent, trees.edge)  # fmt: skip
+            else:
+                roots.select()
+            taken = trees.actions[trees_np, trees.parent, trees.edge].astype(np.float32)
+            parent_states = hidden[trees_t, torch.from_numpy(trees.parent).to(device)]
             out = network.recurrent_inference(parent_states, torch.from_numpy(taken).to(device))
             leaf = sim + 1
             hidden[:, leaf] = out.hidden_state
-            values = support_to_scalar_np(out.value_logits.cpu().numpy(), self.support_size)
-            rewards = support_to_scalar_np(out.reward_logits.cpu().numpy(), self.support_size)
+            # values and rewards decoded together: the same rows, one numpy pass
+            decoded = support_to_scalar_np(torch.cat([out.value_logits, out.reward_logits]).cpu().numpy(),
+                                           self.support_size)  # fmt: skip
             leaf_params = out.policy_logits.cpu().numpy().astype(np.float64)
-            self._expand(trees, np.full(n, leaf), leaf_params, policy, rng, 1.0, False)
-            for t in range(n):
-                trees.children[t, parents[t], edges[t]] = leaf
-                trees.reward[t, leaf] = rewards[t]
-                trees.raw_value[t, leaf] = values[t]
-                self._backup(trees, t, paths[t] + [leaf], float(values[t]))
+            self._expand(trees, leaf, leaf_params, policy, rng, 1.0, False)
+            _backup(leaf, decoded[:n], decoded[n:], discount, trees.path, trees.depth, trees.parent, trees.edge,
+                    trees.children, trees.visit_count, trees.value_sum, trees.reward, trees.raw_value, trees.q_min,
+                    trees.q_max)  # fmt: skip
         root_children = trees.children[:, 0]
         visits = np.where(root_children >= 0, np.take_along_axis(trees.visit_count, np.maximum(root_children, 0), 1), 0)
         chosen, target = None, visits / np.maximum(visits.sum(1, keepdims=True), 1)
@@ -229,6 +214,115 @@ class SampledSearch:
             root_values=trees.value_sum[:, 0] / np.maximum(trees.visit_count[:, 0], 1),
             root_predicted_values=root_value, prior=trees.prior[:, 0].copy(),
         )  # fmt: skip
+
+
+# --------------------------------------------------------------------------------------
+# Kernels (compiled; one call per simulation for all N trees)
+# --------------------------------------------------------------------------------------
+
+
+@numba.njit(cache=True, nogil=True)
+def _count_samples(actions, counts, distinct):
+    """For the K samples of each of N nodes, ``actions`` (N, K, A): ``counts[t, j]`` (N, K)
+    how many of the node's samples equal sample j (every coordinate ==, as ``np.unique``
+    compares rows), ``distinct[t, j]`` (N, K) whether j is the first of them."""
+    n, k, action_dim = actions.shape
+    first = np.empty(k, np.int64)
+    for t in range(n):
+        for j in range(k):
+            first[j] = j
+            for i in range(j):
+                if first[i] != i:
+                    continue
+                same = True
+                for d in range(action_dim):
+                    if actions[t, i, d] != actions[t, j, d]:
+                        same = False
+                        break
+                if same:
+                    first[j] = i
+                    break
+            counts[t, j] = 0
+        for j in range(k):
+            counts[t, first[j]] += 1
+        for j in range(k):
+            distinct[t, j] = first[j] == j
+            counts[t, j] = counts[t, first[j]]
+
+
+@numba.njit(cache=True, nogil=True)
+def _puct_select(children, visit_count, value_sum, reward, prior, valid, q_min, q_max, tie_break, discount, pb_c_base,
+                 pb_c_init, path, depth, parent, edge):  # fmt: skip
+    """Walk each of the N trees (arrays (N, nodes) per node, (N, nodes, K) per edge) from
+    its root by maximal pUCT score over the valid edges to an unexpanded child; exact ties go
+    to the larger prior, then to the larger ``tie_break[t, e]`` (N, K). Writes the walk:
+    ``path[t, :depth[t]]`` the nodes from the root, ``parent[t]`` and ``edge[t]`` the new
+    leaf's parent and edge.
+
+    The choice at a node is written here, not in a function of its own: a compiled call per
+    node that takes the tree's arrays costs more than the choice among K edges."""
+    n_trees, _, k = children.shape
+    for t in range(n_trees):
+        span = q_max[t] - q_min[t]  # MinMaxStats.normalize applies only once max > min
+        node = 0
+        d = 0
+        path[t, 0] = 0
+        while True:
+            n_parent = visit_count[t, node]
+            pb_c = (math.log((n_parent + pb_c_base + 1) / pb_c_base) + pb_c_init) * math.sqrt(n_parent)
+            best = -1
+            best_score = -np.inf
+            for e in range(k):
+                if not valid[t, node, e]:
+                    continue
+                child = children[t, node, e]
+                n_child = visit_count[t, child] if child >= 0 else 0
+                score = pb_c * prior[t, node, e] / (n_child + 1)
+                if n_child > 0:  # unvisited children: Q term 0 (muzero-general)
+                    q = reward[t, child] + discount * value_sum[t, child] / n_child
+                    if span > 0:
+                        q = (q - q_min[t]) / span
+                    score += q
+                if score > best_score or (
+                    score == best_score
+                    and (prior[t, node, e] > prior[t, node, best]
+                         or (prior[t, node, e] == prior[t, node, best] and tie_break[t, e] > tie_break[t, best]))
+                ):  # fmt: skip
+                    best = e
+                    best_score = score
+            child = children[t, node, best]
+            if child < 0:
+                parent[t] = node
+                edge[t] = best
+                depth[t] = d + 1
+                break
+            node = child
+            d += 1
+            path[t, d] = node
+
+
+@numba.njit(cache=True, nogil=True)
+def _backup(leaf, values, rewards, discount, path, depth, parent, edge, children, visit_count, value_sum, reward,
+            raw_value, q_min, q_max):  # fmt: skip
+    """Attach node ``leaf`` (the network's ``values`` (N,) and ``rewards`` (N,) of it) below
+    each tree's ``parent[t]`` at ``edge[t]``, then back its value up the walk
+    ``path[t, :depth[t]]``: each node counts a visit, adds the value, widens the tree's
+    min-max statistics ``q_min``/``q_max`` (N,) with its ``r + discount * V`` and passes on
+    ``r + discount * value``."""
+    for t in range(values.shape[0]):
+        children[t, parent[t], edge[t]] = leaf
+        reward[t, leaf] = rewards[t]
+        raw_value[t, leaf] = values[t]
+        path[t, depth[t]] = leaf
+        value = values[t]
+        for d in range(depth[t], -1, -1):
+            node = path[t, d]
+            visit_count[t, node] += 1
+            value_sum[t, node] += value
+            q = reward[t, node] + discount * value_sum[t, node] / visit_count[t, node]
+            q_min[t] = min(q_min[t], q)
+            q_max[t] = max(q_max[t], q)
+            value = reward[t, node] + discount * value
 
 
 def choose(visit_counts: np.ndarray, temperature: float, rng: np.random.Generator) -> np.ndarray:
