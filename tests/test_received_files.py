@@ -4,9 +4,10 @@ line), nothing is written through a link in it, and no network address in its co
 used unless the command line repeats it. ``--ray`` at a port that is not a Ray head says
 what answered there, within seconds.
 
-Each command runs as ``python run.py`` against a copy of the shared ``trained_run``, with
-a generous timeout: a command that hangs (a FIFO opened for reading waits for a writer
-for ever) fails the test instead of stalling the suite."""
+Each refused command runs as ``mpper.cli.main`` (what ``python run.py`` calls) in the test's
+process, against a copy of the shared ``trained_run``; the PNG written and the ``--ray``
+probe run as ``python run.py``. A command that hangs (a FIFO opened for reading waits for a
+writer for ever) fails the test at its timeout instead of stalling the suite."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from pathlib import Path
 import pytest
 from test_train_e2e import ROOT, run_args
 
+from mpper import cli
 from mpper.safe_files import ReceivedFileError, open_append, open_received, read_received, refuse_link
 
 HANG_S = 120  # far above any of these refusals; a command still running then is hung
@@ -36,8 +38,20 @@ def command(args: list[str], timeout: float = HANG_S) -> subprocess.CompletedPro
         pytest.fail(f"run.py {' '.join(args)} hung (still running after {timeout} s)")
 
 
-def refusal(args: list[str], timeout: float = HANG_S) -> str:
-    """The one line ``error: ...`` of a command that exits 2, nothing else on stderr."""
+def refusal(args: list[str], capfd) -> str:
+    """The one line ``error: ...`` of ``run.py ARGS``, run in this process, that exits 2;
+    nothing else on stderr."""
+    capfd.readouterr()
+    code = cli.main(args)
+    out, err = capfd.readouterr()
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2, out[-2000:] + err[-4000:]
+    assert len(lines) == 1 and lines[0].startswith("error: "), err[-4000:]
+    return lines[0]
+
+
+def child_refusal(args: list[str], timeout: float = HANG_S) -> str:
+    """The one line ``error: ...`` of ``python run.py ARGS`` that exits 2, nothing else on stderr."""
     proc = command(args, timeout)
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-4000:]
@@ -93,9 +107,9 @@ COMMANDS = {
     ("checkpoint.pt", "fifo", "--resume"),
     ("checkpoint.pt", "/dev/zero", "--resume"),
 ])  # fmt: skip
-def test_a_fifo_or_a_link_to_dev_zero_in_a_run_directory_is_refused_unread(run_dir, name, kind, flag):
+def test_a_fifo_or_a_link_to_dev_zero_in_a_run_directory_is_refused_unread(run_dir, capfd, name, kind, flag):
     replace_with(run_dir / name, "fifo" if kind == "fifo" else "link", Path(kind))
-    line = refusal(COMMANDS[flag](run_dir))
+    line = refusal(COMMANDS[flag](run_dir), capfd)
     what = "is a FIFO, not a regular file" if kind == "fifo" else "is a symbolic link"
     assert str(run_dir / name) in line and what in line, line
 
@@ -179,7 +193,7 @@ def test_a_run_never_appends_to_a_linked_file_in_its_directory(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["metrics.jsonl", "tensorboard", "episodes.jsonl", "best.pt"])
-def test_resume_refuses_a_run_directory_whose_written_entries_are_links(run_dir, tmp_path, name):
+def test_resume_refuses_a_run_directory_whose_written_entries_are_links(run_dir, tmp_path, capfd, name):
     outside = tmp_path / "outside"
     if name == "tensorboard":
         outside.mkdir()
@@ -187,20 +201,20 @@ def test_resume_refuses_a_run_directory_whose_written_entries_are_links(run_dir,
         shutil.copyfile(run_dir / name, outside)
     before = sorted(p.name for p in outside.iterdir()) if outside.is_dir() else outside.read_bytes()
     replace_with(run_dir / name, "link", outside)
-    line = refusal(COMMANDS["--resume"](run_dir))
+    line = refusal(COMMANDS["--resume"](run_dir), capfd)
     assert f"{run_dir / name}: is a symbolic link" in line, line
     after = sorted(p.name for p in outside.iterdir()) if outside.is_dir() else outside.read_bytes()
     assert after == before
 
 
 @pytest.mark.slow
-def test_plot_writes_nothing_through_a_link(run_dir, tmp_path):
+def test_plot_writes_nothing_through_a_link(run_dir, tmp_path, capfd):
     """A linked ``plots/`` directory is refused; a linked ``plots/return.png`` is replaced
     by the new PNG (renamed into place), the file it pointed to left as it was."""
     outside = tmp_path / "outside"
     outside.mkdir()
     replace_with(run_dir / "plots", "link", outside)
-    line = refusal(COMMANDS["--plot"](run_dir))
+    line = refusal(COMMANDS["--plot"](run_dir), capfd)
     assert f"{run_dir / 'plots'}: is a symbolic link" in line, line
     assert list(outside.iterdir()) == []
 
@@ -245,12 +259,12 @@ def connections_made(server: socket.socket) -> int:
 
 
 @pytest.mark.slow
-def test_resume_connects_to_no_address_its_config_names(run_dir, silent_listener):
+def test_resume_connects_to_no_address_its_config_names(run_dir, silent_listener, capfd):
     address = "127.0.0.1:%d" % silent_listener.getsockname()[1]
     config = json.loads((run_dir / "config.json").read_text())
     config["runtime"].update(ray_address=address, workers=1)
     (run_dir / "config.json").write_text(json.dumps(config))
-    line = refusal(COMMANDS["--resume"](run_dir))
+    line = refusal(COMMANDS["--resume"](run_dir), capfd)
     assert f'sets runtime.ray_address "{address}"' in line and f"repeat it with --ray {address}" in line, line
     assert connections_made(silent_listener) == 0
 
@@ -259,7 +273,8 @@ def test_resume_connects_to_no_address_its_config_names(run_dir, silent_listener
 def test_ray_at_a_port_that_is_not_a_ray_head_is_one_line(tmp_path, silent_listener):
     address = "127.0.0.1:%d" % silent_listener.getsockname()[1]
     t0 = time.monotonic()
-    line = refusal(run_args(tmp_path / "run", "--workers", "1", "--ray", address)[2:])  # [2:]: without python run.py
+    # a child: the probe is Ray's client, kept out of the test's process ([2:]: run_args without python run.py)
+    line = child_refusal(run_args(tmp_path / "run", "--workers", "1", "--ray", address)[2:])
     assert line.startswith(f"error: {address} accepted a TCP connection but answered nothing within 5 s: "
                            "not a Ray head"), line  # fmt: skip
     assert time.monotonic() - t0 < HANG_S

@@ -4,7 +4,8 @@
 2. a script trains CartPole from Python with ``mpper.train`` (videos of every third
    evaluation switched on);
 3. ``mpper.load(run).act`` scores >= 475 on 10 fresh episodes when the run solved (it must:
-   CartPole's config solves within minutes on two cores);
+   CartPole's config solves within minutes on two cores); the episodes are played side by
+   side, their observations in one batch per move;
 4. ``mpper --evaluate RUN`` judges the solving weights (``best.pt``) and reports their return;
 5. a custom env from the current directory (docs/custom_envs.md's ``myenv.py``) trains;
 6. the MP4s of the evaluations exist and decode;
@@ -42,15 +43,16 @@ TRAIN_SCRIPT = textwrap.dedent('''
         run = mpper.train("cartpole", workers=2, device="cpu", time_limit=300, run_dir="runs/cartpole",
                           overrides={"runtime.solve_confirm_episodes": 20, "runtime.video_every_evaluations": 3})
         agent = mpper.load(run.dir)
-        returns = []
-        for seed in range(10_000, 10_010):
-            env = gym.make("CartPole-v1")
-            observation, _ = env.reset(seed=seed)
-            total, done = 0.0, False
-            while not done:
-                observation, reward, terminated, truncated, _ = env.step(agent.act(observation))
-                total, done = total + reward, terminated or truncated
-            returns.append(total)
+        envs = [gym.make("CartPole-v1") for _ in range(10)]
+        observations = [env.reset(seed=10_000 + i)[0] for i, env in enumerate(envs)]
+        returns, playing = [0.0] * 10, list(range(10))
+        while playing:  # the 10 episodes side by side: one batched act() per move
+            actions = agent.act(np.stack([observations[i] for i in playing]))
+            for i, action in zip(list(playing), actions):
+                observations[i], reward, terminated, truncated, _ = envs[i].step(int(action))
+                returns[i] += reward
+                if terminated or truncated:
+                    playing.remove(i)
         json.dump({"dir": str(run.dir), "solved": run.solved, "solved_at": run.solved_at, "best": {
             "path": str(run.best["path"]), "training_step": run.best["training_step"],
             "mean_return": run.best["mean_return"]}, "checkpoint": str(agent.checkpoint),

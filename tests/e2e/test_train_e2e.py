@@ -334,56 +334,14 @@ def wait_until_training(proc: subprocess.Popen, run_dir: Path, steps: int = 5, t
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(240)
-def test_ctrl_c_stops_cleanly_and_a_killed_worker_is_restarted(tmp_path):
-    run_dir = tmp_path / "run"
-    proc = subprocess.Popen(run_args(run_dir, "--workers", "2", "--max-train-steps", "100000"), cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
-    try:
-        wait_until_training(proc, run_dir)
-        pids = json.loads((run_dir / "processes.json").read_text())
-        os.kill(pids["worker-0"], signal.SIGKILL)  # a worker killed mid-episode
-        deadline = time.monotonic() + 60
-        while json.loads((run_dir / "processes.json").read_text())["worker-0"] == pids["worker-0"]:
-            assert time.monotonic() < deadline, "the killed worker was not restarted"
-            assert proc.poll() is None
-            time.sleep(0.2)
-        restarted_at = training_step(run_dir)
-        while training_step(run_dir) < restarted_at + 5:  # training goes on after the restart
-            assert time.monotonic() < deadline, "training stopped after the worker was restarted"
-            assert proc.poll() is None
-            time.sleep(0.2)
-        proc.send_signal(signal.SIGINT)  # Ctrl-C
-        # a hang, not a slow machine, is what fails: TimeoutExpired after a generous bound
-        stdout, stderr = proc.communicate(timeout=180)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    assert proc.returncode == 130, stderr[-4000:]
-    assert "worker-0 died (killed by SIGKILL)" in stderr and "restarting worker-0" in stderr
-    assert "interrupted" in stdout
-    out = check_outputs(run_dir)
-    assert not segments_of(proc.pid)  # the supervisor unlinked its segments
-    # The killed worker's partial episode never became sampleable, and the counters add
-    # up: games and steps are exactly what the final snapshot's episode table holds.
-    with ReplayBuffer.load(run_dir / "buffer", mmap=True) as snap:
-        assert_counters_match_the_episodes(snap)
-        games = snap.counters["games"]
-    assert out["records"][-1]["games"] == games
-    # Each episode is reported after it is stored; the SIGKILL may have lost the reports
-    # of the (at most envs_per_worker = 4) episodes the worker stored in its last move.
-    reported = len(complete_lines(run_dir / "episodes.jsonl"))
-    assert games - 4 <= reported <= games
-
-
-@pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_sigterm_stops_the_run_with_a_final_checkpoint_and_snapshot_and_leaves_nothing(tmp_path):
-    """SIGTERM to a training `python run.py --workers 2`: exit code 143, a checkpoint and
-    a buffer snapshot written after the signal (the learner's last step, every game
-    played), the end record, and nothing left: no process of the run (children,
-    forkserver, resource tracker) and no shared-memory segment of any of them."""
+def test_a_killed_worker_is_restarted_and_sigterm_stops_the_run_with_a_final_checkpoint_and_snapshot(tmp_path):
+    """A training `python run.py --workers 2`: a worker SIGKILLed mid-episode is restarted
+    and training goes on; then SIGTERM: exit code 143, a checkpoint and a buffer snapshot
+    written after the signal (the learner's last step, every game played), the end record,
+    and nothing left: no process of the run (children, forkserver, resource tracker) and no
+    shared-memory segment of any of them. (Ctrl-C's stop, exit 130, is
+    tests/runtime/test_shutdown.py's and tests/runtime/test_inference.py's.)"""
     from test_faults import forkserver_of
 
     run_dir = tmp_path / "run"
@@ -394,25 +352,47 @@ def test_sigterm_stops_the_run_with_a_final_checkpoint_and_snapshot_and_leaves_n
         pids = json.loads((run_dir / "processes.json").read_text())
         helpers = forkserver_of(pids["supervisor"])
         assert helpers and segments_of(proc.pid)  # while it runs: the forkserver, the segments
+        os.kill(pids["worker-0"], signal.SIGKILL)  # a worker killed mid-episode
+        deadline = time.monotonic() + 60
+        while json.loads((run_dir / "processes.json").read_text())["worker-0"] == pids["worker-0"]:
+            assert time.monotonic() < deadline, "the killed worker was not restarted"
+            assert proc.poll() is None
+            time.sleep(0.2)
+        pids = json.loads((run_dir / "processes.json").read_text())  # the restarted worker-0 among them
+        restarted_at = training_step(run_dir)
+        while training_step(run_dir) < restarted_at + 5:  # training goes on after the restart
+            assert time.monotonic() < deadline, "training stopped after the worker was restarted"
+            assert proc.poll() is None
+            time.sleep(0.2)
         trained_before = training_step(run_dir)
         signalled = time.time()
         proc.send_signal(signal.SIGTERM)
+        # a hang, not a slow machine, is what fails: TimeoutExpired after a generous bound
         stdout, stderr = proc.communicate(timeout=180)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
     assert proc.returncode == 143, stdout[-2000:] + stderr[-4000:]
+    assert "worker-0 died (killed by SIGKILL)" in stderr and "restarting worker-0" in stderr
     assert "terminated" in stdout and "run stopped" not in stderr
     out = check_outputs(run_dir)  # the end record; the checkpoint is the learner's last step
     ckpt = out["checkpoint"]
     assert ckpt["training_step"] >= max(trained_before, 5) and ckpt["extra"]["time"] >= signalled
     manifest = json.loads((run_dir / "buffer" / "manifest.json").read_text())
     assert manifest["created_unix"] >= signalled  # the final snapshot, not an earlier one
+    # The killed worker's partial episode never became sampleable, and the counters add
+    # up: games and steps are exactly what the final snapshot's episode table holds.
     with ReplayBuffer.load(run_dir / "buffer", mmap=True) as snap:  # every checksum verified
         assert_counters_match_the_episodes(snap)
-        assert snap.counters["games"] == out["records"][-1]["games"]
+        games = snap.counters["games"]
+    assert out["records"][-1]["games"] == games
+    # Each episode is reported after it is stored; the SIGKILL may have lost the reports
+    # of the (at most envs_per_worker = 4) episodes the worker stored in its last move.
+    reported = len(complete_lines(run_dir / "episodes.jsonl"))
+    assert games - 4 <= reported <= games
     assert_no_process_left(run_dir)
+    assert not segments_of(proc.pid)  # the supervisor unlinked its segments
     assert not [p for p in helpers if alive(p)], "the forkserver or the resource tracker outlived the run"
     assert not [name for pid in pids.values() for name in segments_of(pid)], "a segment of the run is left"
 

@@ -9,9 +9,6 @@ emulator runs on, and a real restart only at game over.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import gymnasium as gym
@@ -19,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from mpper import ReplayBuffer, cli
+from mpper import cli
 from mpper.algos.configs import load_config
 from mpper.algos.registry import algorithm_of
 from mpper.envs.atari import NOOP, EpisodicLife, SignReward
@@ -332,39 +329,20 @@ def test_the_learning_rate_warms_up_then_decays_in_steps_as_efficientzero():
     assert smooth_trainer.learning_rate(50_000) == pytest.approx(0.2 * 0.1**0.5)
 
 
-# ---- a short run ------------------------------------------------------------------------------
+# ---- the ring must hold the longest training episode -----------------------------------------
+# (A short Pong run of this config, trained on its stored 96 x 96 RGB frames to its final
+# evaluation, is tests/test_bench_atari100k.py's: bench/atari100k.py --quick.)
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(420)
-def test_a_short_atari100k_pong_run_ends_cleanly(tmp_path):
-    """configs/atari100k_pong.json with a tiny network, 2 simulations and self-play games cut
-    at 500 moves, one self-play worker process: the run trains on the stored 96 x 96 RGB
-    frames and stops cleanly at its last training step. Its training move limit is the
-    longest episode the ring must hold (3,000 moves: more than this ring's 2,000 rows)."""
-    run_dir = tmp_path / "run"
-    sets = ["network.encoding_size=8", "network.hidden=[8]", "network.reduced_channels=2",
-            "network.projection_size=16", "network.support_size=10", "mcts.num_simulations=2",
-            "reanalyse.num_simulations=2", "training.batch_size=16", "training.min_buffer_steps=100",
-            "training.replay_ratio=1", "training.env_steps=20000", "training.lr_warmup_steps=2",
-            "runtime.final_evaluation_episodes=null",
-            "replay.capacity=2000", "runtime.envs_per_worker=2", "runtime.evaluation_episodes=1",
-            "runtime.evaluation_interval_s=1000", "runtime.checkpoint_interval_s=1000",
-            "env.training_max_episode_steps=500"]  # fmt: skip
-    args = [sys.executable, "run.py", "--config", "configs/atari100k_pong.json", "--workers", "1", "--device", "cpu",
-            "--run-dir", str(run_dir), "--max-train-steps", "4", "--time-limit", "360", *[a for s in sets for a in ("--set", s)]]  # fmt: skip
-    proc = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=400)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    # the protocol's own limit, 3,000 moves, does not fit this ring: refused before anything starts
-    refused = [*args, "--set", "env.training_max_episode_steps=3000", "--run-dir", str(tmp_path / "refused")]
-    too_long = subprocess.run(refused, cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert too_long.returncode == 2 and not (tmp_path / "refused").exists()
+def test_a_training_move_limit_the_ring_cannot_hold_is_refused_before_anything_starts(tmp_path, capsys):
+    """The protocol's own training move limit, 3,000 moves, does not fit a ring of 2,000
+    rows: exit 2, one line, no run directory."""
+    argv = ["--config", str(CONFIGS / "atari100k_pong.json"), "--workers", "1", "--device", "cpu",
+            "--run-dir", str(tmp_path / "refused"), "--max-train-steps", "4", "--set", "replay.capacity=2000",
+            "--set", "env.training_max_episode_steps=3000"]  # fmt: skip
+    assert cli.main(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and err.startswith("error: "), err
     assert ("an episode of env.id 'ALE/Pong-v5' can last 3,000 moves, stored as 3,001 rows, but replay.capacity is "
-            "2,000: raise replay.capacity, or lower env.training_max_episode_steps") in too_long.stderr
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert records[-1]["learner"]["training_step"] == 4 and records[-1]["env_steps"] >= 100
-    config = load_config(run_dir / "config.json")
-    assert config.env.episodic_life and config.env.clip_rewards and config.env.preprocessing_kwargs["screen_size"] == 96
-    with ReplayBuffer.load(run_dir / "buffer", mmap=True) as snap:
-        observation = snap.fields["observation"]
-        assert observation.dtype == np.uint8 and observation.shape[1:] == (3, 96, 96)
+            "2,000: raise replay.capacity, or lower env.training_max_episode_steps") in err
+    assert not (tmp_path / "refused").exists()

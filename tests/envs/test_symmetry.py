@@ -4,14 +4,13 @@ buffer are the plain targets seen through the drawn symmetry, and the clear erro
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 import mpper  # noqa: F401  (registers mpper/TicTacToe-v0)
+from mpper import cli
 from mpper.algos.configs import load_config
 from mpper.algos.muzero.targets import MuZeroTargets, muzero_schema
 from mpper.algos.registry import algorithm_of
@@ -162,15 +161,11 @@ def test_the_config_refuses_augmentation_with_dqn_or_stacking():
         load_config(ROOT / "configs" / "tictactoe.json", ["muzero.stacked_observations=2"])
 
 
-@pytest.mark.slow
-def test_a_run_on_an_env_without_symmetries_stops_before_it_starts(tmp_path):
-    proc = subprocess.run(
-        [sys.executable, "run.py", "--config", "configs/cartpole.json", "--workers", "0", "--run-dir",
-         str(tmp_path / "run"), "--set", "muzero.symmetry_augmentation=true"],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert proc.returncode == 2, proc.stderr
-    assert proc.stderr.strip().splitlines()[-1] == (
+def test_a_run_on_an_env_without_symmetries_stops_before_it_starts(tmp_path, capsys):
+    code = cli.main(["--config", str(ROOT / "configs" / "cartpole.json"), "--workers", "0", "--run-dir",
+                     str(tmp_path / "run"), "--set", "muzero.symmetry_augmentation=true"])  # fmt: skip
+    assert code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
         "error: env 'CartPole-v1': symmetry augmentation is on, but the env declares no symmetries "
         "(env.unwrapped.symmetries(); see mpper.envs.symmetry)"
     )

@@ -334,7 +334,7 @@ def test_writers_sigkilled_at_random_moments_beside_a_sampling_learner(tmp_path)
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_run_whose_worker_dies_inside_the_lock_trains_on_and_ends_at_its_limit(tmp_path):
-    """``run.py --workers 2 --env-steps 4000``, where the first worker to publish its 15th
+    """``run.py --workers 2 --env-steps 2000``, where the first worker to publish its 15th
     episode SIGKILLs itself inside the lock, half-way through the publication (the
     test-only fault ``MPPER_FAULT_DIE_IN_LOCK``; the claim file makes it happen once in
     the run). The next locker repairs with one line naming the dead pid, the supervisor
@@ -344,7 +344,7 @@ def test_a_run_whose_worker_dies_inside_the_lock_trains_on_and_ends_at_its_limit
 
     run_dir, claim = tmp_path / "run", tmp_path / "fault-claimed"
     env = {**_ENV, FAULT_ENV: f"publish:15:{claim}"}
-    proc = subprocess.run(run_args(run_dir, "--workers", "2", "--env-steps", "4000", "--time-limit", "240"),
+    proc = subprocess.run(run_args(run_dir, "--workers", "2", "--env-steps", "2000", "--time-limit", "240"),
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=280)  # fmt: skip
     err = proc.stderr
     assert proc.returncode == 0, proc.stdout[-2000:] + err[-4000:]

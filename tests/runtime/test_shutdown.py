@@ -144,7 +144,7 @@ def test_a_learner_that_never_delivers_its_final_checkpoint_fails_the_run(tmp_pa
     run_dir = tmp_path / "run"
     argv = [sys.executable, "-c", "import sys, mpper.runtime.supervisor as r, mpper.cli as c; r._LEARNER_JOIN_TIMEOUT_S = 2.0; "
             "sys.argv[0] = 'run.py'; sys.exit(c.main(sys.argv[1:]))",
-            *run_args(run_dir, "--workers", "2", "--time-limit", "8")[2:]]  # fmt: skip
+            *run_args(run_dir, "--workers", "2", "--time-limit", "3")[2:]]  # fmt: skip
     proc, out, err = start(run_dir, argv=argv)
     deadline = time.monotonic() + 60
     while not (run_dir / "processes.json").exists():
@@ -153,7 +153,7 @@ def test_a_learner_that_never_delivers_its_final_checkpoint_fails_the_run(tmp_pa
     stop_learner(run_dir)
     code, stdout, stderr = finish(proc, out, err)
     assert code == 1, stdout[-2000:] + stderr[-3000:]
-    assert ("time limit of 8 s reached, but the final checkpoint is missing: the learner did not stop within 2 s "
+    assert ("time limit of 3 s reached, but the final checkpoint is missing: the learner did not stop within 2 s "
             "and was stopped by force; there is no checkpoint.pt") in stdout  # fmt: skip
     assert_no_process_left(run_dir)
     assert not segments_of(proc.pid)

@@ -320,7 +320,7 @@ def _run(args: list[str]) -> subprocess.CompletedProcess:
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_a_short_pendulum_run_trains_evaluates_and_resumes_with_its_float_actions(tmp_path):
+def test_a_short_pendulum_run_trains_evaluates_and_resumes_with_its_float_actions(tmp_path, capsys):
     run_dir = tmp_path / "run"
     _run(["--run-dir", str(run_dir), "--max-train-steps", "20"])
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
@@ -335,21 +335,22 @@ def test_a_short_pendulum_run_trains_evaluates_and_resumes_with_its_float_action
     after = np.load(run_dir / "buffer" / "field.action.npy")
     kept = np.isin(before, after).mean()  # the resumed ring started from the saved float actions
     assert kept > 0.5
-    # the tools on the run: greedy episodes, the network judged on the snapshot, mpper.load
+    # the tools on the run (in this process: the run's own processes are done): greedy
+    # episodes, the network judged on the snapshot, mpper.load
+    capsys.readouterr()
     for args in (["--episodes", "1"], ["--on-snapshot", str(run_dir / "buffer")]):
-        proc = subprocess.run([sys.executable, "run.py", "--evaluate", str(run_dir), *args], cwd=ROOT,
-                              capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
-        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    assert "policy_cross_entropy" in proc.stdout
+        code = cli.main(["--evaluate", str(run_dir), *args])
+        out, err = capsys.readouterr()
+        assert code == 0, out[-2000:] + err[-3000:]
+    assert "policy_cross_entropy" in out
     agent = mpper.load(run_dir)
     action = agent.act(np.array([1.0, 0.0, 0.0], np.float32))
     assert action.dtype == np.float32 and action.shape == (1,) and -2.0 <= action[0] <= 2.0  # Pendulum's torque
     assert agent.act(np.zeros((3, 3), np.float32)).shape == (3, 1)
     # --collect plays Discrete-action envs only: one line, nothing written
-    proc = subprocess.run([sys.executable, "run.py", "--collect", str(run_dir), "--env-steps", "10", "--out",
-                           str(tmp_path / "collected")], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          check=False)  # fmt: skip
-    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "a continuous (Box) action space" in proc.stderr
+    code = cli.main(["--collect", str(run_dir), "--env-steps", "10", "--out", str(tmp_path / "collected")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "a continuous (Box) action space" in err, err
     assert not (tmp_path / "collected").exists()
 
 
