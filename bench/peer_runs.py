@@ -29,7 +29,7 @@ def fresh_dir(path: Path) -> Path:
 
 def run_child(python: str, script: str, args: list[str], out: Path, time_limit: float) -> float:
     """Run ``python script *args`` in ``out`` (stdout and stderr to ``out/log.txt``), in a
-    session of its own, for at most ``time_limit`` seconds; then end its whole process group
+    process group of its own (``start_new_session``), for at most ``time_limit`` seconds; then end that group
     (a peer's env subprocesses, left running by a child that returned or was cut). Returns
     the wall seconds it ran."""
     launched = time.time()
