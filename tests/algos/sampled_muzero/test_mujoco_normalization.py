@@ -170,7 +170,7 @@ def test_without_normalisation_the_network_has_no_statistics():
 # ---- the configs and the extra ------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name, env_id, normalized, solve", [
-    ("inverted_pendulum_sampled", "InvertedPendulum-v5", False, 950.0), ("hopper_sampled", "Hopper-v5", True, None),
+    ("inverted_pendulum_sampled", "InvertedPendulum-v5", True, 950.0), ("hopper_sampled", "Hopper-v5", True, None),
     ("halfcheetah_sampled", "HalfCheetah-v5", True, None)])  # fmt: skip
 def test_the_mujoco_configs_name_their_env_and_normalisation(name, env_id, normalized, solve):
     config = load_config(ROOT / "configs" / f"{name}.json")
