@@ -5,18 +5,23 @@ Pong run with every process running; one table on stdout, ``gpu.json`` and ``gpu
 Sections, in this order by default (each row is skipped, with the reason, once
 ``--budget-s`` would be overrun by it):
 
-1. learner: training steps/s of the real learner process (``bench/learner.py``'s
+1. tests: the CUDA tests under pytest (the captured step against the eager one, the
+   reanalyser on CUDA, ...): their counts, and their output in ``cuda_tests.log``.
+2. learner: training steps/s of the real learner process (``bench/learner.py``'s
    ``measure``) on a buffer filled by the config's own player, at ``--batch-size``, for
    each ``training.capture`` / ``training.precision`` on CUDA and for CartPole on the CPU;
    the one-off capture (or compile) time, timed in this process on one batch; the GPU's
    busy share while the row ran.
-2. run: ``run.py --config configs/atari_pong.json --workers 12 --device cuda --time-limit T``;
+3. run: ``run.py --config configs/atari_pong.json --workers 12 --device cuda --time-limit T``;
    training steps/s, env steps/s, the learner's data-wait share (from the run's
    ``metrics.jsonl``) and the GPU's busy share.
-3. self-play: agent steps/s and simulations/s per config from ``bench/selfplay.py``
-   (inference in each worker, or in one server process), when that file exists.
-4. compile: the learner rows with ``training.capture: "compile"`` (the largest one-off
+4. selfplay: agent steps/s and simulations/s per config from ``bench/selfplay.py``
+   (inference in each worker, or in one server process).
+5. cartpole: ``bench/solve_cartpole.py`` with ``--device auto`` against ``--device cpu``.
+6. compile: the learner rows with ``training.capture: "compile"`` (the largest one-off
    cost, so last).
+
+A failed row keeps its traceback (or its stderr) in ``gpu.json``.
 
 The GPU's busy share is the fraction of time a kernel was running, sampled about twice a
 second (NVML through ``pynvml`` when installed, else ``nvidia-smi --query-gpu``).
@@ -30,6 +35,7 @@ Usage::
 
     python bench/gpu.py --out bench/results/gpu              # on the GPU machine, < 8 minutes
     python bench/gpu.py --quick --out /tmp/gpu-quick         # the CPU smoke test, about a minute
+    python bench/gpu.py --sections learner --learner-configs atari_pong   # one section, one config
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 import zipfile
 from pathlib import Path
 
@@ -95,7 +102,8 @@ class GpuSampler:
     t1)`` over a window of ``time.monotonic()``. ``source`` says how, or why there is none."""
 
     def __init__(self, interval_s: float = 0.5) -> None:
-        self.samples: list[tuple[float, float]] = []
+        self.samples: list[tuple[float, float]] = []  # (time.monotonic(), busy %)
+        self.unix_times: list[float] = []  # time.time() of each sample (a run's metrics.jsonl clock)
         self.stop = threading.Event()
         self.interval_s = interval_s
         self.read = self._nvml() or self._nvidia_smi()
@@ -136,12 +144,19 @@ class GpuSampler:
     def _loop(self) -> None:
         while not self.stop.wait(self.interval_s):
             try:
-                self.samples.append((time.monotonic(), self.read()))
+                value = self.read()
+                self.samples.append((time.monotonic(), value))
+                self.unix_times.append(time.time())
             except Exception:  # a missed sample is only a missed sample
                 pass
 
     def mean(self, t0: float, t1: float) -> float | None:
         values = [v for t, v in self.samples if t0 <= t <= t1]
+        return round(statistics.fmean(values), 1) if values else None
+
+    def mean_unix(self, t0: float, t1: float) -> float | None:
+        """``mean`` over a window of ``time.time()``."""
+        values = [v for (_, v), t in zip(list(self.samples), list(self.unix_times)) if t0 <= t <= t1]
         return round(statistics.fmean(values), 1) if values else None
 
     def close(self) -> None:
@@ -212,6 +227,14 @@ def markdown(data: dict) -> str:
             f"{show(r.get('env_steps_per_s'))} | {show(r.get('wait_fraction'), '{:.1%}')} | "
             f"{show(r.get('gpu_busy'))} | {r.get('note', '')} |"
         )
+    lines += ["", "## CUDA tests", "", "| command | result | s | note |", "|---|---|---|---|"]
+    for r in data.get("tests", []):
+        lines.append(f"| `{r.get('command', '-')}` | {r.get('summary', '-')} | {show(r.get('seconds'))} | "
+                     f"{r.get('note', '')} |")  # fmt: skip
+    lines += ["", "## CartPole by --device", "", "| command | solved | median wall s | note |", "|---|---|---|---|"]
+    for r in data.get("cartpole", []):
+        solved = f"{r['solved']}/{r['seeds']}" if "solved" in r else "-"
+        lines.append(f"| `{r.get('command', '-')}` | {solved} | {show(r.get('median_wall_s'))} | {r.get('note', '')} |")
     return "\n".join(lines) + "\n"
 
 
@@ -276,6 +299,7 @@ def compile_section(report: Report, sampler: GpuSampler, args) -> None:
 
 
 def learner_rows_section(report: Report, sampler: GpuSampler, args, rows) -> None:
+    rows = [row for row in rows if row[0] in args.learner_configs.split(",")]
     sys.path.insert(0, str(ROOT / "bench"))
     import learner as learner_bench  # bench/learner.py: the learner process and its buffers
 
@@ -298,14 +322,14 @@ def learner_rows_section(report: Report, sampler: GpuSampler, args, rows) -> Non
                 config = learner_bench.bench_config(path, overrides, batch, device)
                 if capture != "off":
                     row["capture_s"] = capture_seconds(config, buffers[name])
-                t0 = time.monotonic()
                 result = learner_bench.measure(config, buffers[name], args.learner_seconds)
                 row.update(steps_per_s=result["steps_per_s"], wait_fraction=result["wait_fraction"],
-                           gpu_busy=sampler.mean(t0, time.monotonic()) if device == "cuda" else None)  # fmt: skip
-            except Exception as exc:  # one row's failure is its note; the check goes on
-                row["note"] = f"failed: {type(exc).__name__}: {str(exc).strip().splitlines()[-1:] or ''}"
+                           gpu_busy=sampler.mean(*result["window"]) if device == "cuda" else None)  # fmt: skip
+            except Exception as exc:  # one row's failure is its note (the traceback in gpu.json); the check goes on
+                row["note"] = f"failed: {type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[-1]}"
+                row["error"] = traceback.format_exc()[-6000:]
             report.add("learner", row)
-            print(markdown_row(row), flush=True)
+            print(markdown_row({k: v for k, v in row.items() if k != "error"}), flush=True)
     finally:
         for buf in buffers.values():
             buf.close()
@@ -313,6 +337,11 @@ def learner_rows_section(report: Report, sampler: GpuSampler, args, rows) -> Non
 
 def markdown_row(row: dict) -> str:
     return " | ".join(f"{k}={show(v) if isinstance(v, float) else v}" for k, v in row.items())
+
+
+# Self-play and the run store whole games, and a Pong game lasts minutes at the start of
+# training: without a cap on training games, nothing is stored (or counted) for that long.
+SHORT_GAMES = {"atari_pong": ["env.training_max_episode_steps=200"]}
 
 
 # ---- 2. self-play ---------------------------------------------------------------------------------
@@ -335,26 +364,29 @@ def selfplay_section(report: Report, sampler: GpuSampler, args) -> None:
             report.add("selfplay", {**row, "note": f"skipped: the budget of {args.budget_s:g} s"})
             continue
         out = report.out / f"selfplay_{name}_{inference}.json"
+        sets = [arg for override in SHORT_GAMES.get(name, []) for arg in ("--set", override)]
         command = [sys.executable, str(script), "--config", str(CONFIGS / f"{name}.json"), "--workers", str(workers),
                    "--selfplay-inference", inference, "--device", device, "--seconds", f"{args.selfplay_seconds:g}",
-                   "--json", str(out), *(["--warmup", "0"] if args.quick else [])]  # fmt: skip
-        t0 = time.monotonic()
+                   "--json", str(out), *sets, *(["--warmup", "0"] if args.quick else [])]  # fmt: skip
+        if sets:
+            row["overrides"] = SHORT_GAMES[name]
         try:
             proc = subprocess.run(command, cwd=ROOT, env=child_env(), capture_output=True, text=True,
                                   timeout=args.selfplay_seconds + 180)  # fmt: skip
             if proc.returncode != 0:
                 tail = (proc.stderr.strip() or proc.stdout.strip()).splitlines()[-1:] or [""]
                 row["note"] = f"failed (exit {proc.returncode}): {tail[0]}"
+                row["error"] = (proc.stderr or proc.stdout)[-6000:]
             else:
                 result = json.loads(out.read_text())
                 row.update(selfplay_figures(result))
                 row["raw"] = result
+                if device == "cuda":  # over the measured window, not the workers' start-up
+                    row["gpu_busy"] = sampler.mean(*result["results"][0]["window"])
         except (subprocess.TimeoutExpired, OSError, ValueError, KeyError) as exc:
             row["note"] = f"failed: {type(exc).__name__}: {exc}"
-        if device == "cuda":
-            row["gpu_busy"] = sampler.mean(t0, time.monotonic())
         report.add("selfplay", row)
-        print(markdown_row({k: v for k, v in row.items() if k != "raw"}), flush=True)
+        print(markdown_row({k: v for k, v in row.items() if k not in ("raw", "error")}), flush=True)
 
 
 def selfplay_figures(result: dict) -> dict:
@@ -393,6 +425,8 @@ def run_figures(metrics_path: Path) -> dict:
     if len(learning) >= 2 and learning[-1]["time_s"] > learning[0]["time_s"]:
         steps = learning[-1]["learner"]["training_step"] - learning[0]["learner"]["training_step"]
         figures["training_steps_per_s"] = steps / (learning[-1]["time_s"] - learning[0]["time_s"])
+        if "unix_time" in learning[0]:
+            figures["learning_window"] = (learning[0]["unix_time"], learning[-1]["unix_time"])
         waits = [r["learner"]["wait_fraction"] for r in learning if "wait_fraction" in r["learner"]]
         if waits:
             figures["wait_fraction"] = statistics.fmean(waits)
@@ -409,8 +443,10 @@ def run_section(report: Report, sampler: GpuSampler, args) -> None:
     shutil.rmtree(run_dir, ignore_errors=True)
     shown = f"python run.py --config configs/{name}.json --workers {workers} --device {device} " \
             f"--time-limit {args.run_seconds:g}"  # fmt: skip
+    sets = [arg for override in SHORT_GAMES.get(name, []) for arg in ("--set", override)]
+    shown += "".join(f" --set {override}" for override in SHORT_GAMES.get(name, []))
     command = [sys.executable, "run.py", "--config", str(CONFIGS / f"{name}.json"), "--workers", str(workers),
-               "--device", device, "--time-limit", f"{args.run_seconds:g}", "--run-dir", str(run_dir)]  # fmt: skip
+               "--device", device, "--time-limit", f"{args.run_seconds:g}", "--run-dir", str(run_dir), *sets]  # fmt: skip
     row["command"] = shown
     t0 = time.monotonic()
     try:
@@ -423,10 +459,73 @@ def run_section(report: Report, sampler: GpuSampler, args) -> None:
             row.update(run_figures(run_dir / "metrics.jsonl"))
     except (subprocess.TimeoutExpired, OSError) as exc:
         row["note"] = f"failed: {type(exc).__name__}: {exc}"
-    if device == "cuda":
-        row["gpu_busy"] = sampler.mean(t0, time.monotonic())
+    window = row.pop("learning_window", None)
+    if device == "cuda":  # while the learner trained, where it did; else the whole run
+        row["gpu_busy"] = sampler.mean_unix(*window) if window else sampler.mean(t0, time.monotonic())
     report.add("run", row)
     print(markdown_row(row), flush=True)
+
+
+# ---- 4. the CUDA tests, and CartPole by --device ------------------------------------------------
+
+CUDA_TESTS = (  # every test that runs only where torch sees a CUDA device, or checks what "auto" picks there
+    "tests/runtime/test_cuda_graph.py",
+    "tests/runtime/test_cuda.py",
+    "tests/algos/muzero/test_reanalyse.py::test_a_reanalyser_on_cuda_stores_what_one_on_the_cpu_does",
+    "tests/runtime/test_env_steps.py::test_the_final_evaluation_searches_on_cuda_only_where_there_is_one_and_a_search",
+    "tests/test_config.py::test_cuda_check_uses_torch",
+)
+
+
+def tests_section(report: Report, sampler: GpuSampler, args) -> None:
+    """The CUDA tests under pytest: the counts from its last line, its output in ``cuda_tests.log``."""
+    row: dict = {"command": "python -m pytest -q " + " ".join(CUDA_TESTS)}
+    if not report.fits(args.tests_seconds):
+        report.add("tests", {**row, "note": f"skipped: the budget of {args.budget_s:g} s"})
+        return
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfEs", *CUDA_TESTS]
+    t0 = time.monotonic()
+    try:
+        proc = subprocess.run(command, cwd=ROOT, env=child_env(), capture_output=True, text=True,
+                              timeout=args.tests_seconds)  # fmt: skip
+        output = proc.stdout + proc.stderr
+        row.update(exit_code=proc.returncode, summary=(proc.stdout.strip().splitlines() or [""])[-1])
+    except subprocess.TimeoutExpired as exc:
+        output = (exc.stdout or b"").decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        row["note"] = f"stopped at --tests-seconds {args.tests_seconds:g}"
+    row["seconds"] = round(time.monotonic() - t0, 1)
+    report.out.mkdir(parents=True, exist_ok=True)
+    (report.out / "cuda_tests.log").write_text(output)
+    report.add("tests", row)
+    print(markdown_row(row), flush=True)
+
+
+def cartpole_section(report: Report, sampler: GpuSampler, args) -> None:
+    """``bench/solve_cartpole.py`` with ``--device auto`` (what a user gets on a GPU machine)
+    against ``--device cpu``: seeds solved and the median wall time to the solve."""
+    for device in ("auto", "cpu"):
+        row: dict = {"device": device, "seeds": len(args.cartpole_seeds)}
+        estimate = 30 * len(args.cartpole_seeds)
+        if not report.fits(estimate):
+            report.add("cartpole", {**row, "note": f"skipped: the budget of {args.budget_s:g} s"})
+            continue
+        tag = f"gpu_cartpole_{device}"
+        command = [sys.executable, "bench/solve_cartpole.py", "--seeds", *map(str, args.cartpole_seeds), "--workers",
+                   "8", "--device", device, "--time-limit", "90", "--verify-episodes", "0", "--tag", tag]  # fmt: skip
+        row["command"] = "python " + " ".join(command[1:])
+        try:
+            proc = subprocess.run(command, cwd=ROOT, env=child_env(), capture_output=True, text=True,
+                                  timeout=120 * len(args.cartpole_seeds))  # fmt: skip
+            if proc.returncode != 0:
+                row["note"] = f"exit {proc.returncode}: {(proc.stderr.strip().splitlines() or [''])[-1]}"
+            results = json.loads((ROOT / "bench" / "results" / f"{tag}_solve.json").read_text())["results"]
+            walls = [r["wall_s"] if r["solved"] else float("inf") for r in results]
+            row.update(solved=sum(r["solved"] for r in results), median_wall_s=statistics.median(walls),
+                       wall_s=walls)  # fmt: skip
+        except (subprocess.TimeoutExpired, OSError, ValueError, KeyError) as exc:
+            row["note"] = f"failed: {type(exc).__name__}: {exc}"
+        report.add("cartpole", row)
+        print(markdown_row(row), flush=True)
 
 
 # ---- main --------------------------------------------------------------------------------------------
@@ -442,10 +541,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--learner-seconds", type=float, default=5.0)
     ap.add_argument("--fill-moves", type=int, default=600, help="moves played into each image config's buffer")
     ap.add_argument("--workers", type=int, default=12, help="self-play workers (self-play section and the run)")
-    ap.add_argument("--selfplay-seconds", type=float, default=6.0)
-    ap.add_argument("--run-seconds", type=float, default=75.0, help="the run's --time-limit")
-    ap.add_argument("--sections", default="learner,run,selfplay,compile", help="comma-separated, in this order")
+    ap.add_argument("--selfplay-seconds", type=float, default=8.0)
+    ap.add_argument("--run-seconds", type=float, default=90.0, help="the run's --time-limit")
+    ap.add_argument("--tests-seconds", type=float, default=300.0, help="the CUDA tests' time limit")
+    ap.add_argument("--cartpole-seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--learner-configs", default="atari_pong,minatar_breakout,cartpole",
+                    help="comma-separated: the configs of the learner and compile rows")  # fmt: skip
+    ap.add_argument("--sections", default=None, help="comma-separated, in this order (default: all; --quick: "
+                    "learner,run,selfplay)")  # fmt: skip
     args = ap.parse_args(argv)
+    if args.sections is None:
+        args.sections = "learner,run,selfplay" if args.quick else "tests,learner,run,selfplay,cartpole,compile"
     if args.quick:
         args.learner_seconds, args.selfplay_seconds = min(args.learner_seconds, 0.5), min(args.selfplay_seconds, 1.0)
         args.run_seconds, args.cartpole_batch, args.workers = min(args.run_seconds, 6.0), 64, 1
@@ -467,6 +573,8 @@ def main(argv: list[str] | None = None) -> int:
         "run": run_section,
         "selfplay": selfplay_section,
         "compile": compile_section,
+        "tests": tests_section,
+        "cartpole": cartpole_section,
     }
     try:
         for name in args.sections.split(","):

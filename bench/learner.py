@@ -132,7 +132,8 @@ def measure(config, buf: ReplayBuffer, seconds: float) -> dict:
                     raise RuntimeError(payload["traceback"])
                 if payload.get("state") == "training":
                     if deadline is None:  # the first report covers start-up: skip it
-                        deadline = time.monotonic() + seconds
+                        window_start = time.monotonic()
+                        deadline = window_start + seconds
                         continue
                     samples.append(payload)
         finally:
@@ -146,6 +147,8 @@ def measure(config, buf: ReplayBuffer, seconds: float) -> dict:
         "steps_per_s": statistics.median(s["steps_per_s"] for s in samples),
         "wait_fraction": statistics.median(s["wait_fraction"] for s in samples),
         "reports": len(samples),
+        # the time.monotonic() span the figures cover (a GPU sampler's window: not the start-up)
+        "window": (window_start, time.monotonic()),
     }
 
 

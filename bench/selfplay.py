@@ -115,7 +115,8 @@ def measure(config, seconds: float, warmup: float) -> dict:
         "config": str(config.env.id), "workers": rt.workers, "envs_per_worker": rt.envs_per_worker,
         "selfplay_inference": rt.selfplay_inference,
         "device": rt.device if rt.selfplay_inference == "server" else "cpu", "num_simulations": sims,
-        "seconds": round(elapsed, 3), "moves": int(moves), "agent_steps_per_s": moves / elapsed,
+        "seconds": round(elapsed, 3), "window": (t0, t0 + elapsed),  # time.monotonic(): the same clock in every process
+        "moves": int(moves), "agent_steps_per_s": moves / elapsed,
         "simulations_per_s": moves * sims / elapsed,
         # the inference process's network calls in the window, and the rows one took on average
         "network_calls": int(calls), "rows_per_call": rows / calls if calls else None,

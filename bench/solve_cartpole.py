@@ -171,7 +171,7 @@ def main() -> int:
     ap.add_argument("--config", default="configs/cartpole.json")
     ap.add_argument("--seeds", type=int, nargs="+", default=list(range(10)))
     ap.add_argument("--workers", type=int, default=8)
-    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="the learner's device (run.py --device)")
+    ap.add_argument("--device", default="cpu", choices=["auto", "cpu", "cuda"], help="run.py --device")
     ap.add_argument("--time-limit", type=float, default=600.0)
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="passed on to run.py")
     ap.add_argument("--tag", default="cartpole", help="name of the run directories and result files")
