@@ -1,7 +1,8 @@
 """What the MuZero-family algorithms (``muzero``, ``sampled_muzero``) share, written once:
 MuZero's value transform ``h`` and its categorical support, the min-max scaling of hidden
-states, the MLP of muzero-general's networks, the visit-count temperature schedule, and
-Gumbel MuZero's Sequential Halving schedule. A module beside the algorithms' folders, so
+states, the MLP of muzero-general's networks, EfficientZero's consistency loss and its
+SimSiam heads, the visit-count temperature schedule, and Gumbel MuZero's Sequential
+Halving schedule. A module beside the algorithms' folders, so
 that neither imports the other (``tests/test_layers.py``).
 
 Shapes: B is the batch, S the support size (``2S+1`` bins).
@@ -14,8 +15,8 @@ import math
 import torch
 from torch import nn
 
-__all__ = ["EPS", "considered_visits", "h", "h_inv", "min_max_scale", "mlp", "scalar_to_support", "support_to_scalar",
-           "temperature_at"]
+__all__ = ["EPS", "considered_visits", "consistency_loss", "h", "h_inv", "min_max_scale", "mlp", "scalar_to_support",
+           "simsiam_heads", "support_to_scalar", "temperature_at"]
 
 EPS = 0.001  # the epsilon of h(x); muzero-general and the paper use 0.001
 
@@ -100,6 +101,43 @@ def mlp(input_size: int, hidden: list[int], output_size: int) -> nn.Sequential:
         if i < len(sizes) - 2:
             layers.append(nn.ELU())
     return nn.Sequential(*layers)
+
+
+def simsiam_heads(flat: int, size: int) -> tuple[nn.Sequential, nn.Sequential]:
+    """EfficientZero's SimSiam heads for the consistency loss, on flattened hidden states
+    (N, ``flat``): the projection Linear-BN-ReLU-Linear-BN-ReLU-Linear-BN to ``size`` and
+    the predictor Linear-BN-ReLU-Linear through ``size // 2`` (LightZero's MLP model:
+    1024, 1024 and 512). Not used by the search."""
+    bottleneck = max(1, size // 2)
+    projection = nn.Sequential(
+        nn.Linear(flat, size), nn.BatchNorm1d(size), nn.ReLU(),
+        nn.Linear(size, size), nn.BatchNorm1d(size), nn.ReLU(),
+        nn.Linear(size, size), nn.BatchNorm1d(size),
+    )  # fmt: skip
+    predictor = nn.Sequential(nn.Linear(size, bottleneck), nn.BatchNorm1d(bottleneck), nn.ReLU(),
+                              nn.Linear(bottleneck, size))  # fmt: skip
+    return projection, predictor
+
+
+def consistency_loss(network, hidden_states: torch.Tensor, next_observation: torch.Tensor) -> torch.Tensor:
+    """EfficientZero's self-supervised consistency loss (Ye et al. 2021, SimSiam-style):
+    (B, K): the negative cosine similarity between the dynamics' hidden state after k
+    actions, ``hidden_states`` (B, K, *hidden), taken through the projection and the
+    predictor (``network.project(x, predict=True)``), and the representation of the real
+    observation k moves later, ``next_observation`` (B, K, *obs), taken through the
+    projection only and under a stop-gradient (no gradient reaches the representation or
+    the projection from that side). Both vectors are L2-normalised with eps 1e-5, as in
+    EfficientZero and LightZero; -1 is a perfect match.
+    """
+    b, k = hidden_states.shape[:2]
+    if k == 0:
+        return hidden_states.new_zeros(b, 0)
+    with torch.no_grad():
+        target = network.project(network.representation(next_observation.flatten(0, 1)), predict=False)
+    prediction = network.project(hidden_states.flatten(0, 1), predict=True)
+    prediction = torch.nn.functional.normalize(prediction, dim=-1, eps=1e-5)
+    target = torch.nn.functional.normalize(target, dim=-1, eps=1e-5)
+    return -(prediction * target).sum(-1).view(b, k)
 
 
 def considered_visits(max_num_considered_actions: int, num_simulations: int) -> list[int]:

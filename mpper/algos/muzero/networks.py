@@ -40,7 +40,7 @@ import torch
 from torch import nn
 
 from ..base import FlatWeights
-from ..muzero_family import EPS, h, h_inv, min_max_scale, mlp, scalar_to_support, support_to_scalar
+from ..muzero_family import EPS, h, h_inv, min_max_scale, mlp, scalar_to_support, simsiam_heads, support_to_scalar
 from .config import MuZeroConfig, NetworkConfig
 
 __all__ = [
@@ -143,20 +143,9 @@ class MuZeroNetwork(FlatWeights, nn.Module):
         self.dynamics_reward_lstm = None
 
     def add_projection(self, size: int) -> None:
-        """EfficientZero's SimSiam heads for the consistency loss, on flattened hidden
-        states (B, prod(hidden_shape)): the projection Linear-BN-ReLU-Linear-BN-ReLU-
-        Linear-BN to ``size`` and the predictor Linear-BN-ReLU-Linear through ``size // 2``
-        (LightZero's MLP model: 1024, 1024 and 512). Not used by the search."""
-        flat = int(np.prod(self.hidden_shape))
-        bottleneck = max(1, size // 2)
-        self.projection = nn.Sequential(
-            nn.Linear(flat, size), nn.BatchNorm1d(size), nn.ReLU(),
-            nn.Linear(size, size), nn.BatchNorm1d(size), nn.ReLU(),
-            nn.Linear(size, size), nn.BatchNorm1d(size),
-        )  # fmt: skip
-        self.projection_predictor = nn.Sequential(
-            nn.Linear(size, bottleneck), nn.BatchNorm1d(bottleneck), nn.ReLU(), nn.Linear(bottleneck, size)
-        )
+        """EfficientZero's SimSiam heads for the consistency loss (``simsiam_heads``) on
+        flattened hidden states (B, prod(hidden_shape))."""
+        self.projection, self.projection_predictor = simsiam_heads(int(np.prod(self.hidden_shape)), size)
 
     def zero_init_heads(self) -> None:
         """Zero the last Linear layer (weight and bias) of the value, reward and policy

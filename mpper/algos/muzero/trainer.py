@@ -20,12 +20,13 @@ import torch
 
 from ...replay.buffer import Batch
 from ..base import Finished, Trainer
+from ..muzero_family import consistency_loss
 from .config import MuZeroRunConfig
 from .networks import MuZeroNetwork, scalar_to_support, scale_gradient, support_to_scalar
 from .static_step import StaticStep, static_mode
 from .targets import MuZeroTargets
 
-__all__ = ["Losses", "MuZeroTrainer", "consistency_loss", "cross_entropy", "stack_frames"]
+__all__ = ["Losses", "MuZeroTrainer", "cross_entropy", "stack_frames"]
 
 
 def cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -36,27 +37,6 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     targets are soft (two-hot supports, visit distributions), so this is not
     ``F.cross_entropy`` with class indices."""
     return -(target * torch.log_softmax(logits, dim=-1)).sum(dim=-1)
-
-
-def consistency_loss(network, hidden_states: torch.Tensor, next_observation: torch.Tensor) -> torch.Tensor:
-    """EfficientZero's self-supervised consistency loss (Ye et al. 2021, SimSiam-style):
-    (B, K): the negative cosine similarity between the dynamics' hidden state after k
-    actions, ``hidden_states`` (B, K, *hidden), taken through the projection and the
-    predictor, and the representation of the real observation k moves later,
-    ``next_observation`` (B, K, *obs), taken through the projection only and under a
-    stop-gradient (no gradient reaches the representation or the projection from that
-    side). Both vectors are L2-normalised with eps 1e-5, as in EfficientZero and
-    LightZero; -1 is a perfect match.
-    """
-    b, k = hidden_states.shape[:2]
-    if k == 0:
-        return hidden_states.new_zeros(b, 0)
-    with torch.no_grad():
-        target = network.project(network.representation(next_observation.flatten(0, 1)), predict=False)
-    prediction = network.project(hidden_states.flatten(0, 1), predict=True)
-    prediction = torch.nn.functional.normalize(prediction, dim=-1, eps=1e-5)
-    target = torch.nn.functional.normalize(target, dim=-1, eps=1e-5)
-    return -(prediction * target).sum(-1).view(b, k)
 
 
 def stack_frames(d: dict[str, torch.Tensor], num_stacked: int, num_actions: int) -> torch.Tensor:

@@ -27,9 +27,11 @@ def make_player(config: SampledMuZeroRunConfig, envs: list, network, explore: bo
 
 
 def make_targets(config: SampledMuZeroRunConfig, action_dim: int) -> SampledTargets:
-    """The unroll targets of ``sampled_muzero``'s horizon and ``sampled_mcts.discount``."""
+    """The unroll targets of ``sampled_muzero``'s horizon and ``sampled_mcts.discount`` (with
+    the next observations the consistency loss compares against, when it is on)."""
     t = config.sampled_muzero
-    return SampledTargets(t.num_unroll_steps, t.td_steps, config.sampled_mcts.discount)
+    return SampledTargets(t.num_unroll_steps, t.td_steps, config.sampled_mcts.discount,
+                          next_observations=t.consistency_loss_weight > 0)  # fmt: skip
 
 
 def run_schema(config: SampledMuZeroRunConfig, observation_shape, action_dim: int, observation_dtype="float32"):

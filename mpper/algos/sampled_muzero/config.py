@@ -35,6 +35,8 @@ class SampledNetworkConfig:
                                        "batch; carried with the weights)")
     observation_clip: float = opt(10.0, "> 0", "normalize_observations: the normalised values are clipped to "
                                   "[-observation_clip, observation_clip]")
+    projection_size: int = opt(0, "[0, 8192]", "width of the projection and predictor heads of the consistency loss "
+                               "(sampled_muzero.consistency_loss_weight); 0: no heads")
 
 
 @dataclass
@@ -80,6 +82,10 @@ class SampledMuZeroConfig:
     value_loss_weight: float = opt(0.25, ">= 0", "scale of the value loss")
     policy_entropy_weight: float = opt(0.0, ">= 0", "weight of a bonus on the policy's entropy (of the Gaussian "
                                        "before tanh); 0: the paper's loss")
+    consistency_loss_weight: float = opt(
+        0.0, ">= 0", "weight of EfficientZero's consistency loss: the negative cosine similarity between the "
+        "dynamics' hidden state k steps deep and the representation of the real observation k steps later, "
+        "through sampled_network.projection_size heads, that side with a stop-gradient; 0: off")
 
 
 @dataclass
@@ -133,6 +139,12 @@ def _fp32(config: SampledMuZeroRunConfig) -> str | None:
     return None if precision == "fp32" else f'Sampled MuZero trains in float32: expected "fp32", got "{precision}"'
 
 
+def _consistency_needs_projection(config: SampledMuZeroRunConfig) -> str | None:
+    if config.sampled_muzero.consistency_loss_weight > 0 and config.sampled_network.projection_size == 0:
+        return "needs sampled_network.projection_size >= 1 (the heads the hidden states are compared through), got 0"
+    return None
+
+
 CONFIG = AlgorithmConfig(
     SampledMuZeroRunConfig,
     rules=(
@@ -140,5 +152,7 @@ CONFIG = AlgorithmConfig(
         Rule(("runtime.selfplay_inference",), _workers_run_their_network),
         Rule(("training.capture",), _eager_step),
         Rule(("training.precision",), _fp32),
+        Rule(("sampled_muzero.consistency_loss_weight", "sampled_network.projection_size"),
+             _consistency_needs_projection),
     ),
 )

@@ -25,7 +25,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from ..base import FlatWeights
-from ..muzero_family import EPS, min_max_scale, mlp
+from ..muzero_family import EPS, min_max_scale, mlp, simsiam_heads
 from .config import SampledNetworkConfig
 from .normalizer import RunningObservationNormalizer
 
@@ -127,6 +127,9 @@ class SampledMuZeroNetwork(FlatWeights, nn.Module):
         self.reward_net = mlp(size, config.hidden, width)
         self.value_net = mlp(size, config.hidden, width)
         self.policy_net = mlp(size, config.hidden, 2 * action_dim)
+        # EfficientZero's consistency loss compares hidden states through these (not the search)
+        self.projection, self.projection_predictor = (simsiam_heads(size, config.projection_size)
+                                                      if config.projection_size > 0 else (None, None))  # fmt: skip
 
     def representation(self, observation: torch.Tensor) -> torch.Tensor:
         """Observations (N, *observation_shape), raw (normalised here when
@@ -158,6 +161,14 @@ class SampledMuZeroNetwork(FlatWeights, nn.Module):
         log_std = self.max_log_std - F.softplus(self.max_log_std - log_std)
         log_std = self.min_log_std + F.softplus(log_std - self.min_log_std)
         return self.value_net(hidden_state), torch.cat([mean, log_std], 1)
+
+    def project(self, hidden_state: torch.Tensor, predict: bool) -> torch.Tensor:
+        """Hidden states (N, encoding_size) -> (N, projection_size): through the projection,
+        then the predictor when ``predict`` (the dynamics' side of the consistency loss)."""
+        if self.projection is None or self.projection_predictor is None:
+            raise RuntimeError("this network has no projection heads (sampled_network.projection_size is 0)")
+        z = self.projection(hidden_state)
+        return self.projection_predictor(z) if predict else z
 
     def initial_inference(self, observation: torch.Tensor) -> NetworkOutput:
         hidden = self.representation(observation)

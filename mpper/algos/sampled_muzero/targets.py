@@ -54,11 +54,15 @@ class SampledTargets:
     """Builds ``observation`` (B, *obs) float32, ``actions`` (B, K'+1, A), ``target_value``,
     ``target_reward``, ``target_mask`` (value and reward), ``policy_mask`` (B, K'+1),
     ``target_policy`` (B, K'+1, K) visit shares and ``target_actions`` (B, K'+1, K, A)
-    the sampled root actions they are shares of (K' = ``num_unroll_steps``)."""
+    the sampled root actions they are shares of (K' = ``num_unroll_steps``). With
+    ``next_observations`` (the consistency loss) also ``next_observation`` (B, K', *obs)
+    float32, o_{t+k} for k = 1..K' (row T past the episode's end), and
+    ``next_observation_mask`` (B, K'): 1 where t + k <= T."""
 
     num_unroll_steps: int
     td_steps: int
     discount: float
+    next_observations: bool = False
 
     def build(self, fields, slots, pos, moves, terminated, rng, training_step=None):
         slots, pos, moves = (np.asarray(x, np.int64) for x in (slots, pos, moves))
@@ -113,6 +117,12 @@ class SampledTargets:
             samples = np.where(fresh[..., None, None], fresh_samples, samples)
         out["target_policy"] = np.where(before_end[..., None], policy, 0).astype(np.float32)
         out["target_actions"] = np.where(before_end[..., None, None], samples, 0).astype(np.float32)
+        if self.next_observations:
+            # an episode's rows are contiguous in the ring: o_{t+k} is row slot + k (k <= T - t)
+            ahead = rows[:, 1:]  # (B, K'): rows of o_{t+1} .. o_{t+K'}, clamped to row T
+            out["next_observation"] = gather_rows(fields["observation"], ahead.reshape(-1)).reshape(
+                batch, k1 - 1, *fields["observation"].shape[1:]).astype(np.float32, copy=False)  # fmt: skip
+            out["next_observation_mask"] = at_or_before_end[:, 1:].astype(np.float32)
         return out
 
 

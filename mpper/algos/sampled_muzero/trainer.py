@@ -1,5 +1,6 @@
 """Sampled MuZero's update: MuZero's unrolled losses, with the paper's policy loss over the
-sampled root actions, ``-sum_k n_k / N * log pi(a_k | s)``."""
+sampled root actions, ``-sum_k n_k / N * log pi(a_k | s)``, and optionally EfficientZero's
+consistency loss (``sampled_muzero.consistency_loss_weight``)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import torch
 
 from ...replay.buffer import Batch
 from ..base import Trainer
-from ..muzero_family import scalar_to_support, support_to_scalar
+from ..muzero_family import consistency_loss, scalar_to_support, support_to_scalar
 from .config import SampledMuZeroRunConfig
 from .networks import SampledMuZeroNetwork
 
@@ -53,9 +54,11 @@ class SampledMuZeroTrainer(Trainer[SampledMuZeroRunConfig]):
         zero = torch.zeros(d["observation"].shape[0], device=self.device)
         value_loss, reward_loss, policy_loss, entropy = zero, zero, zero, zero
         root_value = None
+        unrolled = []  # the dynamics' hidden states after 1..K' actions (the consistency loss's)
         for k in range(unroll + 1):
             if k > 0:
                 hidden, reward_logits = self.network.dynamics(hidden, d["actions"][:, k])
+                unrolled.append(hidden)
                 hidden = hidden * 0.5 + hidden.detach() * 0.5  # the paper's scale_gradient(s, 1/2)
                 target = scalar_to_support(d["target_reward"][:, k], support)
                 reward_loss = reward_loss + _cross_entropy(reward_logits, target) * d["target_mask"][:, k] / unroll
@@ -71,6 +74,13 @@ class SampledMuZeroTrainer(Trainer[SampledMuZeroRunConfig]):
                 root_value = support_to_scalar(value_logits.detach(), support)
         per_position = (cfg.value_loss_weight * value_loss + reward_loss + policy_loss
                         - cfg.policy_entropy_weight * entropy)  # fmt: skip
+        consistency = zero
+        if cfg.consistency_loss_weight > 0 and unroll > 0:
+            # -cos(predicted, real) per step, averaged over the unroll like the other losses'
+            # steps; none past the episode's end, where no real observation follows
+            negative_cosine = consistency_loss(self.network, torch.stack(unrolled, 1), d["next_observation"])
+            consistency = (negative_cosine * d["next_observation_mask"]).sum(1) / unroll
+            per_position = per_position + cfg.consistency_loss_weight * consistency
         loss = (per_position * d["weights"]).mean()
         norm = self.backward(loss)
         total = float(loss.detach())
@@ -87,6 +97,7 @@ class SampledMuZeroTrainer(Trainer[SampledMuZeroRunConfig]):
             "value_loss": _mean(value_loss),
             "reward_loss": _mean(reward_loss),
             "policy_loss": _mean(policy_loss),
+            **({"consistency_loss": _mean(consistency)} if cfg.consistency_loss_weight > 0 else {}),
             "grad_norm": float(norm),
             "lr": lr,
             "training_step": self.training_step,

@@ -27,7 +27,8 @@ from mpper import ReplayBuffer
 from mpper.algos.configs import load_config
 from mpper.algos.muzero.networks import MuZeroNetwork, make_network
 from mpper.algos.muzero.targets import MuZeroTargets, muzero_schema
-from mpper.algos.muzero.trainer import MuZeroTrainer, consistency_loss
+from mpper.algos.muzero.trainer import MuZeroTrainer
+from mpper.algos.muzero_family import consistency_loss
 from mpper.config import ConfigError
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("one_torch_thread")]
