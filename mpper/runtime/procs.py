@@ -15,8 +15,8 @@ from typing import Any
 from ..replay.buffer import ReplayBuffer
 from .weights import WeightStore
 
-__all__ = ["ForcedStop", "StopRequests", "StopSignal", "child_init", "child_process", "forkserver_pid", "process_context",
-           "report_error", "start_process_server", "stop_process_server"]
+__all__ = ["ForcedStop", "StopRequests", "StopSignal", "child_init", "child_process", "configure_torch", "forkserver_pid",
+           "process_context", "report_error", "start_process_server", "stop_process_server"]
 
 
 # What every child needs anyway; the forkserver loads it once for all of them.
@@ -237,18 +237,28 @@ class StopSignal:
         return True
 
 
+def configure_torch(torch_threads: int) -> None:
+    """How every process that runs a network sets torch up: ``torch_threads`` threads, and
+    denormal floats flushed to zero. Weights that weight decay drives towards zero (a
+    projection head's dead units, say) become denormal, and CPU arithmetic on denormals
+    is many times slower: a learner would slow down as it trains. Flushed, such a value is
+    0, a change below float32's smallest normal number."""
+    import torch
+
+    torch.set_num_threads(max(1, int(torch_threads)))
+    torch.set_flush_denormal(True)
+
+
 def child_init(torch_threads: int) -> None:
-    """First call in every process entry point: torch gets its share of the cores, and in
+    """First call in every process entry point: torch set up (``configure_torch``), and in
     a child process Ctrl-C is ignored, because the supervisor stops everyone in order
     through the stop signal (a learner killed by the terminal's SIGINT would skip its
     final checkpoint). Called in-process (tests), signals are left alone."""
     import multiprocessing
 
-    import torch
-
     if multiprocessing.parent_process() is not None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-    torch.set_num_threads(max(1, int(torch_threads)))
+    configure_torch(torch_threads)
 
 
 def report_error(reports, name: str) -> None:

@@ -33,10 +33,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import torch
-
 from ..replay.buffer import ReplayBuffer
-from .procs import ForcedStop, StopRequests, StopSignal, child_process, process_context
+from .procs import ForcedStop, StopRequests, StopSignal, child_process, configure_torch, process_context
 from .progress import ProgressFigures, ProgressLine
 from .rate import RateLimiter
 from .roles import BufferSink, Evaluation, LatestWeights, Learner, SelfPlay, StoredEpisode, selfplay_envs
@@ -192,7 +190,7 @@ def train_in_turns(setup: RunSetup) -> int:
     run = Run(config, setup.run_dir.root, setup.offline.steps if setup.offline is not None else 0)
     run.start()
     run.write_processes({})
-    torch.set_num_threads(max(1, config.runtime.torch_threads))
+    configure_torch(config.runtime.torch_threads)
     try:
         with StopRequests() as signals:
             turns = _Turns(setup, run, signals)

@@ -70,3 +70,35 @@ finally:
     created, written = (line.split() for line in out.stdout.splitlines())
     assert created == ["0", "0", "0", "0"]
     assert written == ["1", "1", "2", "2"]  # the episode's 2 moves
+
+
+def _denormal_arithmetic(results, init: bool) -> None:
+    """A child's main: 1e-39 (below float32's smallest normal number) times 2, after
+    ``child_init`` as every mpper process starts, or without it."""
+    import torch
+
+    from mpper.runtime.procs import child_init
+
+    if init:
+        child_init(1)
+    results.put(float(torch.tensor([1e-39], dtype=torch.float32).mul(2.0)[0]))
+
+
+def test_a_child_flushes_denormal_floats_to_zero():
+    """Denormals make CPU arithmetic many times slower (weights that weight decay drives
+    towards zero become denormal as training goes on); every process flushes them."""
+    from mpper.runtime.procs import process_context
+
+    ctx = process_context()
+    got = {}
+    for init in (False, True):
+        results = ctx.Queue()
+        proc = ctx.Process(target=_denormal_arithmetic, args=(results, init))
+        proc.start()
+        try:
+            got[init] = results.get(timeout=120)
+        finally:
+            proc.join(30)
+        assert proc.exitcode == 0
+    assert got[False] == pytest.approx(2e-39, rel=1e-3)  # torch's default: denormals computed
+    assert got[True] == 0.0
