@@ -9,6 +9,7 @@ import signal
 import threading
 import time
 import traceback
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -16,7 +17,7 @@ from ..replay.buffer import ReplayBuffer
 from .weights import WeightStore
 
 __all__ = ["ForcedStop", "StopRequests", "StopSignal", "child_init", "child_process", "configure_torch", "forkserver_pid",
-           "process_context", "report_error", "start_process_server", "stop_process_server"]
+           "process_context", "report_error", "start_process_server", "stop_process_server", "torch_configured"]
 
 
 # What every child needs anyway; the forkserver loads it once for all of them.
@@ -237,28 +238,49 @@ class StopSignal:
         return True
 
 
-def configure_torch(torch_threads: int) -> None:
-    """How every process that runs a network sets torch up: ``torch_threads`` threads, and
-    denormal floats flushed to zero. Weights that weight decay drives towards zero (a
-    projection head's dead units, say) become denormal, and CPU arithmetic on denormals
-    is many times slower: a learner would slow down as it trains. Flushed, such a value is
-    0, a change below float32's smallest normal number."""
+def configure_torch(torch_threads: int, flush_denormal: bool = True) -> None:
+    """How a process that runs networks sets torch up: ``torch_threads`` threads, and with
+    ``flush_denormal`` denormal floats flushed to zero. Weights that weight decay drives
+    towards zero (a projection head's dead units, say) become denormal, and CPU
+    arithmetic on denormals is many times slower: a learner would slow down as it trains.
+    Flushed, such a value is 0, a change below float32's smallest normal number. The flag
+    is the calling thread's floating-point state (``torch.set_flush_denormal(False)`` puts
+    back the default)."""
     import torch
 
     torch.set_num_threads(max(1, int(torch_threads)))
-    torch.set_flush_denormal(True)
+    if flush_denormal:
+        torch.set_flush_denormal(True)
 
 
-def child_init(torch_threads: int) -> None:
+@contextmanager
+def torch_configured(torch_threads: int) -> Iterator[None]:
+    """``configure_torch`` in the calling process for the length of a run there (the
+    serial runner, ``--workers 0``, which may be a test's process), torch's default of
+    computing denormals put back after."""
+    import torch
+
+    configure_torch(torch_threads)
+    try:
+        yield
+    finally:
+        torch.set_flush_denormal(False)
+
+
+def child_init(torch_threads: int, own_process: bool | None = None) -> None:
     """First call in every process entry point: torch set up (``configure_torch``), and in
     a child process Ctrl-C is ignored, because the supervisor stops everyone in order
     through the stop signal (a learner killed by the terminal's SIGINT would skip its
-    final checkpoint). Called in-process (tests), signals are left alone."""
+    final checkpoint). ``own_process``: this is a process of mpper's own (default: a
+    multiprocessing child; a Ray actor says so), whose floating-point state it may set;
+    called in-process (tests), the caller's floating-point state and signals are left
+    alone."""
     import multiprocessing
 
-    if multiprocessing.parent_process() is not None:
+    child = multiprocessing.parent_process() is not None
+    if child:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-    configure_torch(torch_threads)
+    configure_torch(torch_threads, flush_denormal=child if own_process is None else own_process)
 
 
 def report_error(reports, name: str) -> None:

@@ -230,7 +230,7 @@ class SelfPlayActor:
     (``max_concurrency=2``)."""
 
     def __init__(self, name: str, setup: RunSetup, seed: int, worker_id: int, ingest) -> None:
-        child_init(setup.config.runtime.torch_threads)
+        child_init(setup.config.runtime.torch_threads, own_process=True)
         torch.manual_seed(seed)
         self.name, self.setup, self.seed, self.worker_id, self.ingest = name, setup, seed, worker_id, ingest
         self.envs = selfplay_envs(setup.config, name, setup.config.runtime.envs_per_worker)

@@ -34,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..replay.buffer import ReplayBuffer
-from .procs import ForcedStop, StopRequests, StopSignal, child_process, configure_torch, process_context
+from .procs import ForcedStop, StopRequests, StopSignal, child_process, process_context, torch_configured
 from .progress import ProgressFigures, ProgressLine
 from .rate import RateLimiter
 from .roles import BufferSink, Evaluation, LatestWeights, Learner, SelfPlay, StoredEpisode, selfplay_envs
@@ -190,9 +190,8 @@ def train_in_turns(setup: RunSetup) -> int:
     run = Run(config, setup.run_dir.root, setup.offline.steps if setup.offline is not None else 0)
     run.start()
     run.write_processes({})
-    configure_torch(config.runtime.torch_threads)
     try:
-        with StopRequests() as signals:
+        with torch_configured(config.runtime.torch_threads), StopRequests() as signals:
             turns = _Turns(setup, run, signals)
             code, reason = turns.train()
     finally:

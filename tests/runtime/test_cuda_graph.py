@@ -124,6 +124,21 @@ def convolutional(name: str) -> bool:
     return not name.startswith("cartpole.json")
 
 
+def lockstep_updates(name, eager, static):
+    """The 20 updates in lockstep (see ``lockstep``): per update, its index, the eager and
+    the static trainer's (metrics, priorities), and each side's move of the weights
+    (static's, eager's), flattened."""
+    for step, (batch, device_batch) in enumerate(zip(batches_of(name), batches_of(name, stacked_on_device=True),
+                                                     strict=True)):  # fmt: skip
+        eager.load_state_dict(static.state_dict())
+        before = [p.detach().float().clone() for p in static.network.parameters()]
+        eager_out = eager.train_step(batch)
+        static_out = static.train_step(device_batch)
+        moved = [torch.cat([(p.detach().float() - b).reshape(-1) for p, b in zip(t.network.parameters(), before)])
+                 for t in (static, eager)]  # fmt: skip
+        yield step, eager_out, static_out, moved
+
+
 def lockstep(name, eager, static, rtol, atol, optimizer):
     """The 20 updates, each from the same state: before each, the eager trainer takes the
     static trainer's whole state (weights, BatchNorm statistics, optimizer state, step);
@@ -142,12 +157,7 @@ def lockstep(name, eager, static, rtol, atol, optimizer):
     shows in the next loss; the eager float32 step is as far from a float64 one after a
     single update. In lockstep no difference carries over, and the update's direction, not
     each weight, is what two roundings agree on."""
-    for step, (batch, device_batch) in enumerate(zip(batches_of(name), batches_of(name, stacked_on_device=True),
-                                                     strict=True)):  # fmt: skip
-        eager.load_state_dict(static.state_dict())
-        before = [p.detach().float().clone() for p in static.network.parameters()]
-        metrics, priorities = eager.train_step(batch)
-        done_metrics, done_priorities = static.train_step(device_batch)
+    for step, (metrics, priorities), (done_metrics, done_priorities), moved in lockstep_updates(name, eager, static):
         for key in ("total_loss", "value_loss", "reward_loss", "policy_loss", "grad_norm", "lr", "training_step"):
             assert done_metrics[key] == pytest.approx(metrics[key], rel=rtol, abs=atol), (step, key)
         np.testing.assert_allclose(done_priorities, priorities, rtol=rtol, atol=atol, err_msg=f"step {step}")
@@ -155,8 +165,6 @@ def lockstep(name, eager, static, rtol, atol, optimizer):
                                                          for t in (static, eager)), dim=0)  # fmt: skip
         assert cosine >= 0.95, (step, "gradient", float(cosine))
         if optimizer == "sgd":  # linear in the gradient; Adam's update is held to its paper on CUDA elsewhere
-            moved = [torch.cat([(p.detach().float() - b).reshape(-1) for p, b in zip(t.network.parameters(), before)])
-                     for t in (static, eager)]  # fmt: skip
             cosine = torch.nn.functional.cosine_similarity(*moved, dim=0)
             assert cosine >= 0.95, (step, "update", float(cosine))
 
@@ -203,17 +211,10 @@ def test_the_bf16_step_stays_near_the_fp32_step(name):
     within a few per cent on average, and the weights moved the same way (SGD: linear in
     the gradient, so the move's direction is the gradient's; see ``lockstep``)."""
     eager, static = trainers(name, "sgd", "cuda_graph", precision="bf16")
-    for step, (batch, device_batch) in enumerate(zip(batches_of(name), batches_of(name, stacked_on_device=True),
-                                                     strict=True)):  # fmt: skip
-        eager.load_state_dict(static.state_dict())
-        before = [p.detach().float().clone() for p in static.network.parameters()]
-        metrics, priorities = eager.train_step(batch)
-        done_metrics, done_priorities = static.train_step(device_batch)
+    for step, (metrics, priorities), (done_metrics, done_priorities), moved in lockstep_updates(name, eager, static):
         for key in ("total_loss", "grad_norm"):
             assert done_metrics[key] == pytest.approx(metrics[key], rel=0.05), (step, key)
         assert np.abs(done_priorities - priorities).mean() <= 0.05 * max(1.0, np.abs(priorities).mean()), step
-        moved = [torch.cat([(p.detach().float() - b).reshape(-1) for p, b in zip(t.network.parameters(), before)])
-                 for t in (static, eager)]  # fmt: skip
         assert torch.nn.functional.cosine_similarity(*moved, dim=0) >= 0.9, step
 
 

@@ -102,3 +102,20 @@ def test_a_child_flushes_denormal_floats_to_zero():
         assert proc.exitcode == 0
     assert got[False] == pytest.approx(2e-39, rel=1e-3)  # torch's default: denormals computed
     assert got[True] == 0.0
+
+
+def test_in_process_the_callers_floating_point_state_is_left_alone_or_put_back():
+    """A test (or any caller) running a child's entry point in its own process keeps
+    torch's default; the serial runner flushes for the length of its run only."""
+    import torch
+
+    from mpper.runtime.procs import child_init, torch_configured
+
+    def doubled_denormal() -> float:
+        return float(torch.tensor([1e-39], dtype=torch.float32).mul(2.0)[0])
+
+    child_init(1)
+    assert doubled_denormal() > 0
+    with torch_configured(1):
+        assert doubled_denormal() == 0.0
+    assert doubled_denormal() > 0
