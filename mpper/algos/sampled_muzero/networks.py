@@ -128,8 +128,10 @@ class SampledMuZeroNetwork(FlatWeights, nn.Module):
         self.value_net = mlp(size, config.hidden, width)
         self.policy_net = mlp(size, config.hidden, 2 * action_dim)
         # EfficientZero's consistency loss compares hidden states through these (not the search)
-        self.projection, self.projection_predictor = (simsiam_heads(size, config.projection_size)
-                                                      if config.projection_size > 0 else (None, None))  # fmt: skip
+        self.projection: nn.Module | None = None
+        self.projection_predictor: nn.Module | None = None
+        if config.projection_size > 0:
+            self.projection, self.projection_predictor = simsiam_heads(size, config.projection_size)
 
     def representation(self, observation: torch.Tensor) -> torch.Tensor:
         """Observations (N, *observation_shape), raw (normalised here when
