@@ -1,9 +1,15 @@
 """d3rlpy 2.8's DiscreteCQL on an mpper snapshot (exported with
 ``mpper.tools.d3rlpy_export``), until a greedy mean return over 10 episodes of the env of
 mpper's ``--config`` reaches ``--solve`` or the time limit: the peer of ``bench/offline.py``.
-Image observations get the MinAtar paper's network (one 3x3 convolution of 16 channels, a
-128-unit layer), as mpper's MinAtar DQN config has; vectors d3rlpy's default MLP. Runs in
-d3rlpy's own venv (docs/offline.md); prints one JSON line.
+Its training clock runs from the fitter's start, the network and optimizer built before
+it, to the evaluation at the target, the evaluations taken out.
+The hyperparameters are the mpper config's: learning rate, batch, target-copy interval,
+discount and, for vector observations, the hidden layers (d3rlpy's own encoder, ReLU);
+image observations get the MinAtar paper's network (one 3x3 convolution of 16 channels, a
+128-unit layer), as mpper's MinAtar DQN config has. d3rlpy backs up one step and samples
+uniformly whatever the config's ``dqn.n_step`` and prioritized replay say (the JSON line
+records what it ran with). Runs in d3rlpy's own venv (docs/offline.md); prints one JSON
+line.
 
     PYTHONPATH=. <d3rlpy-venv>/bin/python bench/offline_d3rlpy.py SNAPSHOT --seed 0 --config cartpole_dqn
 """
@@ -49,13 +55,11 @@ def main() -> None:
     p.add_argument("--solve", type=float, default=475.0)
     p.add_argument("--steps-per-evaluation", type=int, default=1000)
     p.add_argument("--alpha", type=float, default=1.0)
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--target-update-interval", type=int, default=100)
     args = p.parse_args()
     torch.set_num_threads(1)
     d3rlpy.seed(args.seed)
-    env_config = load_config(config_name_path(args.config)).env
+    config = load_config(config_name_path(args.config))
+    env_config, dqn, training = config.env, config.dqn, config.training
     probe = make_env(env_config)
     num_actions = int(probe.action_space.n)
     image = len(probe.observation_space.shape) == 3
@@ -70,18 +74,18 @@ def main() -> None:
     encoder = (
         d3rlpy.models.PixelEncoderFactory(filters=[[16, 3, 1]], feature_size=128)
         if image
-        else d3rlpy.models.DefaultEncoderFactory()
+        else d3rlpy.models.VectorEncoderFactory(hidden_units=list(dqn.hidden))
     )
-    cql = d3rlpy.algos.DiscreteCQLConfig(
-        alpha=args.alpha,
-        learning_rate=args.lr,
-        batch_size=args.batch_size,
-        target_update_interval=args.target_update_interval,
-        encoder_factory=encoder,
-    ).create(device="cpu:0")
+    hyperparameters = {"alpha": args.alpha, "learning_rate": training.lr_init, "batch_size": training.batch_size,
+                       "target_update_interval": dqn.target_update_interval, "gamma": dqn.gamma}  # fmt: skip
+    cql = d3rlpy.algos.DiscreteCQLConfig(**hyperparameters, encoder_factory=encoder).create(device="cpu:0")
+    # the network and its optimizer built before the clock starts, as mpper's learner is
+    # before its first update (the first torch optimizer imports torch._dynamo: seconds)
+    cql.build_with_dataset(dataset)
     started = time.monotonic()
     evaluating = 0.0  # seconds spent in the greedy evaluations, inside the wall time
-    result = {"seed": args.seed, "transitions": dataset.transition_count, "solved": False, "evaluations": []}
+    result = {"seed": args.seed, "transitions": dataset.transition_count, "solved": False, "evaluations": [],
+              "hyperparameters": {**hyperparameters, "hidden_units": None if image else list(dqn.hidden)}}
     fitter = cql.fitter(
         dataset,
         n_steps=10**9,

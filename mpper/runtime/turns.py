@@ -251,6 +251,8 @@ class _Turns:
         # free-running: a first evaluation after the first round, as the evaluator process starts with one
         last_eval_time, last_eval_step = -float("inf"), learner.training_step
         last_checkpoint = time.monotonic()
+        # the schedule's clock without its evaluations: each evaluation says how long the run trained for its weights
+        started, evaluating_s = time.monotonic(), 0.0
 
         def figures() -> ProgressFigures:
             c = buf.counters
@@ -296,14 +298,16 @@ class _Turns:
                         quota -= 1
                 if self._evaluation_due(learner.training_step, last_eval_step, last_eval_time):
                     last_eval_time, last_eval_step = time.monotonic(), learner.training_step
+                    training_s = last_eval_time - started - evaluating_s
                     weights.refresh()
                     with self.signals.obeying():  # the longest call of a turn; its own envs, nothing shared
                         result = evaluation.round(weights.network, weights.training_step, weights.version)
                     if result is not None:  # None only when stopped first, which this round never is
-                        run.evaluated(result)
+                        run.evaluated({**result, "training_s": round(training_s, 3)})
                     record("evaluation")
                     with self.signals.obeying():
                         evaluation.film(weights.network, weights.training_step)
+                    evaluating_s += time.monotonic() - last_eval_time
                 if time.monotonic() - last_checkpoint >= cfg.runtime.checkpoint_interval_s:
                     last_checkpoint = time.monotonic()
                     self._write("checkpoint", learner.checkpoint, final=False)

@@ -119,6 +119,41 @@ def test_an_offline_dqn_run_takes_no_env_step_and_writes_what_a_run_writes(tmp_p
         assert saved.counters["steps"] == steps and saved.counters["priority_updates_applied"] > 0
     if workers:
         assert set(json.loads((run_dir / "processes.json").read_text())) == {"supervisor", "learner", "evaluator"}
+    assert_training_clock(written, in_turns=workers == 0)
+
+
+def assert_training_clock(written: list[dict], in_turns: bool) -> None:
+    """A run in turns gives each evaluation the seconds it trained for its weights, its
+    evaluations left out (``training_s``): growing with the step, and the rest of the run's
+    clock (start-up, evaluations) never shrinking. Processes evaluate beside the learner: no
+    such figure."""
+    evaluations = [r for r in written if r["event"] == "evaluation"]
+    if not in_turns:
+        assert not any("training_s" in r["evaluation"] for r in evaluations)
+        return
+    clocks = [r["evaluation"]["training_s"] for r in evaluations]
+    assert clocks and clocks[0] >= 0 and clocks == sorted(clocks)
+    rest = [r["time_s"] - r["evaluation"]["training_s"] for r in evaluations]
+    assert all(later >= earlier - 0.002 for earlier, later in zip(rest, rest[1:])), rest
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_an_offline_lockstep_run_evaluates_every_n_steps_with_its_training_clock(tmp_path):
+    """``runtime.lockstep`` in an offline run: evaluations at every
+    ``runtime.evaluation_interval_steps`` training steps exactly (bench/offline.py times
+    CQL so, as d3rlpy's loop evaluates), each with its training clock."""
+    env = {"id": "CartPole-v1", "kwargs": {}}
+    data = tmp_path / "data"
+    random_snapshot(data, env)
+    run_dir = tmp_path / "run"
+    proc = run_cli(["--config", "cartpole_cql", "--workers", "0", "--run-dir", str(run_dir), "--offline", str(data),
+                    "--max-train-steps", "120", *SMALL, "--set", "runtime.lockstep=true",
+                    "--set", "runtime.evaluation_interval_steps=40"])  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    written = records(run_dir)
+    assert [r["evaluation"]["training_step"] for r in written if r["event"] == "evaluation"] == [40, 80, 120]
+    assert_training_clock(written, in_turns=True)
 
 
 @pytest.mark.slow

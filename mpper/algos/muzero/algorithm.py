@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import math
 
-import torch
-
 from ...envs import config_symmetries
 from ...envs.symmetry import SymmetryAugmented
 from ..base import Algorithm
 from .arena import evaluate_against_opponents
 from .config import MuZeroRunConfig
-from .networks import MuZeroNetwork, lstm_horizon, make_network, stacked_shape
+from .networks import MuZeroNetwork, lstm_horizon, make_network
 from .player import BatchedPlayer
 from .reanalyse import Reanalyser
 from .snapshot_eval import evaluate_muzero
@@ -60,15 +58,10 @@ _NODE_BYTES, _NODE_ACTION_BYTES = 6 * 8, 16
 
 def search_tree_bytes(config: MuZeroRunConfig, spec, model: MuZeroNetwork) -> int:
     """Bytes of one worker's search trees: ``envs_per_worker x (num_simulations + 1)``
-    nodes, each with its statistics, a prior and a child per action, a hidden state (its
-    size from ``model`` built on torch's meta device) and, with a value prefix, its prefix
-    and LSTM state."""
-    hidden = config.network.encoding_size
-    shape = stacked_shape(spec.observation_shape, config.muzero.stacked_observations)
-    try:
-        hidden = math.prod(model.representation(torch.empty((1, *shape), device="meta")).shape[1:])
-    except (RuntimeError, NotImplementedError, TypeError):  # an op without a meta kernel
-        pass
+    nodes, each with its statistics, a prior and a child per action, a hidden state (the
+    ``hidden_shape`` that ``model`` declares) and, with a value prefix, its prefix and LSTM
+    state."""
+    hidden = math.prod(model.hidden_shape)
     nodes = config.runtime.envs_per_worker * (config.mcts.num_simulations + 1)
     prefix = 8 + 4 * 2 * config.network.lstm_hidden_size if config.muzero.value_prefix else 0
     return nodes * (_NODE_BYTES + _NODE_ACTION_BYTES * spec.num_actions + 4 * hidden + prefix)
