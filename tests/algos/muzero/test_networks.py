@@ -302,3 +302,20 @@ def test_heads_start_random_without_zero_init():
         out = net.initial_inference(torch.randn(6, 4))
     assert out.policy_logits.abs().sum() > 0
     assert out.value_logits.std() > 0
+
+
+@pytest.mark.parametrize("name", ["cartpole", "tictactoe", "minatar_breakout", "atari_pong"])
+def test_the_declared_hidden_shape_is_what_the_representation_returns(name):
+    """``hidden_shape``, which sizes the search trees at a run's start (no forward there),
+    against a real forward of one observation, stacked as the config stacks them."""
+    from mpper.algos.configs import load_config
+    from mpper.algos.registry import algorithm_of, run_env_spec
+    from mpper.config_files import config_name_path
+
+    config = load_config(config_name_path(name))
+    spec = run_env_spec(config)
+    net = algorithm_of(config).make_network(config, spec.observation_shape, spec.num_actions).eval()
+    shape = stacked_shape(spec.observation_shape, config.muzero.stacked_observations)
+    with torch.no_grad():
+        hidden = net.representation(torch.zeros((1, *shape)))
+    assert tuple(hidden.shape[1:]) == tuple(net.hidden_shape)
