@@ -299,7 +299,7 @@ def test_unknown_config_name_is_one_line_naming_the_shipped_ones(tmp_path, monke
     assert cli.main(["--config", "cartpol"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: --config cartpol: mpper ships no config of that name (shipped: ")
-    assert "cartpole, cartpole_dqn" in err and err.count("\n") == 1
+    assert "cartpole, cartpole_cql, cartpole_dqn" in err and err.count("\n") == 1
     assert err.endswith("a file is named as a path: ./cartpol or cartpol.json\n")
     assert not train.calls
 

@@ -84,7 +84,7 @@ def test_cycles_and_missing_bases_are_one_line(tmp_path):
     assert message == f"{tmp_path / 'gone.json'}: base {tmp_path / 'missing.json'}: no such file"
     message = config_error(write(tmp_path / "name.json", {"base": "cartpol"}))
     assert message.startswith(f"{tmp_path / 'name.json'}: base: cartpol: mpper ships no config of that name (shipped: ")
-    assert "cartpole, cartpole_dqn" in message
+    assert "cartpole, cartpole_cql, cartpole_dqn" in message
     message = config_error(write(tmp_path / "num.json", {"base": 3}))
     assert message.startswith(f"{tmp_path / 'num.json'}: base: expected the name of a shipped config or a path")
 
