@@ -433,6 +433,9 @@ def run_figures(metrics_path: Path) -> dict:
     return figures
 
 
+QUICK_RUN_STEPS = 400  # --quick: the run's training steps, over several of the learner's reports (one a second)
+
+
 def run_section(report: Report, sampler: GpuSampler, args) -> None:
     name, workers, device = ("cartpole", 1, "cpu") if args.quick else ("atari_pong", args.workers, "cuda")
     row: dict = {}
@@ -441,12 +444,15 @@ def run_section(report: Report, sampler: GpuSampler, args) -> None:
         return
     run_dir = report.out / f"run_{name}"
     shutil.rmtree(run_dir, ignore_errors=True)
-    shown = f"python run.py --config configs/{name}.json --workers {workers} --device {device} " \
-            f"--time-limit {args.run_seconds:g}"  # fmt: skip
+    # --quick: a run bounded by its training steps, which ends whatever the machine's speed
+    # (a few seconds of wall time may not reach the first training step on a loaded CPU)
+    bound = ["--max-train-steps", str(QUICK_RUN_STEPS), "--time-limit", "200", "--set", "runtime.log_interval_s=0.2",
+             "--set", "runtime.solve_return=null"] if args.quick else ["--time-limit", f"{args.run_seconds:g}"]  # fmt: skip
+    shown = f"python run.py --config configs/{name}.json --workers {workers} --device {device} {' '.join(bound)}"
     sets = [arg for override in SHORT_GAMES.get(name, []) for arg in ("--set", override)]
     shown += "".join(f" --set {override}" for override in SHORT_GAMES.get(name, []))
     command = [sys.executable, "run.py", "--config", str(CONFIGS / f"{name}.json"), "--workers", str(workers),
-               "--device", device, "--time-limit", f"{args.run_seconds:g}", "--run-dir", str(run_dir), *sets]  # fmt: skip
+               "--device", device, *bound, "--run-dir", str(run_dir), *sets]  # fmt: skip
     row["command"] = shown
     t0 = time.monotonic()
     try:
