@@ -198,10 +198,13 @@ def summary(results: dict, seeds: int) -> list[str]:
         runs = [r for r in results["runs"] if r["name"] == name]
         solved = sum(r["solved"] for r in runs)
         cells = []
+        # a MuZero run with processes has no training clock: its time_s is shown, and no ratio on that clock
+        own_clock = all(r.get("clock", "training_s") == "training_s" for r in runs if r["solved"])
         for key in ("wall_s", "from_launch_s"):
             mine, theirs = median_of(runs, key), median_of(d3, key)
-            ratio = f"{mine / theirs:.2f}" if mine is not None and theirs and not name.startswith("d3rlpy") else ""
-            cells += ["-" if mine is None else f"{mine:.2f}", ratio]
+            comparable = key != "wall_s" or own_clock
+            ratio = f"{mine / theirs:.2f}" if mine is not None and theirs and comparable and runs[0] not in d3 else ""
+            cells += ["-" if mine is None else f"{mine:.2f}" + ("" if comparable else " (time_s)"), ratio]
         lines.append(f"| {name} | {solved}/{seeds} | {' | '.join(cells)} |")
     return lines
 
@@ -213,7 +216,7 @@ def main() -> None:
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--steps", type=int, default=50_000, help="cartpole: env steps collected")
     p.add_argument("--time-limit", type=float, default=600.0)
-    p.add_argument("--workers", type=int, default=1, help="workers of the MuZero runs (0: in turns)")
+    p.add_argument("--workers", type=int, default=1, help="workers of the behaviour run and the MuZero runs")
     p.add_argument("--behaviour-run", type=Path)
     p.add_argument("--behaviour-steps", type=int, default=20_000, help="cartpole: the DQN run's training-step cap")
     p.add_argument("--epsilons", default="0.3,0.4,0.5,0.6,0.7")
