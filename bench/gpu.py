@@ -548,7 +548,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fill-moves", type=int, default=600, help="moves played into each image config's buffer")
     ap.add_argument("--workers", type=int, default=12, help="self-play workers (self-play section and the run)")
     ap.add_argument("--selfplay-seconds", type=float, default=8.0)
-    ap.add_argument("--run-seconds", type=float, default=90.0, help="the run's --time-limit")
+    ap.add_argument("--run-seconds", type=float, default=90.0, help="the run's --time-limit (--quick: 400 steps)")
     ap.add_argument("--tests-seconds", type=float, default=300.0, help="the CUDA tests' time limit")
     ap.add_argument("--cartpole-seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--learner-configs", default="atari_pong,minatar_breakout,cartpole",

@@ -222,8 +222,7 @@ def main() -> None:
     p.add_argument("--epsilons", default="0.3,0.4,0.5,0.6,0.7")
     p.add_argument("--probe-steps", type=int, default=5000)
     p.add_argument("--cql-alpha", type=float, default=1.0)
-    p.add_argument("--eval-every-steps", type=int, default=100,
-                   help="CQL's and d3rlpy's evaluation interval in training steps")
+    p.add_argument("--eval-every-steps", type=int, default=100, help="CQL's and d3rlpy's evaluation interval (steps)")
     p.add_argument(
         "--eval-interval-s", type=float, help="mpper's runtime.evaluation_interval_s (default: the config's)"
     )
@@ -244,11 +243,11 @@ def main() -> None:
     if args.eval_interval_s is not None:
         common += ["--set", f"runtime.evaluation_interval_s={args.eval_interval_s}"]
     learners = set(args.learners.split(","))
+    cql = [*in_turns, "--set", f"dqn.cql_alpha={args.cql_alpha}"]
     for seed in range(args.seeds):
         for learner, name, config, extra in (
             ("muzero", "mpper MuZero (offline, reanalyse)", env["muzero"], ["--workers", str(args.workers)]),
-            ("cql", f"mpper CQL (alpha {args.cql_alpha:g})", env["dqn"],
-             [*in_turns, "--set", f"dqn.cql_alpha={args.cql_alpha}"]),
+            ("cql", f"mpper CQL (alpha {args.cql_alpha:g})", env["dqn"], cql),
         ):
             if learner not in learners:
                 continue
