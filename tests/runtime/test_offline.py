@@ -124,9 +124,10 @@ def test_an_offline_dqn_run_takes_no_env_step_and_writes_what_a_run_writes(tmp_p
 
 def assert_training_clock(written: list[dict], in_turns: bool) -> None:
     """A run in turns gives each evaluation the seconds it trained for its weights, its
-    evaluations left out (``training_s``): growing with the step, and the rest of the run's
-    clock (start-up, evaluations) never shrinking. Processes evaluate beside the learner: no
-    such figure."""
+    evaluations left out (``training_s``): growing with the step, while the rest of the
+    run's clock (start-up, evaluations) grows by each evaluation's own time (a clock that
+    counted the evaluations would keep that rest constant). Processes evaluate beside the
+    learner: no such figure."""
     evaluations = [r for r in written if r["event"] == "evaluation"]
     if not in_turns:
         assert not any("training_s" in r["evaluation"] for r in evaluations)
@@ -134,7 +135,8 @@ def assert_training_clock(written: list[dict], in_turns: bool) -> None:
     clocks = [r["evaluation"]["training_s"] for r in evaluations]
     assert clocks and clocks[0] >= 0 and clocks == sorted(clocks)
     rest = [r["time_s"] - r["evaluation"]["training_s"] for r in evaluations]
-    assert all(later >= earlier - 0.002 for earlier, later in zip(rest, rest[1:])), rest
+    # strictly: an evaluation takes milliseconds at least, more than the rounding to 1 ms of both clocks
+    assert all(later > earlier for earlier, later in zip(rest, rest[1:])), rest
 
 
 @pytest.mark.slow
