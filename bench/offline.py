@@ -196,14 +196,14 @@ def summary(results: dict, seeds: int) -> list[str]:
 
     for name in dict.fromkeys(r["name"] for r in results["runs"]):
         runs = [r for r in results["runs"] if r["name"] == name]
-        solved = sum(r["solved"] for r in runs)
+        solved, peer = sum(r["solved"] for r in runs), name.startswith("d3rlpy")
         cells = []
         # a MuZero run with processes has no training clock: its time_s is shown, and no ratio on that clock
         own_clock = all(r.get("clock", "training_s") == "training_s" for r in runs if r["solved"])
         for key in ("wall_s", "from_launch_s"):
             mine, theirs = median_of(runs, key), median_of(d3, key)
             comparable = key != "wall_s" or own_clock
-            ratio = f"{mine / theirs:.2f}" if mine is not None and theirs and comparable and runs[0] not in d3 else ""
+            ratio = f"{mine / theirs:.2f}" if mine is not None and theirs and comparable and not peer else ""
             cells += ["-" if mine is None else f"{mine:.2f}" + ("" if comparable else " (time_s)"), ratio]
         lines.append(f"| {name} | {solved}/{seeds} | {' | '.join(cells)} |")
     return lines
