@@ -13,9 +13,10 @@ them). From the run's ``metrics.jsonl``, in seconds after the launch of ``run.py
   learner's first training batch (to within the ~0.2 s between records).
 
 What the forkserver loads once for every child (``mpper/runtime/preload.py``), timed step
-by step in a fresh interpreter: the modules every child imports, ``torch._dynamo``
-(imported by a process's first ``torch.optim`` optimizer) and the buffer's compiled
-kernels; CPU seconds and resident memory after each step.
+by step in a fresh interpreter: the modules every child imports, a DQN learner's
+optimizer built and stepped once (``torch.optim``'s would import ``torch._dynamo``;
+``mpper.algos.optim``'s imports nothing) and the buffer's compiled kernels; CPU seconds
+and resident memory after each step.
 
 And ``--memory-at`` seconds after the launch, each process's private memory (USS:
 ``Private_Clean + Private_Dirty`` of ``/proc/PID/smaps_rollup``) and its PSS (shared
@@ -71,8 +72,16 @@ t0 = time.process_time()
 import mpper.algos.dqn.dqn, mpper.algos.muzero.reanalyse, mpper.runtime.children
 step("python, torch, numba and mpper's process mains", t0)
 t0 = time.process_time()
-import torch._dynamo
-step("torch._dynamo (a process's first torch.optim optimizer imports it)", t0)
+import torch
+from mpper.algos.configs import load_config
+from mpper.algos.registry import algorithm_of
+config = load_config("configs/cartpole_dqn.json")
+trainer = algorithm_of(config).make_trainer(config, algorithm_of(config).make_network(config, (4,), 2),
+                                            torch.device("cpu"))
+sum(p.sum() for p in trainer.network.parameters()).backward()
+trainer.optimizer.step()
+step("a DQN learner built, one optimizer step" + (" (torch._dynamo imported)" if "torch._dynamo" in sys.modules
+                                                  else ""), t0)
 t0 = time.process_time()
 from mpper.replay.buffer import warm_kernels
 warm_kernels()

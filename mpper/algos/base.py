@@ -39,6 +39,7 @@ from ..config import Config
 from ..envs.spec import EnvSpec
 from ..replay.buffer import Batch, ReplayBuffer
 from ..replay.positions import Positions
+from .optim import SGD, Adam
 
 __all__ = ["Algorithm", "EpisodeRows", "Finished", "FlatWeights", "Player", "Trainer", "WeightSource", "as_stored"]
 
@@ -244,16 +245,13 @@ class Trainer(Generic[C]):
         self.training_step = 0  # completed updates; the lr of the next one depends on it
         self.lr_drop_step: int | None = None  # the step training.lr_drop_factor took effect (training.lr_drop_return)
         params = list(self.network.parameters())
-        # One fused kernel for the whole Adam update instead of a dozen tensor ops per
-        # parameter (torch >= 2.4, CPU and CUDA): the same arithmetic, and a cost that
-        # counts in a learner step of a small network.
-        self._fused = t.optimizer == "adam" and self.device.type in ("cpu", "cuda")
-        self.optimizer: torch.optim.Optimizer
+        # mpper's Adam and SGD (optim.py): torch.optim's arithmetic and checkpoint format,
+        # without its torch.compile hooks (whose import would delay every learner's start)
+        self.optimizer: Adam | SGD | torch.optim.Optimizer
         if t.optimizer == "adam":
-            self.optimizer = torch.optim.Adam(params, lr=t.lr_init, weight_decay=t.weight_decay,
-                                              fused=self._fused or None)  # fmt: skip
+            self.optimizer = Adam(params, lr=t.lr_init, weight_decay=t.weight_decay)
         elif t.optimizer == "sgd":
-            self.optimizer = torch.optim.SGD(params, lr=t.lr_init, momentum=t.momentum, weight_decay=t.weight_decay)
+            self.optimizer = SGD(params, lr=t.lr_init, momentum=t.momentum, weight_decay=t.weight_decay)
         else:
             raise ValueError(f'training.optimizer must be "adam" or "sgd", got {t.optimizer!r}')
         # Polyak averaging (training.ema_decay): the weights the run publishes -- self-play
@@ -402,12 +400,10 @@ class Trainer(Generic[C]):
         return targets
 
     def _group_overrides(self) -> dict:
-        """What a loaded optimizer state's param groups take from this run, not from the file
-        (a checkpoint of a captured step on a GPU holds a capturable Adam)."""
-        overrides: dict = {"fused": self._fused or None}
-        if isinstance(self.optimizer, torch.optim.Adam):
-            overrides["capturable"] = False
-        return overrides
+        """What a loaded optimizer state's param groups take from this run, not from the
+        file: nothing for mpper's optimizers, which take only the hyperparameters (a
+        ``torch.optim`` one, the static step's, overrides its kernel choices)."""
+        return {}
 
     def adopt_weights(self, flat: np.ndarray) -> None:
         """Start from published weights (the supervisor's first ones, a flat float32
@@ -423,9 +419,8 @@ class Trainer(Generic[C]):
             raise ValueError(f"trainer state is missing {missing}; has {sorted(state)}")
         online = state.get("online_network", state["network"])
         self.network.load_state_dict(online)  # copies onto the network's device
-        # This run's choice of fused kernel wins over the checkpoint's (one saved before
-        # fusing, or on another device); set before loading, so that load_state_dict puts
-        # Adam's step counters where a fused step wants them (on the params' device).
+        # This run's choice of kernel wins over the checkpoint's (a static step's capturable
+        # Adam resuming an eager run's checkpoint, or the other way round).
         optimizer_state = dict(state["optimizer"])
         optimizer_state["param_groups"] = [{**g, **self._group_overrides()} for g in optimizer_state["param_groups"]]
         self.optimizer.load_state_dict(optimizer_state)  # moves the state to the params' device

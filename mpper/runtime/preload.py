@@ -4,16 +4,11 @@ Every child is a fork of the forkserver, so whatever is loaded here is loaded in
 them at no cost. Imported for its effects, by the forkserver only:
 
 - the modules every child imports anyway (the process mains and both algorithms);
-- ``torch._dynamo``: torch imports it on the first ``torch.optim`` optimizer a process
-  builds (``Optimizer.add_param_group`` is wrapped by ``torch._disable_dynamo``), which
-  costs the learner CPU seconds between its start and its first training step;
 - the replay buffer's compiled kernels (``mpper.replay.buffer.warm_kernels``), with
   numba's compiler, which cost each process that loads them a CPU second and tens of MiB.
 
 ``python bench/startup.py`` times each of these steps and the start of a run.
 """
-
-import torch._dynamo  # noqa: F401
 
 import mpper.algos.registry  # noqa: F401  (every algorithm's modules)
 import mpper.runtime.children  # noqa: F401

@@ -113,7 +113,6 @@ class MuZeroTrainer(Trainer[MuZeroRunConfig]):
         if mode is not None:
             self.static = StaticStep(self, mode, t.precision, fall_back=t.capture == "auto")
             self.optimizer = self.static.make_optimizer(list(self.network.parameters()))
-            self._fused = True
         elif t.precision != "fp32":
             raise ValueError(
                 f'training.precision: "{t.precision}" needs the static step, training.capture is "{t.capture}"'
