@@ -183,9 +183,9 @@ class SGD(_Optimizer):
         params = [p for p in group["params"] if p.grad is not None]
         if not params:
             return
-        grads = [p.grad for p in params]
+        grads: list[torch.Tensor] = [p.grad for p in params if p.grad is not None]
         if group["weight_decay"] != 0:
-            grads = torch._foreach_add(grads, params, alpha=group["weight_decay"])
+            grads = list(torch._foreach_add(grads, params, alpha=group["weight_decay"]))
         momentum = group["momentum"]
         if momentum != 0:
             buffers = []
