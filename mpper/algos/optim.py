@@ -3,11 +3,10 @@
 A ``torch.optim`` optimizer imports ``torch._dynamo`` when it is built and wraps every
 step in hooks for ``torch.compile`` (``_disable_dynamo``, graph breaks, a profiler
 record). The import costs a learner seconds of CPU and tens of MiB before its first
-update, on every start, and the hooks a share of each step of a small network. These
-two classes do the same arithmetic with the same kernels: Adam is
+update, on every start. These two classes do the same arithmetic: Adam calls
 ``torch._fused_adam_``, the single kernel behind ``torch.optim.Adam(fused=True)``, and
-SGD is torch's ``foreach`` formulation (``tests/algos/test_optim.py`` holds both to
-``torch.optim``'s step for step).
+SGD does ``torch.optim.SGD``'s heavy-ball update with ``foreach`` ops
+(``tests/algos/test_optim.py`` holds both to ``torch.optim``'s step for step).
 
 Their ``state_dict`` is ``torch.optim``'s format, parameters by index: a checkpoint
 written with either loads into the other, so checkpoints from ``torch.optim.Adam`` resume
