@@ -73,8 +73,9 @@ class _Optimizer:
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load what :meth:`state_dict` or a ``torch.optim`` optimizer of the same kind wrote
-        for the same parameters: the group's hyperparameters (not its ``"lr"``, which each
-        step sets) and every parameter's state, onto its parameter's device and dtype.
+        for the same parameters: the group's hyperparameters (``"lr"`` among them, as torch
+        loads it; the trainers set it again before each step) and every parameter's state,
+        onto its parameter's device and dtype.
         Raises ValueError (or KeyError: no ``param_groups``) where it does not fit."""
         groups = state_dict["param_groups"]
         if len(groups) != 1:
