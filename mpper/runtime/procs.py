@@ -28,9 +28,9 @@ def process_context():
     """The multiprocessing context children start from: ``forkserver`` with torch, numba
     and mpper preloaded (``mpper.runtime.preload``), else ``spawn``.
 
-    A spawned child spends 1-2 CPU seconds importing torch, numba and mpper before it
-    does anything; on a 2-core machine, 8 workers + learner + evaluator took ~20 s to
-    start. The forkserver is a fresh interpreter (not a fork of the supervisor, so no
+    A spawned child imports torch, numba and mpper before it does anything, which costs
+    it CPU seconds; on a few cores, a run's ten or so children would start one after
+    another for that long. The forkserver is a fresh interpreter (not a fork of the supervisor, so no
     threads, locks or CUDA state are inherited) that imports those modules once; each
     child is a fork of it and starts in milliseconds. The server exits when the
     supervisor's process does.
@@ -46,11 +46,10 @@ def start_process_server() -> None:
     """Start the forkserver of :func:`process_context` now rather than at the first child.
 
     ``run.py`` calls it once the config has been checked and before it imports torch for
-    itself, so the server's imports (1-2 CPU s) run beside the supervisor's on another
-    core instead of after them. On 2 cores that brought a DQN ``--workers 2`` run's first
-    evaluation from 3.4-4.2 s after launch to 2.0-2.2 s (4 runs each). Without
-    this call the server starts, as before, with the first child; calling it twice is
-    harmless (``ensure_running`` keeps one server per process).
+    itself, so the server's imports run beside the supervisor's on another core instead
+    of after them (``python bench/startup.py`` times a run's start). Without this call the
+    server starts with the first child; calling it twice is harmless (``ensure_running``
+    keeps one server per process).
     """
     if process_context().get_start_method() == "forkserver":
         from multiprocessing import forkserver
