@@ -205,10 +205,11 @@ _warm = False
 def warm_kernels() -> None:
     """Load the compiled kernels that run under the shared lock once per process, on
     tiny arrays and outside the lock: the first call of a numba function in a process
-    loads it from numba's cache (the very first also starts numba's compiler), which takes
-    long enough that under the lock it would stall every other process. Called by the methods that run them (a no-op after the first
-    call), so that a process that never writes (the supervisor) never loads them, and
-    by the forkserver for every child (``mpper.runtime.preload``)."""
+    loads it from numba's cache (the very first also starts numba's compiler), which
+    takes long enough that under the lock it would stall every other process. Called by
+    the methods that run them (a no-op after the first call), so that a process that
+    never writes (the supervisor) never loads them, and by the forkserver for every
+    child (``mpper.runtime.preload``)."""
     global _warm
     if _warm:
         return

@@ -30,10 +30,10 @@ def process_context():
 
     A spawned child imports torch, numba and mpper before it does anything, which costs
     it CPU seconds; on a few cores, a run's ten or so children would start one after
-    another for that long. The forkserver is a fresh interpreter (not a fork of the supervisor, so no
-    threads, locks or CUDA state are inherited) that imports those modules once; each
-    child is a fork of it and starts in milliseconds. The server exits when the
-    supervisor's process does.
+    another for that long. The forkserver is a fresh interpreter (not a fork of the
+    supervisor, so no threads, locks or CUDA state are inherited) that imports those
+    modules once; each child is a fork of it and starts in milliseconds. The server
+    exits when the supervisor's process does.
     """
     if "forkserver" not in mp.get_all_start_methods():  # pragma: no cover - Windows
         return mp.get_context("spawn")
