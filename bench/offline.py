@@ -220,6 +220,7 @@ def main() -> None:
     p.add_argument("--env", choices=sorted(ENVS), default="cartpole")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--first-seed", type=int, default=0, help="the seeds run are FIRST .. FIRST + SEEDS - 1")
     p.add_argument("--steps", type=int, default=50_000, help="cartpole: env steps collected")
     p.add_argument("--time-limit", type=float, default=600.0)
     p.add_argument("--workers", type=int, default=1, help="workers of the behaviour run and the MuZero runs")
@@ -250,7 +251,7 @@ def main() -> None:
         common += ["--set", f"runtime.evaluation_interval_s={args.eval_interval_s}"]
     learners = set(args.learners.split(","))
     cql = [*in_turns, "--set", f"dqn.cql_alpha={args.cql_alpha}"]
-    for seed in range(args.seeds):
+    for seed in range(args.first_seed, args.first_seed + args.seeds):
         for learner, name, config, extra in (
             ("muzero", "mpper MuZero (offline, reanalyse)", env["muzero"], ["--workers", str(args.workers)]),
             ("cql", f"mpper CQL (alpha {args.cql_alpha:g})", env["dqn"], cql),
