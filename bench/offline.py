@@ -268,7 +268,7 @@ def main() -> None:
             results["runs"].append(d3rlpy_run(args, data, env, target, seed))
         (args.out / "offline.json").write_text(json.dumps(results, indent=1))
     confirm = load_config(config_name_path(env["dqn"])).runtime.solve_confirm_episodes
-    confirmed = f", confirmed over {confirm} more for CQL and d3rlpy" if confirm else ""
+    confirmed = f", confirmed over {confirm} more for CQL and d3rlpy" if confirm and learners & {"cql", "d3rlpy"} else ""
     lines = [
         f"Behaviour: {behaviour['described']}. Target: greedy mean return >= {target:g} over 10 episodes{confirmed}.",
         "",
