@@ -222,6 +222,10 @@ class Agent:
     ``sees_past``: the network also sees past observations (``muzero.stacked_observations``,
     ``dqn.frame_stack``): the agent then keeps the episode's observations and its own
     actions, takes one observation at a time, and needs ``reset()`` when an episode starts.
+
+    ``act`` runs the network on ``runtime.torch_threads`` torch threads, as the run's
+    evaluator does (1 unless the config or ``load``'s overrides say otherwise), and puts the
+    caller's thread count back after it.
     """
 
     def __init__(self, config: Config, checkpoint: Path, seed: int = 0) -> None:
@@ -261,6 +265,7 @@ class Agent:
         bool, when the env gives one (``info["action_mask"]``); ``to_play``: the player to
         move in a two-player game (0 or 1). ValueError for an observation of another shape."""
         from .algos.base import as_stored
+        from .runtime.procs import torch_configured
 
         obs = as_stored(observation)
         single = obs.shape == self.observation_shape
@@ -276,7 +281,8 @@ class Agent:
             batch = obs[None] if single else obs
         legal = None if action_mask is None else np.asarray(action_mask, bool).reshape(len(batch), self.num_actions)
         players = None if to_play is None else np.broadcast_to(np.asarray(to_play, np.int64), (len(batch),))
-        actions = self._player.greedy_actions(batch, legal, players)
+        with torch_configured(self.config.runtime.torch_threads):  # as the run's evaluator plays
+            actions = self._player.greedy_actions(batch, legal, players)
         if self.sees_past:
             self._episode.action.append(int(actions[0]))  # the action that leads to the next observation
         if self.continuous_actions:  # float action vectors in the env's Box

@@ -220,3 +220,48 @@ def test_a_two_player_agent_plays_a_legal_move_for_the_side_to_move(tmp_path):
         observation, _, terminated, truncated, info = env.step(action)
         done, moves = terminated or truncated, moves + 1
     assert 5 <= moves <= 9
+
+
+def test_playing_in_the_callers_process_uses_the_runs_torch_threads_and_gives_the_callers_back(tmp_path, monkeypatch):
+    """``act``, ``--evaluate`` and ``--collect`` play in the caller's process: every layer
+    the network runs there runs on the run's ``runtime.torch_threads`` (as its evaluator
+    plays), and the caller's own count is back afterwards, however many it had."""
+    import torch
+
+    from mpper.algos.configs import load_config
+    from mpper.algos.registry import algorithm_of
+    from mpper.checkpoint import save_network_checkpoint
+    from mpper.config import config_to_dict
+    from mpper.tools import collect, evaluate
+
+    config = load_config(CARTPOLE, ["mcts.num_simulations=4", "env.max_episode_steps=12", "runtime.envs_per_worker=2"])
+    (tmp_path / "config.json").write_text(json.dumps(config_to_dict(config)))
+    torch.manual_seed(0)
+    save_network_checkpoint(tmp_path / "checkpoint.pt", algorithm_of(config).make_network(config, (4,), 2), 3)
+    seen: list[int] = []
+
+    def counted(network):
+        for module in network.modules():
+            module.register_forward_pre_hook(lambda *_: seen.append(torch.get_num_threads()))
+        return network
+
+    for module in (evaluate, collect):
+        real = module.load_network
+        monkeypatch.setattr(module, "load_network", lambda *a, real=real: counted(real(*a)))
+    callers = torch.get_num_threads()
+    try:
+        for caller, run_threads in ((3, 1), (1, 2)):
+            torch.set_num_threads(caller)
+            agent = mpper.load(tmp_path, [f"runtime.torch_threads={run_threads}"])
+            counted(agent.network)
+            seen.clear()
+            agent.act(np.zeros((5, 4), np.float32))
+            assert seen and set(seen) == {run_threads} and torch.get_num_threads() == caller
+            for play in (lambda: evaluate.evaluate_run(tmp_path, episodes=2, overrides=[f"runtime.torch_threads={run_threads}"]),
+                         lambda: collect.collect(tmp_path, 20, 0.1, tmp_path / f"collected-{caller}",
+                                                 overrides=[f"runtime.torch_threads={run_threads}"])):  # fmt: skip
+                seen.clear()
+                play()
+                assert seen and set(seen) == {run_threads} and torch.get_num_threads() == caller
+    finally:
+        torch.set_num_threads(callers)

@@ -254,16 +254,24 @@ def configure_torch(torch_threads: int, flush_denormal: bool = True) -> None:
 
 @contextmanager
 def torch_configured(torch_threads: int) -> Iterator[None]:
-    """``configure_torch`` in the calling process for the length of a run there (the
-    serial runner, ``--workers 0``, which may be a test's process), torch's default of
-    computing denormals put back after."""
+    """``configure_torch`` in the calling process for the length of what runs networks
+    there: a serial run (``--workers 0``), ``--evaluate``, ``--collect``, an agent's
+    ``act``, any of them in a test's or a user's process. After it, the caller's torch
+    thread count is put back, and torch's default of computing denormals.
+
+    Why a run's thread count and not torch's default (one per core): a search calls the
+    network many times on a few rows. Every call then pays for a parallel region whose
+    threads wait on each other, and on a busy machine a thread that lost its core holds
+    the others until the scheduler gives it back."""
     import torch
 
+    threads = torch.get_num_threads()
     configure_torch(torch_threads)
     try:
         yield
     finally:
         torch.set_flush_denormal(False)
+        torch.set_num_threads(threads)
 
 
 def child_init(torch_threads: int, own_process: bool | None = None) -> None:

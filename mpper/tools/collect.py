@@ -32,6 +32,7 @@ from ..config import ConfigError, config_to_dict
 from ..envs.spec import env_spec, make_env
 from ..replay.buffer import ReplayBuffer
 from ..replay.snapshot import SnapshotError
+from ..runtime.procs import torch_configured
 from .evaluate import load_network, run_weights
 
 __all__ = ["CollectError", "collect", "collect_main", "dataset_schema"]
@@ -89,7 +90,8 @@ def collect(run_dir: Path, env_steps: int, epsilon: float, out: Path, checkpoint
         while steps < env_steps:
             live = min(len(envs), env_steps - steps)  # the last round may step fewer envs
             inputs = np.stack([player.network_input(ep) for ep in episodes[:live]])
-            actions = np.asarray(player.greedy_actions(inputs), np.int64)
+            with torch_configured(config.runtime.torch_threads):  # as the run's evaluator plays
+                actions = np.asarray(player.greedy_actions(inputs), np.int64)
             noisy = rng.random(live) < epsilon
             actions = np.where(noisy, rng.integers(0, spec.num_actions, live), actions)
             for k in range(live):

@@ -35,6 +35,7 @@ from ..envs.spec import env_spec, make_env
 from ..envs.two_player import evaluation_opponents
 from ..extras import MissingExtraError, require
 from ..runtime.evaluation import play_greedy
+from ..runtime.procs import torch_configured
 from ..runtime.video import EpisodeRecorder, Mp4Writer, require_video
 
 __all__ = ["RenderError", "describe_weights", "evaluate_main", "evaluate_run", "load_network", "open_render_env",
@@ -64,7 +65,9 @@ def evaluate_run(run_dir: Path, episodes: int = 10, checkpoint: Path | None = No
     if spec.two_player and algorithm_of(config).two_player:
         if render is not None:
             raise RenderError("--render: not available for a two-player run (its evaluation plays opponents)")
-        return _evaluate_two_player(run_dir, config, network, episodes, checkpoint, int(state["training_step"]), seed)
+        with torch_configured(config.runtime.torch_threads):
+            return _evaluate_two_player(run_dir, config, network, episodes, checkpoint, int(state["training_step"]),
+                                        seed)  # fmt: skip
     envs: list[gym.Env] = []
     recorder: EpisodeRecorder | _FirstEpisodeFrames | None = None
     try:
@@ -81,7 +84,8 @@ def evaluate_run(run_dir: Path, episodes: int = 10, checkpoint: Path | None = No
             envs.append(recorder)
         envs += [make_env(config.env) for _ in range(episodes - len(envs))]
         started = time.monotonic()
-        with tqdm(total=episodes, desc="evaluate", unit="episode", disable=not sys.stderr.isatty()) as bar:
+        with tqdm(total=episodes, desc="evaluate", unit="episode", disable=not sys.stderr.isatty()) as bar, \
+                torch_configured(config.runtime.torch_threads):  # as the run's evaluator plays
             played = play_greedy(config, envs, network, seed, on_episode=lambda ep: bar.update(1))
         assert played is not None  # None only when stopped, and no stop was given
         if isinstance(recorder, EpisodeRecorder):
