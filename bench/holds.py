@@ -48,6 +48,8 @@ def evaluations(metrics: Path) -> list[dict]:
         return []
     out = []
     for line in metrics.read_text().splitlines():
+        if '"evaluation"' not in line:  # a lockstep run writes a line per training step too
+            continue
         try:
             record = json.loads(line)
         except json.JSONDecodeError:
