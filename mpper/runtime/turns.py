@@ -12,7 +12,9 @@ schedule differs. One round:
                 a ratio: one step per stream move); weights published every
                 training.publish_interval steps, one reanalyse batch after each publication
     evaluation  free-running: every runtime.evaluation_interval_s;
-                lockstep: every runtime.evaluation_interval_steps training steps
+                lockstep: every runtime.evaluation_interval_steps training steps;
+                asked after every training step too, so that a turn of many steps
+                passes none by, and a solving evaluation ends the turn there
     the run     records, checkpoint and snapshot when due; the stop rules
 
 ``--workers 0`` without lockstep plays one stream (``worker-0``, one move per round) in this
@@ -270,6 +272,22 @@ class _Turns:
                                "priority_updates_dropped": learner.priorities_dropped}  # fmt: skip
             run.record(event, buf, learner_figures, reanalysed, store.version, {"self-play": weights.version})
 
+        def evaluate_if_due() -> None:
+            nonlocal last_eval_time, last_eval_step, evaluating_s
+            if not self._evaluation_due(learner.training_step, last_eval_step, last_eval_time):
+                return
+            last_eval_time, last_eval_step = time.monotonic(), learner.training_step
+            training_s = last_eval_time - started - evaluating_s
+            weights.refresh()
+            with self.signals.obeying():  # the longest call of a turn; its own envs, nothing shared
+                result = evaluation.round(weights.network, weights.training_step, weights.version)
+            if result is not None:  # None only when stopped first, which this round never is
+                run.evaluated({**result, "training_s": round(training_s, 3)})
+            record("evaluation")
+            with self.signals.obeying():
+                evaluation.film(weights.network, weights.training_step)
+            evaluating_s += time.monotonic() - last_eval_time
+
         code, reason, playing = 0, "", True
         try:
             while not learner.done:
@@ -296,18 +314,12 @@ class _Turns:
                         reanalyser.step()
                     if not rate.enabled or selfplay_over(t, c["steps"]):  # unpaced: a round's worth of steps
                         quota -= 1
-                if self._evaluation_due(learner.training_step, last_eval_step, last_eval_time):
-                    last_eval_time, last_eval_step = time.monotonic(), learner.training_step
-                    training_s = last_eval_time - started - evaluating_s
-                    weights.refresh()
-                    with self.signals.obeying():  # the longest call of a turn; its own envs, nothing shared
-                        result = evaluation.round(weights.network, weights.training_step, weights.version)
-                    if result is not None:  # None only when stopped first, which this round never is
-                        run.evaluated({**result, "training_s": round(training_s, 3)})
-                    record("evaluation")
-                    with self.signals.obeying():
-                        evaluation.film(weights.network, weights.training_step)
-                    evaluating_s += time.monotonic() - last_eval_time
+                    # within the turn: one round's episodes may allow thousands of steps (64 envs
+                    # ending 500-move games at once), which would otherwise pass evaluations by
+                    evaluate_if_due()
+                    if run.solving is not None:  # solved: no step past the evaluation that said so
+                        break
+                evaluate_if_due()
                 if time.monotonic() - last_checkpoint >= cfg.runtime.checkpoint_interval_s:
                     last_checkpoint = time.monotonic()
                     self._write("checkpoint", learner.checkpoint, final=False)

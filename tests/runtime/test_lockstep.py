@@ -99,6 +99,35 @@ def test_another_seed_gives_another_run(tmp_path_factory, tmp_path):
     assert other["weights"] != reference["weights"]
 
 
+# one round stores hundreds of steps at once: the rate then allows the whole run in one learning turn
+BURST = [
+    "runtime.lockstep=true", "runtime.lockstep_streams=2", "runtime.lockstep_moves=40", "runtime.envs_per_worker=4",
+    "runtime.evaluation_interval_steps=20", "runtime.evaluation_episodes=2", "training.training_steps=120",
+    "training.min_buffer_steps=64", "training.batch_size=16", "training.samples_per_insert=32",
+    "training.publish_interval=4", "replay.capacity=4000", "env.max_episode_steps=60", "mcts.num_simulations=2",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("solve_return", [None, 0.0])
+def test_evaluations_keep_their_interval_inside_a_long_learning_turn(solve_return, tmp_path):
+    """Each evaluation comes at its multiple of ``evaluation_interval_steps`` even when one
+    learning turn takes every training step of the run; and a run whose evaluation solves
+    (``solve_return`` 0: any return) stops at that evaluation's step, not at the turn's end."""
+    run_dir = tmp_path / "run"
+    sets = [*BURST, f"runtime.solve_return={'null' if solve_return is None else solve_return}"]
+    rc = cli.main(["--config", str(ROOT / "configs" / "cartpole.json"), "--workers", "0", "--device", "cpu",
+                   "--run-dir", str(run_dir), *(x for kv in sets for x in ("--set", kv))])  # fmt: skip
+    assert rc == 0
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    evaluated = [r["evaluation"]["training_step"] for r in records if r["event"] == "evaluation"]
+    stepped = [r["training_step"] for r in records if r["event"] == "train_step"]
+    final = torch.load(run_dir / "checkpoint.pt", map_location="cpu", weights_only=True)["training_step"]
+    if solve_return is None:
+        assert evaluated == [20, 40, 60, 80, 100, 120] and stepped == list(range(1, 121)) and final == 120
+    else:
+        assert evaluated == [20] and stepped == list(range(1, 21)) and final == 20
+
+
 def test_a_stream_host_that_dies_stops_the_run_with_its_files(tmp_path):
     """SIGKILL of one of two stream hosts mid-run: a lockstep run cannot play its schedule
     without it, so the run stops with exit 1 and one line naming the host, after writing
