@@ -22,6 +22,8 @@ Usage::
     python bench/holds.py --seeds 0 1 2 3 4 5 6 7 8 9                  # configs/cartpole.json, pUCT
     python bench/holds.py --config configs/cartpole_gumbel.json --tag gumbel
     python bench/holds.py --config configs/cartpole_dqn.json --workers 2 --tag dqn
+    python bench/holds.py --set runtime.lockstep=true --tag lockstep   # the seed decides the run:
+        # an evaluation every runtime.evaluation_interval_steps, whatever the machine's speed
 """
 
 from __future__ import annotations
