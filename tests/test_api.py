@@ -252,14 +252,15 @@ def test_playing_in_the_callers_process_uses_the_runs_torch_threads_and_gives_th
     try:
         for caller, run_threads in ((3, 1), (1, 2)):
             torch.set_num_threads(caller)
-            agent = mpper.load(tmp_path, [f"runtime.torch_threads={run_threads}"])
+            threads = [f"runtime.torch_threads={run_threads}"]
+            agent = mpper.load(tmp_path, threads)
             counted(agent.network)
             seen.clear()
             agent.act(np.zeros((5, 4), np.float32))
             assert seen and set(seen) == {run_threads} and torch.get_num_threads() == caller
-            for play in (lambda: evaluate.evaluate_run(tmp_path, episodes=2, overrides=[f"runtime.torch_threads={run_threads}"]),
-                         lambda: collect.collect(tmp_path, 20, 0.1, tmp_path / f"collected-{caller}",
-                                                 overrides=[f"runtime.torch_threads={run_threads}"])):  # fmt: skip
+            collected = tmp_path / f"collected-{caller}"
+            for play in (lambda: evaluate.evaluate_run(tmp_path, episodes=2, overrides=threads),
+                         lambda: collect.collect(tmp_path, 20, 0.1, collected, overrides=threads)):  # fmt: skip
                 seen.clear()
                 play()
                 assert seen and set(seen) == {run_threads} and torch.get_num_threads() == caller

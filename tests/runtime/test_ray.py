@@ -58,8 +58,9 @@ def cluster():
 
     # Ray starts its workers at nice 15: on two busy cores a restarted actor, whose start
     # imports torch, then waits behind the run's own processes at nice 0 for most of a test.
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "node_ip_address": LOOPBACK, "include_dashboard": False,
-                                                      "_system_config": {"worker_niceness": 0}})  # fmt: skip
+    head = {"num_cpus": 1, "node_ip_address": LOOPBACK, "include_dashboard": False,
+            "_system_config": {"worker_niceness": 0}}  # fmt: skip
+    c = Cluster(initialize_head=True, head_node_args=head)
     for _ in range(2):
         c.add_node(num_cpus=2, resources={"remote": 4}, node_ip_address=LOOPBACK)
     c.wait_for_nodes()
