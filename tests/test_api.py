@@ -253,8 +253,7 @@ def test_playing_in_the_callers_process_uses_the_runs_torch_threads_and_gives_th
         for caller, run_threads in ((3, 1), (1, 2)):
             torch.set_num_threads(caller)
             threads = [f"runtime.torch_threads={run_threads}"]
-            agent = mpper.load(tmp_path, threads)
-            counted(agent.network)
+            agent = mpper.load(tmp_path, threads)  # its network comes through evaluate.load_network, hooked
             seen.clear()
             agent.act(np.zeros((5, 4), np.float32))
             assert seen and set(seen) == {run_threads} and torch.get_num_threads() == caller
